@@ -1,0 +1,140 @@
+"""Content-addressed artifact cache shared by every pipeline stage.
+
+Each artifact lives at ``<root>/<kind>/<key[:2]>/<key><suffix>`` next to a ``.json`` sidecar
+holding the SHA-256 of its bytes and the readable inputs of its key. Writes go to a temporary
+file in the same directory and are renamed into place, so a reader never sees half a file;
+a per-key ``flock`` lets concurrent pytest-xdist workers build each artifact once. An artifact
+whose bytes no longer match its sidecar is moved aside (``*.corrupt``) and rebuilt, never used.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+
+def content_hash(*parts: Any) -> str:
+    """SHA-256 over a canonical encoding of ``parts`` (bytes, arrays, JSON-able values)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        _feed(digest, part)
+    return digest.hexdigest()
+
+
+def _feed(digest: "hashlib._Hash", part: Any) -> None:
+    if isinstance(part, bytes):
+        digest.update(b"b%d:" % len(part) + part)
+    elif isinstance(part, np.ndarray):
+        arr = np.ascontiguousarray(part)
+        digest.update(f"a{arr.dtype.str}{arr.shape}:".encode() + arr.tobytes())
+    elif isinstance(part, dict):
+        digest.update(b"{")
+        for key in sorted(part):
+            _feed(digest, str(key))
+            _feed(digest, part[key])
+        digest.update(b"}")
+    elif isinstance(part, (list, tuple)):
+        digest.update(b"[")
+        for item in part:
+            _feed(digest, item)
+        digest.update(b"]")
+    else:
+        digest.update(("j" + json.dumps(part, sort_keys=True, default=str)).encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock held for the ``with`` block (works across processes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@dataclass
+class Cache:
+    """Artifacts by kind and key; ``stats`` counts hits, misses and corrupt entries per kind."""
+
+    root: Path
+    stats: Counter = field(default_factory=Counter)
+
+    def path(self, kind: str, key: str, suffix: str) -> Path:
+        return self.root / kind / key[:2] / f"{key}{suffix}"
+
+    def get_or_create(
+        self,
+        kind: str,
+        key: str,
+        suffix: str,
+        produce: Callable[[], bytes],
+        describe: dict[str, Any] | None = None,
+    ) -> Path:
+        """Return the path of the artifact for ``key``, calling ``produce`` only on a miss."""
+        path = self.path(kind, key, suffix)
+        if self._valid(kind, path):
+            self.stats[f"{kind}.hit"] += 1
+            return path
+        with file_lock(self.root / "locks" / kind / f"{key}.lock"):
+            if self._valid(kind, path):  # another worker built it while we waited
+                self.stats[f"{kind}.hit"] += 1
+                return path
+            data = produce()
+            meta = {"sha256": hashlib.sha256(data).hexdigest(), "key": key, "inputs": describe or {}}
+            atomic_write_bytes(path, data)
+            atomic_write_bytes(_sidecar(path), json.dumps(meta, indent=1, default=str).encode())
+            self.stats[f"{kind}.miss"] += 1
+            return path
+
+    def _valid(self, kind: str, path: Path) -> bool:
+        sidecar = _sidecar(path)
+        if not path.exists() and not sidecar.exists():
+            return False
+        try:
+            expected = json.loads(sidecar.read_text())["sha256"]
+            actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        except (OSError, ValueError, KeyError, TypeError):
+            expected, actual = "", "unreadable"
+        if expected == actual:
+            return True
+        self._quarantine(kind, path)
+        return False
+
+    def _quarantine(self, kind: str, path: Path) -> None:
+        self.stats[f"{kind}.corrupt"] += 1
+        warnings.warn(f"cache entry {path} does not match its checksum: moved aside and rebuilt")
+        for item in (path, _sidecar(path)):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(item, item.with_name(item.name + ".corrupt"))
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".json")

@@ -1,0 +1,42 @@
+"""Errors a user can act on: each names the file, tensor, model or layer at fault.
+
+The CLI prints them as one line and exits 2; the pytest plugin turns them into a failure
+whose message is the same line.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class HarnessError(Exception):
+    """Base class: anything raised on purpose for bad input or an unusable artifact."""
+
+
+class UnknownNameError(HarnessError, KeyError):
+    """A model, precision or backend name that is not registered."""
+
+    def __init__(self, kind: str, name: str, known: Iterable[str]):
+        known = sorted(known)
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        super().__init__(f"unknown {kind} {name!r}{hint} (known: {', '.join(known)})")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.args[0]
+
+
+class ModelFileError(HarnessError):
+    """A missing, unreadable or invalid ONNX (or other model) file."""
+
+
+class InputSpecError(HarnessError):
+    """A model spec whose declared inputs the model rejects."""
+
+
+class CalibrationError(HarnessError):
+    """Quantization asked for without usable calibration data."""
+
+
+class UnsupportedError(HarnessError):
+    """A combination the harness cannot run (as opposed to one the hardware cannot)."""
