@@ -1,0 +1,72 @@
+"""User models from a YAML manifest (and the ``quant_harness.models`` entry-point group).
+
+A manifest entry names a factory as ``"module:callable"`` (imported, never ``eval``-ed) or an
+ONNX file. Paths are resolved against the manifest's folder. See ``fixtures/models.yaml``.
+"""
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from harness.errors import HarnessError
+from harness.models.spec import InputSpec, ModelSpec
+from harness.registry import import_object
+
+ENTRY_POINT_GROUP = "quant_harness.models"
+_FIELDS = {"name", "build", "onnx", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow"}
+
+
+def load_manifest(path: Path) -> list[ModelSpec]:
+    """Parse a manifest file into model specs; errors name the file and the entry."""
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise HarnessError(f"cannot read model manifest {path}: {exc}") from exc
+    root = path.parent.resolve()
+    if str(root) not in sys.path:  # lets "module:callable" refer to files beside the manifest
+        sys.path.insert(0, str(root))
+    return [_entry(entry, path, root) for entry in document.get("models", [])]
+
+
+def _entry(entry: dict[str, Any], path: Path, root: Path) -> ModelSpec:
+    where = f"{path}: model {entry.get('name', '?')!r}"
+    unknown = set(entry) - _FIELDS
+    if unknown:
+        raise HarnessError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+    try:
+        calibration = entry.get("calibration")
+        return ModelSpec(
+            name=entry["name"],
+            inputs=[_input(item) for item in entry["inputs"]],
+            outputs=list(entry["outputs"]),
+            build=import_object(entry["build"]) if "build" in entry else None,  # type: ignore[arg-type]
+            onnx_path=root / entry["onnx"] if "onnx" in entry else None,
+            task=entry.get("task", "regression"),
+            calibration=calibration if calibration in (None, "synthetic") else import_object(calibration),
+            eval_data=import_object(entry["eval"]) if "eval" in entry else None,  # type: ignore[arg-type]
+            tolerances=entry.get("tolerances", {}),
+            slow=bool(entry.get("slow", False)),
+        )
+    except (KeyError, ValueError, ImportError, AttributeError, TypeError) as exc:
+        raise HarnessError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _input(item: dict[str, Any]) -> InputSpec:
+    return InputSpec(
+        name=item["name"],
+        shape=tuple(item["shape"]),
+        dtype=item.get("dtype", "float32"),
+        value_range=tuple(item.get("range", (-1.0, 1.0))),  # type: ignore[arg-type]
+        dynamic_axes={int(k): v for k, v in item.get("dynamic_axes", {0: "batch"}).items()},
+    )
+
+
+def entry_point_specs() -> Iterable[ModelSpec]:
+    """Specs contributed by installed packages: each entry point returns a spec or a list."""
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        loaded = point.load()()
+        yield from loaded if isinstance(loaded, list) else [loaded]

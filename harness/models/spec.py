@@ -1,0 +1,73 @@
+"""What the pipeline needs to know about a model: how to build it and what it consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+"""One batch of named model inputs."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A named input: its shape (batch first), dtype, value range and dynamic axes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    value_range: tuple[float, float] = (-1.0, 1.0)
+    dynamic_axes: Mapping[int, str] = field(default_factory=lambda: {0: "batch"})
+
+    def sample(self, rng: np.random.Generator, batch: int | None = None) -> np.ndarray:
+        """Random values in ``value_range`` (integers for integer dtypes)."""
+        shape = (batch or self.shape[0], *self.shape[1:])
+        low, high = self.value_range
+        if np.issubdtype(np.dtype(self.dtype), np.integer):
+            return rng.integers(int(low), int(high), size=shape, dtype=self.dtype)
+        return rng.uniform(low, high, size=shape).astype(self.dtype)
+
+
+@dataclass(frozen=True)
+class LabeledData:
+    """Held-out inputs with labels, for a task-accuracy metric."""
+
+    inputs: list[Batch]
+    labels: np.ndarray
+
+
+Calibration = Literal["synthetic"] | Callable[[], list[Batch]] | None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model the harness can export, quantize, run and judge.
+
+    Exactly one of ``build`` (a torch module factory) and ``onnx_path`` (a user ONNX file) is set.
+    ``calibration`` must be given explicitly for quantized precisions: a callable returning
+    batches, or ``"synthetic"`` to calibrate on inputs drawn from the input specs (an explicit
+    choice, since INT8 without real data is only as good as that data).
+    """
+
+    name: str
+    inputs: Sequence[InputSpec]
+    outputs: Sequence[str]
+    build: Callable[[], "object"] | None = None
+    onnx_path: Path | None = None
+    task: Literal["classification", "regression"] = "regression"
+    calibration: Calibration = None
+    eval_data: Callable[[], LabeledData] | None = None
+    tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    slow: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.onnx_path is None):
+            raise ValueError(f"model {self.name!r}: give exactly one of build= and onnx_path=")
+
+    def sample_batches(self, count: int, seed: int, batch: int | None = None) -> list[Batch]:
+        """Deterministic synthetic batches drawn from the input specs."""
+        rng = np.random.default_rng(seed)
+        return [{spec.name: spec.sample(rng, batch) for spec in self.inputs} for _ in range(count)]
