@@ -1,0 +1,36 @@
+"""The recipe interface: turn an FP32 ONNX graph into the graph for one precision."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import onnx
+
+
+class Recipe:
+    """A precision recipe; subclasses override :meth:`apply_impl` and, if calibrated,
+    :meth:`tensors_to_calibrate`.
+
+    ``runtime`` holds settings a backend applies at build/run time instead of in the graph
+    (TF32 is a math mode, not a graph change).
+    """
+
+    name: str = ""
+    calibrated: bool = False
+    runtime: Mapping[str, Any] = {}
+
+    def params(self) -> dict[str, Any]:
+        """Everything besides the input graph and ranges that changes the output graph."""
+        return {"recipe": type(self).__name__, "name": self.name}
+
+    def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
+        return []
+
+    def apply(self, model: onnx.ModelProto, ranges: Mapping[str, float] | None = None) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out = self.apply_impl(out, ranges or {})
+        onnx.checker.check_model(out)
+        return out
+
+    def apply_impl(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
+        return model

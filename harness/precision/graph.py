@@ -1,0 +1,52 @@
+"""Small ONNX graph edits shared by the recipes."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable
+
+import onnx
+from onnx import TensorProto
+
+
+def float_tensors(model: onnx.ModelProto) -> set[str]:
+    """Names of every FLOAT-typed value (graph inputs and node outputs), by shape inference."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    return {v.name for v in values if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+
+
+def initializer_names(model: onnx.ModelProto) -> set[str]:
+    return {init.name for init in model.graph.initializer}
+
+
+def replace_input(nodes: Iterable[onnx.NodeProto], old: str, new: str) -> None:
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+
+
+def topological_sort(graph: onnx.GraphProto) -> None:
+    """Reorder ``graph.node`` so that every node follows the producers of its inputs."""
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
+    dependents: dict[int, list[int]] = defaultdict(list)
+    pending = [0] * len(graph.node)
+    for i, node in enumerate(graph.node):
+        for name in set(node.input):
+            if name in producer:
+                dependents[producer[name]].append(i)
+                pending[i] += 1
+    ready = [i for i, count in enumerate(pending) if count == 0]
+    order: list[int] = []
+    while ready:
+        i = ready.pop(0)
+        order.append(i)
+        for j in dependents[i]:
+            pending[j] -= 1
+            if pending[j] == 0:
+                ready.append(j)
+    if len(order) != len(graph.node):
+        raise ValueError("graph has a cycle")
+    nodes = [graph.node[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(nodes)
