@@ -1,0 +1,15 @@
+"""Backends by name, imported lazily so that a missing optional package costs nothing."""
+from __future__ import annotations
+
+from harness.backends.base import Artifacts, Backend, Runner
+from harness.registry import Registry
+
+__all__ = ["Artifacts", "Backend", "Runner", "backend_registry"]
+
+_BACKENDS: Registry[type[Backend]] = Registry("backend")
+_BACKENDS.add("torch", "harness.backends.pyt:TorchBackend")
+_BACKENDS.add("onnxruntime", "harness.backends.onnxrt:OnnxRuntimeBackend")
+
+
+def backend_registry() -> Registry[type[Backend]]:
+    return _BACKENDS

@@ -1,0 +1,75 @@
+"""The backend interface: a :class:`Backend` says what it can run here and makes a :class:`Runner`.
+
+Runners follow Polygraphy's shape: public ``activate/infer/deactivate`` wrap ``*_impl``
+methods, and a runner is a context manager.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from harness.capabilities import Capabilities
+from harness.models.spec import Batch, ModelSpec
+from harness.precision.base import Recipe
+
+
+class Runner:
+    name: str = "runner"
+
+    def __enter__(self) -> "Runner":
+        self.activate()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.deactivate()
+
+    def activate(self) -> None:
+        self.activate_impl()
+
+    def infer(self, feed: Batch) -> dict[str, np.ndarray]:
+        """Run one batch; outputs come back as float32/float64 host arrays, by name."""
+        return self.infer_impl(feed)
+
+    def deactivate(self) -> None:
+        self.deactivate_impl()
+
+    def activate_impl(self) -> None:
+        pass
+
+    def infer_impl(self, feed: Batch) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def deactivate_impl(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """What the pipeline made for one case; each callable builds (or loads from cache) on demand."""
+
+    spec: ModelSpec
+    recipe: Recipe
+    module: Callable[[], Any] | None
+    onnx_path: Callable[[], Path]
+
+
+class Backend:
+    """One execution backend: which precisions it offers and what it needs to offer them."""
+
+    name: str = ""
+    precisions: frozenset[str] = frozenset()
+    gpu_precisions: frozenset[str] = frozenset()  # offered only where a GPU runs them (marker `gpu`)
+
+    def unavailable(self, caps: Capabilities) -> str | None:
+        """Why this backend cannot run at all here (a missing package), or None."""
+        return None
+
+    def requirement(self, spec: ModelSpec, precision: str, caps: Capabilities) -> str | None:
+        """Why this case cannot run here, or None."""
+        return None
+
+    def load(self, artifacts: Artifacts, options: Mapping[str, Any]) -> Runner:
+        raise NotImplementedError

@@ -1,0 +1,161 @@
+"""Judge candidate outputs against reference outputs with the bounds of a :class:`Tolerance`.
+
+The elementwise atol/rtol check is Polygraphy's ``SimpleCompareFunc`` (same semantics as
+``polygraphy run --atol --rtol``); the scale-free metrics are computed here in float64, never
+in the precision under test.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from harness.tolerances import Tolerance
+
+WORST_ELEMENTS = 5
+
+
+@dataclass(frozen=True)
+class Check:
+    """One metric against one bound."""
+
+    output: str
+    metric: str
+    observed: float
+    bound: float
+    higher_is_better: bool
+
+    @property
+    def passed(self) -> bool:
+        if not np.isfinite(self.observed):
+            return False
+        return self.observed >= self.bound if self.higher_is_better else self.observed <= self.bound
+
+    def describe(self) -> str:
+        relation = "≥" if self.higher_is_better else "≤"
+        return f"{self.output}: {self.metric} = {self.observed:.6g}, must be {relation} {self.bound:g}"
+
+
+@dataclass
+class Comparison:
+    """Every metric computed, every bound checked, and the worst elements of each output."""
+
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    worst: dict[str, list[dict[str, object]]] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def failures(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    def explain(self) -> str:
+        lines = [check.describe() for check in self.failures()]
+        for output in sorted({check.output for check in self.failures()} & set(self.worst)):
+            worst = ", ".join(f"{w['index']}: ref {w['reference']:.5g} got {w['candidate']:.5g}"
+                              for w in self.worst[output])
+            lines.append(f"{output}: worst elements {worst}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"metrics": self.metrics, "worst": self.worst,
+                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+
+
+def compare(
+    reference: dict[str, np.ndarray],
+    candidate: dict[str, np.ndarray],
+    tolerance: Tolerance,
+    classification: bool = False,
+) -> Comparison:
+    """Compare named outputs (batches already concatenated) under ``tolerance``."""
+    result = Comparison()
+    for name, ref in reference.items():
+        if name not in candidate:
+            result.checks.append(Check(name, "present", 0.0, 1.0, True))
+            continue
+        out = np.asarray(candidate[name])
+        if out.shape != ref.shape:
+            result.checks.append(Check(name, f"shape {out.shape} vs {ref.shape}", 0.0, 1.0, True))
+            continue
+        metrics = _metrics(ref, out, classification)
+        result.metrics[name] = metrics
+        result.worst[name] = _worst(ref, out)
+        result.checks += _checks(name, metrics, tolerance)
+        if tolerance.atol is not None or tolerance.rtol is not None:
+            result.checks.append(_elementwise_check(name, ref, out, tolerance))
+    return result
+
+
+def accuracy_check(reference_accuracy: float, candidate_accuracy: float, tolerance: Tolerance) -> Check | None:
+    """Task-accuracy drop in percentage points, checked against ``max_accuracy_drop``."""
+    if tolerance.max_accuracy_drop is None:
+        return None
+    drop = 100.0 * (reference_accuracy - candidate_accuracy)
+    return Check("task", "accuracy drop (points)", drop, tolerance.max_accuracy_drop, False)
+
+
+def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str, float]:
+    r, c = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
+    diff = np.abs(c - r)
+    denom = np.linalg.norm(r) * np.linalg.norm(c)
+    peak = np.max(np.abs(r)) if r.size else 0.0
+    noise = np.sum((c - r) ** 2)
+    metrics = {
+        "max_abs_err": float(np.max(diff)) if diff.size else 0.0,
+        "mean_abs_err": float(np.mean(diff)) if diff.size else 0.0,
+        "max_norm_err": float(np.max(diff) / peak) if peak > 0 else float(np.max(diff, initial=0.0)),
+        "cosine": float(np.array_equal(r, c)) if denom == 0 else float(np.clip(np.dot(r, c) / denom, -1.0, 1.0)),
+        "snr_db": float("inf") if noise == 0 else float(10 * np.log10(np.sum(r ** 2) / noise)),
+        "nonfinite": float(np.count_nonzero(~np.isfinite(c) & np.isfinite(r))),
+    }
+    if classification and ref.ndim >= 2:
+        metrics["top1_agreement"] = float(np.mean(ref.argmax(-1) == out.argmax(-1)))
+    return metrics
+
+
+def _checks(name: str, metrics: dict[str, float], tol: Tolerance) -> list[Check]:
+    bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
+              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", tol.min_top1, True)]
+    return [Check(name, metric, metrics[metric], bound, higher)
+            for metric, bound, higher in bounds if bound is not None and metric in metrics]
+
+
+def _worst(ref: np.ndarray, out: np.ndarray) -> list[dict[str, object]]:
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64)).ravel()
+    order = np.argsort(np.nan_to_num(diff, nan=np.inf))[::-1][:WORST_ELEMENTS]
+    return [{"index": list(map(int, np.unravel_index(i, ref.shape))), "reference": float(ref.ravel()[i]),
+             "candidate": float(out.ravel()[i])} for i in order]
+
+
+def _elementwise_check(name: str, ref: np.ndarray, out: np.ndarray, tol: Tolerance) -> Check:
+    """Polygraphy's verdict; the observed value is the fraction of elements within bounds."""
+    atol, rtol = tol.atol or 0.0, tol.rtol or 0.0
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    within = float(np.mean((diff <= atol) | (diff <= rtol * np.abs(ref.astype(np.float64)))))
+    passed = _polygraphy_passes(name, ref, out, atol, rtol)
+    observed = 1.0 if passed else min(within, float(np.nextafter(1.0, 0.0)))
+    return Check(name, f"fraction within atol={atol:g}/rtol={rtol:g}", observed, 1.0, True)
+
+
+def _polygraphy_passes(name: str, ref: np.ndarray, out: np.ndarray, atol: float, rtol: float) -> bool:
+    from polygraphy.comparator import IterationResult
+    from polygraphy.comparator.compare import SimpleCompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.CRITICAL  # its per-output report would flood the log
+    compare_func = SimpleCompareFunc(atol=atol, rtol=rtol)
+    results = compare_func(IterationResult({name: out}, runner_name="candidate"),
+                           IterationResult({name: ref}, runner_name="reference"))
+    return bool(results[name])
+
+
+def concat(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Join per-batch outputs along the batch axis."""
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}

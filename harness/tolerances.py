@@ -1,0 +1,64 @@
+"""Tolerances as data: a per-precision default table with per-model overrides."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from harness.errors import HarnessError
+
+DEFAULT_TABLE = Path(__file__).resolve().parent.parent / "fixtures" / "tolerances.yaml"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Bounds for one case; ``None`` means the metric is reported but not checked."""
+
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    max_norm_err: float | None = None
+    min_top1: float | None = None
+    max_accuracy_drop: float | None = None
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+_NAMES = {f.name for f in fields(Tolerance)}
+
+
+@dataclass(frozen=True)
+class ToleranceTable:
+    defaults: Mapping[str, Mapping[str, float]]
+    models: Mapping[str, Mapping[str, Mapping[str, float]]]
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> "ToleranceTable":
+        path = path or DEFAULT_TABLE
+        try:
+            document = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise HarnessError(f"cannot read tolerance file {path}: {exc}") from exc
+        table = cls(document.get("defaults", {}), document.get("models", {}) or {})
+        for where, bounds in table._sections():
+            unknown = set(bounds) - _NAMES
+            if unknown:
+                raise HarnessError(f"{path}: {where}: unknown tolerance(s) {sorted(unknown)}; "
+                                   f"allowed: {sorted(_NAMES)}")
+        return table
+
+    def _sections(self) -> list[tuple[str, Mapping[str, Any]]]:
+        out = [(f"defaults.{p}", b) for p, b in self.defaults.items()]
+        for model, per_precision in self.models.items():
+            out += [(f"models.{model}.{p}", b) for p, b in per_precision.items()]
+        return out
+
+    def resolve(self, model: str, precision: str, spec_overrides: Mapping[str, Mapping[str, float]]) -> Tolerance:
+        """Defaults, then the model spec's own bounds, then this table's per-model bounds."""
+        merged: dict[str, float] = dict(self.defaults.get(precision, {}))
+        merged.update(spec_overrides.get(precision, {}))
+        merged.update(self.models.get(model, {}).get(precision, {}))
+        return Tolerance(**merged)
