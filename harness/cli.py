@@ -1,0 +1,112 @@
+"""``python -m harness``: the main job (``run``), the environment report (``env``), the model list.
+
+Bad input (unknown names, corrupt files, a model that rejects its inputs) is printed as one
+line, ``error: …``, with exit code 2; failing cases give exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from harness.errors import HarnessError
+
+
+def _csv(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--manifest", type=Path, default=Path("fixtures/models.yaml"),
+                        help="user model manifest (default: fixtures/models.yaml, if present)")
+    parser.add_argument("--cache-dir", type=Path, default=Path(".harness_cache"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the model × precision × backend matrix and write a record")
+    run.add_argument("--models", type=_csv, help="comma-separated (default: every registered model)")
+    run.add_argument("--precisions", type=_csv, help="comma-separated (default: all each backend offers)")
+    run.add_argument("--backends", type=_csv, help="comma-separated (default: all)")
+    run.add_argument("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
+    run.add_argument("--report-dir", type=Path, default=Path("reports"))
+    _common(run)
+    _common(commands.add_parser("models", help="list registered models"))
+    commands.add_parser("env", help="print GPU, packages and the precision support matrix")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": _run, "models": _models, "env": _env}[args.command](args)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from harness.pipeline import Pipeline
+    from harness.report.record import build_record, write_record
+
+    started = time.time()
+    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest)
+    cases = pipeline.cases(args.models, args.precisions, args.backends)
+    results = []
+    with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress:
+        for case in progress:
+            progress.set_postfix_str(case.id)
+            results.append(pipeline.run(case))
+    print(format_table([r.to_dict() for r in results]))
+    record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats))
+    path = write_record(record, args.report_dir)
+    summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
+    print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}")
+    for result in results:
+        if result.status in ("failed", "error"):
+            print(f"\n{result.message}")
+    return 0 if all(r.status in ("passed", "skipped") for r in results) else 1
+
+
+def format_table(cases: list[dict]) -> str:
+    """One line per case: the headline metrics of its first output, and task accuracy if any."""
+    header = f"{'model':<18} {'precision':<9} {'backend':<12} {'cosine':>8} {'snr_db':>7} {'top1':>6} " \
+             f"{'acc':>6} {'Δacc':>6}  result"
+    lines = [header, "-" * len(header)]
+    for case in cases:
+        metrics = next(iter(case["metrics"].get("metrics", {}).values()), {})
+        task = case["metrics"].get("task", {})
+        cells = [_fmt(metrics.get("cosine"), ".5f", 8), _fmt(metrics.get("snr_db"), ".1f", 7),
+                 _fmt(metrics.get("top1_agreement"), ".3f", 6), _fmt(task.get("accuracy"), ".3f", 6),
+                 _fmt(task.get("accuracy_drop_points"), "+.2f", 6)]
+        outcome = case["status"] if case["status"] != "skipped" else f"skipped: {case['message']}"
+        lines.append(f"{case['model']:<18} {case['precision']:<9} {case['backend']:<12} {' '.join(cells)}  {outcome}")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, spec: str, width: int) -> str:
+    return f"{value:{spec}}".rjust(width) if value is not None else "-".rjust(width)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from harness.models import model_registry
+
+    registry = model_registry(args.manifest)
+    for name in registry.names():
+        spec = registry.get(name)
+        shapes = ", ".join(f"{i.name}{list(i.shape)}" for i in spec.inputs)
+        print(f"{name:<20} {spec.task:<15} {shapes}")
+    return 0
+
+
+def _env(args: argparse.Namespace) -> int:
+    from harness.capabilities import detect
+
+    print(json.dumps({**detect().to_dict(), "precisions": detect().precision_matrix()}, indent=1))
+    return 0

@@ -1,0 +1,130 @@
+"""pytest plugin: options, markers and parametrization. All logic lives in :mod:`harness.pipeline`.
+
+Loaded by the repository's ``conftest.py`` (``pytest_plugins = ["harness.pytest_plugin"]``).
+Heavy imports happen inside hooks, so importing this module costs nothing.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PRECISION_MARKERS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4")
+BACKEND_MARKERS = ("torch", "onnxruntime", "tensorrt", "tensorrt_rtx")
+OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/101)"}
+RESULT_PROPERTY = "harness_result"
+
+_pipeline_key = pytest.StashKey["Any"]()
+_results_key = pytest.StashKey[list]()
+_started_key = pytest.StashKey[float]()
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return [item.strip() for item in value.split(",") if item.strip()] if value else None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "quantized-model regression harness")
+    group.addoption("--models", help="comma-separated model names (default: all registered)")
+    group.addoption("--precisions", help="comma-separated precisions (default: all a backend offers)")
+    group.addoption("--backends", help="comma-separated backends (default: all)")
+    group.addoption("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
+    group.addoption("--manifest", type=Path, default=Path("fixtures/models.yaml"),
+                    help="user model manifest (default: fixtures/models.yaml, if present)")
+    group.addoption("--report-dir", type=Path, default=Path("reports"),
+                    help="where the run's JSON record is written (default: reports/)")
+    group.addoption("--cache-dir", type=Path, default=Path(".harness_cache"),
+                    help="artifact cache shared by runs and xdist workers (default: .harness_cache/)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in PRECISION_MARKERS:
+        config.addinivalue_line("markers", f"{name}: cases in {name.upper()} precision")
+    for name in BACKEND_MARKERS:
+        config.addinivalue_line("markers", f"{name}: cases run on the {name} backend")
+    for name, text in OTHER_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    config.stash[_results_key] = []
+    config.stash[_started_key] = time.time()
+
+
+def pipeline(config: pytest.Config) -> Any:
+    """The session's :class:`harness.pipeline.Pipeline`, made on first use."""
+    if _pipeline_key not in config.stash:
+        from harness.pipeline import Pipeline
+
+        config.stash[_pipeline_key] = Pipeline(
+            cache_dir=config.getoption("cache_dir"), tolerances=config.getoption("tolerances"),
+            manifest=config.getoption("manifest"))
+    return config.stash[_pipeline_key]
+
+
+@pytest.fixture(scope="session")
+def harness_pipeline(request: pytest.FixtureRequest) -> Any:
+    return pipeline(request.config)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    pipe = pipeline(config)
+    cases = pipe.cases(_csv(config.getoption("models")), _csv(config.getoption("precisions")),
+                       _csv(config.getoption("backends")))
+    params = []
+    for case in cases:
+        marks = [getattr(pytest.mark, case.precision), getattr(pytest.mark, case.backend)]
+        if pipe.models.get(case.model).slow:
+            marks.append(pytest.mark.slow)
+        if case.precision in pipe.backend(case.backend).gpu_precisions:
+            marks.append(pytest.mark.gpu)
+        params.append(pytest.param(case, id=case.id, marks=marks))
+    metafunc.parametrize("case", params)
+
+
+@pytest.fixture
+def record_case(record_property: Any) -> Any:
+    """Call with a :class:`CaseResult` to put it in the run record (works under pytest-xdist)."""
+
+    def record(result: Any) -> None:
+        record_property(RESULT_PROPERTY, result.to_dict())
+
+    return record
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call" and not (report.when == "setup" and report.skipped):
+        return
+    for name, value in report.user_properties:
+        if name == RESULT_PROPERTY:
+            _session_results(report).append(value)
+
+
+def _session_results(report: pytest.TestReport) -> list:
+    return _CONFIG.stash[_results_key] if _CONFIG is not None else []
+
+
+_CONFIG: pytest.Config | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _CONFIG
+    _CONFIG = session.config
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    results = config.stash[_results_key]
+    if not results or hasattr(config, "workerinput"):  # xdist workers report to the controller
+        return
+    from harness.capabilities import detect
+    from harness.report.record import build_record, write_record
+
+    record = build_record(results, detect(), config.stash[_started_key])
+    path = write_record(record, config.getoption("report_dir"))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"harness: run record written to {path}")

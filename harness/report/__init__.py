@@ -1,0 +1,1 @@
+"""Run records (JSON) written by the CLI and the pytest plugin."""

@@ -1,0 +1,46 @@
+"""The run record: one JSON document per run, with a versioned schema.
+
+It holds the environment (host, GPU, package versions) and one entry per case
+(:meth:`harness.pipeline.CaseResult.to_dict`), so that reports and release gates can be
+computed later from the file alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.cache import atomic_write_bytes
+from harness.capabilities import Capabilities
+
+SCHEMA_VERSION = 1
+
+
+def build_record(cases: Iterable[dict[str, Any]], caps: Capabilities, started: float,
+                 cache_stats: dict[str, int] | None = None) -> dict[str, Any]:
+    cases = list(cases)
+    counts: dict[str, int] = {}
+    for case in cases:
+        counts[case["status"]] = counts.get(case["status"], 0) + 1
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": round(time.time() - started, 3),
+        "command": sys.argv,
+        "environment": {**caps.to_dict(), "python": platform.python_version(), "platform": platform.platform()},
+        "summary": counts,
+        "cache": dict(cache_stats or {}),
+        "cases": cases,
+    }
+
+
+def write_record(record: dict[str, Any], report_dir: Path) -> Path:
+    """Write atomically to ``report_dir/run-<time>-<pid>.json`` and return the path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = report_dir / f"run-{stamp}-{os.getpid()}.json"
+    atomic_write_bytes(path, json.dumps(record, indent=1, default=str).encode())
+    return path

@@ -1,0 +1,54 @@
+"""The comparator's semantics, checked on constructed outputs."""
+import numpy as np
+
+from harness.compare import accuracy_check, compare
+from harness.tolerances import Tolerance, ToleranceTable
+
+
+def test_element_fails_only_when_both_atol_and_rtol_are_exceeded():
+    ref = np.array([[100.0, 0.0]], np.float32)
+    # 100 → 100.5: abs 0.5 > atol but rel 0.005 ≤ rtol; 0 → 0.001: rel inf but abs ≤ atol.
+    ok = compare({"y": ref}, {"y": np.array([[100.5, 0.001]], np.float32)}, Tolerance(atol=0.01, rtol=0.01))
+    assert ok.passed
+    bad = compare({"y": ref}, {"y": np.array([[102.0, 0.001]], np.float32)}, Tolerance(atol=0.01, rtol=0.01))
+    assert not bad.passed
+    assert "fraction within atol=0.01/rtol=0.01 = 0.5, must be ≥ 1" in bad.explain()
+
+
+def test_cosine_is_computed_in_float64():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(64, 1000)).astype(np.float16)
+    result = compare({"y": ref}, {"y": ref.copy()}, Tolerance(min_cosine=1.0))
+    assert result.metrics["y"]["cosine"] == 1.0 and result.passed
+
+
+def test_top1_and_accuracy_drop():
+    ref = np.eye(4, dtype=np.float32)
+    swapped = ref[[1, 0, 2, 3]]
+    result = compare({"y": ref}, {"y": swapped}, Tolerance(min_top1=0.75), classification=True)
+    assert result.metrics["y"]["top1_agreement"] == 0.5 and not result.passed
+    check = accuracy_check(0.97, 0.955, Tolerance(max_accuracy_drop=1.0))
+    assert check is not None and not check.passed and abs(check.observed - 1.5) < 1e-9
+
+
+def test_nan_output_never_passes():
+    ref = np.ones((2, 3), np.float32)
+    out = ref.copy()
+    out[0, 0] = np.nan
+    assert not compare({"y": ref}, {"y": out}, Tolerance(min_cosine=0.0)).passed
+
+
+def test_missing_output_and_shape_mismatch_fail():
+    ref = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}
+    result = compare(ref, {"a": np.ones(4, np.float32)}, Tolerance())
+    assert [c.metric for c in result.failures()] == ["shape (4,) vs (3,)", "present"]
+
+
+def test_table_overrides_in_order(tmp_path):
+    table_file = tmp_path / "tol.yaml"
+    table_file.write_text("defaults:\n  int8: {min_cosine: 0.99, min_top1: 0.9}\n"
+                          "models:\n  m: {int8: {min_top1: null, max_norm_err: 0.5}}\n")
+    table = ToleranceTable.load(table_file)
+    tol = table.resolve("m", "int8", {"int8": {"min_cosine": 0.95, "max_norm_err": 0.1}})
+    assert tol == Tolerance(min_cosine=0.95, min_top1=None, max_norm_err=0.5)
+    assert table.resolve("other", "int8", {}) == Tolerance(min_cosine=0.99, min_top1=0.9)
