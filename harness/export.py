@@ -9,7 +9,6 @@ import io
 import warnings
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from harness.cache import Cache, content_hash
@@ -80,12 +79,3 @@ def _check_inputs(spec: ModelSpec, module: "object", args: tuple) -> None:
     if count != len(spec.outputs):
         raise InputSpecError(f"model {spec.name!r} returns {count} outputs but its spec names "
                              f"{len(spec.outputs)}: {list(spec.outputs)}")
-
-
-def onnx_input_names(model: onnx.ModelProto) -> list[str]:
-    initializers = {init.name for init in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in initializers]
-
-
-def as_feed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: np.ascontiguousarray(v) for k, v in batch.items()}

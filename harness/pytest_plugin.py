@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[_results_key] = []
     config.stash[_started_key] = time.time()
+    config.pluginmanager.register(_RecordCollector(config), "harness-record-collector")
 
 
 def pipeline(config: pytest.Config) -> Any:
@@ -94,25 +95,17 @@ def record_case(record_property: Any) -> Any:
     return record
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when != "call" and not (report.when == "setup" and report.skipped):
-        return
-    for name, value in report.user_properties:
-        if name == RESULT_PROPERTY:
-            _session_results(report).append(value)
+class _RecordCollector:
+    """Collects case results from test reports; under pytest-xdist the reports (with their
+    ``user_properties``) arrive at the controller, so the record covers every worker."""
 
+    def __init__(self, config: pytest.Config):
+        self.config = config
 
-def _session_results(report: pytest.TestReport) -> list:
-    return _CONFIG.stash[_results_key] if _CONFIG is not None else []
-
-
-_CONFIG: pytest.Config | None = None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    global _CONFIG
-    _CONFIG = session.config
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == RESULT_PROPERTY and report.when == "call":
+                self.config.stash[_results_key].append(value)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

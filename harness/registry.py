@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Generic, Iterator, TypeVar
 
-from harness.errors import UnknownNameError
+from harness.errors import HarnessError, UnknownNameError
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ class Registry(Generic[T]):
 
     def add(self, name: str, entry: T | str) -> None:
         if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is registered twice")
+            raise HarnessError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = entry
 
     def register(self, name: str) -> Callable[[T], T]:
