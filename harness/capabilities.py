@@ -16,8 +16,12 @@ MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
     "int8": (6, 1), "fp8": (8, 9), "fp4": (10, 0),
 }
 
+# TensorRT-RTX 1.7: the GPUs its engines run on, and the targets it compiles for ahead of time.
+RTX_RUNTIME_CC = ((8, 0), (8, 6), (8, 9), (12, 0), (12, 1))
+RTX_BUILD_TARGETS = ((7, 5), (8, 0), (8, 6), (8, 9), (12, 0), (12, 1))
+
 PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxruntime-gpu", "polygraphy",
-            "tensorrt", "tensorrt_rtx", "pycuda", "numpy")
+            "tensorrt", "tensorrt-rtx", "pycuda", "numpy")
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,18 @@ class Capabilities:
 
     def gpu_requirement(self, precision: str) -> str | None:
         """Why ``precision`` cannot run on this GPU, or None if it can."""
-        needed = MIN_COMPUTE_CAPABILITY[precision]
         if self.gpu is None:
+            needed = MIN_COMPUTE_CAPABILITY[precision]
             return f"{precision} needs an NVIDIA GPU (compute capability ≥ {needed[0]}.{needed[1]}); none found"
-        if self.gpu.compute_capability < needed:
-            return (f"{precision} needs compute capability ≥ {needed[0]}.{needed[1]}; "
+        return cc_requirement(precision, self.gpu.compute_capability, f"this GPU ({self.gpu.name})")
+
+    def rtx_runtime_requirement(self) -> str | None:
+        """Why TensorRT-RTX engines cannot run here, or None."""
+        supported = ", ".join(f"{a}.{b}" for a, b in RTX_RUNTIME_CC)
+        if self.gpu is None:
+            return f"running TensorRT-RTX engines needs a GPU of compute capability {supported}; none found"
+        if self.gpu.compute_capability not in RTX_RUNTIME_CC:
+            return (f"TensorRT-RTX runs only on compute capability {supported}; "
                     f"this GPU ({self.gpu.name}) is {self.gpu.cc}")
         return None
 
@@ -56,6 +67,14 @@ class Capabilities:
         data = asdict(self)
         data["gpu"] = None if self.gpu is None else {"name": self.gpu.name, "compute_capability": self.gpu.cc}
         return data
+
+
+def cc_requirement(precision: str, cc: tuple[int, int], subject: str) -> str | None:
+    """Why ``precision`` is unsupported at compute capability ``cc`` (of ``subject``), or None."""
+    needed = MIN_COMPUTE_CAPABILITY[precision]
+    if cc < needed:
+        return f"{precision} needs compute capability ≥ {needed[0]}.{needed[1]}; {subject} is {cc[0]}.{cc[1]}"
+    return None
 
 
 def package_version(name: str) -> str | None:

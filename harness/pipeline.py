@@ -161,13 +161,17 @@ class Pipeline:
     def reference(self, model: str) -> dict[str, np.ndarray]:
         """FP32 reference outputs: the torch module on the CPU, or ONNX Runtime for an ONNX-only model."""
         spec = self.models.get(model)
-        artifacts = Artifacts(spec, get_recipe("fp32"), self._module_factory(spec), lambda: self.fp32_onnx(model))
+        artifacts = self.artifacts(model, "fp32", "torch" if spec.build is not None else "onnxruntime")
         backend = "torch" if spec.build is not None else "onnxruntime"
         with self.backend(backend).load(artifacts, {"device": "cpu"}) as runner:
             return concat([runner.infer(batch) for batch in self.eval_batches(model)])
 
-    def _module_factory(self, spec: ModelSpec) -> Any:
-        return None if spec.build is None else functools.partial(self.module, spec.name)
+    def artifacts(self, model: str, precision: str, backend: str) -> Artifacts:
+        """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""
+        spec = self.models.get(model)
+        recipe = get_recipe(precision).for_target(self.backend(backend).recipe_target)
+        module = None if spec.build is None else functools.partial(self.module, model)
+        return Artifacts(spec, recipe, module, lambda: self.precision_onnx(model, recipe), self.cache)
 
     # -- running -----------------------------------------------------------------------------
     def run(self, case: Case) -> CaseResult:
@@ -185,16 +189,14 @@ class Pipeline:
 
     def _run(self, case: Case) -> CaseResult:
         spec = self.models.get(case.model)
-        recipe = get_recipe(case.precision)
         tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances)
         timings: dict[str, float] = {}
         start = time.perf_counter()
         reference = self.reference(case.model)
         timings["reference_s"] = time.perf_counter() - start
-        artifacts = Artifacts(spec, recipe, self._module_factory(spec),
-                              lambda: self.precision_onnx(case.model, recipe))
+        artifacts = self.artifacts(case.model, case.precision, case.backend)
         start = time.perf_counter()
-        runner = self.backend(case.backend).load(artifacts, recipe.runtime)
+        runner = self.backend(case.backend).load(artifacts, artifacts.recipe.runtime)
         timings["prepare_s"] = time.perf_counter() - start
         with runner:
             start = time.perf_counter()

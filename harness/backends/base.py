@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from harness.cache import Cache
 from harness.capabilities import Capabilities
 from harness.models.spec import Batch, ModelSpec
 from harness.precision.base import Recipe
@@ -54,6 +55,7 @@ class Artifacts:
     recipe: Recipe
     module: Callable[[], Any] | None
     onnx_path: Callable[[], Path]
+    cache: Cache
 
 
 class Backend:
@@ -62,6 +64,7 @@ class Backend:
     name: str = ""
     precisions: frozenset[str] = frozenset()
     gpu_precisions: frozenset[str] = frozenset()  # offered only where a GPU runs them (marker `gpu`)
+    recipe_target: str = "emulated"  # which variant of a recipe's graph it executes (Recipe.for_target)
 
     def unavailable(self, caps: Capabilities) -> str | None:
         """Why this backend cannot run at all here (a missing package), or None."""

@@ -25,6 +25,11 @@ class Recipe:
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         return []
 
+    def for_target(self, target: str) -> "Recipe":
+        """The variant of this recipe for a backend's graph target (``"emulated"`` for CPU
+        executors, ``"native"`` for TensorRT's strongly typed builders); most are the same."""
+        return self
+
     def apply(self, model: onnx.ModelProto, ranges: Mapping[str, float] | None = None) -> onnx.ModelProto:
         out = onnx.ModelProto()
         out.CopyFrom(model)
