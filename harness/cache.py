@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -50,6 +51,26 @@ def _feed(digest: "hashlib._Hash", part: Any) -> None:
         digest.update(b"]")
     else:
         digest.update(("j" + json.dumps(part, sort_keys=True, default=str)).encode())
+
+
+@functools.lru_cache(maxsize=None)
+def source_fingerprint(*modules: str) -> str:
+    """Hash of the source files of ``modules`` (a package means every .py file in it).
+
+    Part of every cache key, so that changing the code that makes an artifact invalidates it.
+    """
+    import importlib.util
+
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"no source for module {name!r}")
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+        for file in files:
+            digest.update(file.name.encode() + file.read_bytes())
+    return digest.hexdigest()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx
 
-from harness.cache import Cache, content_hash
+from harness.cache import Cache, content_hash, source_fingerprint
 from harness.errors import InputSpecError, ModelFileError
 from harness.models.spec import ModelSpec
 
@@ -46,7 +46,7 @@ def export_onnx(spec: ModelSpec, module: "object", cache: Cache, opset: int | No
     args = tuple(torch.from_numpy(sample[i.name]) for i in spec.inputs)
     _check_inputs(spec, module, args)
     key = content_hash("onnx-export", torch_model_hash(module), [repr(i) for i in spec.inputs],
-                       list(spec.outputs), opset, torch.__version__)
+                       list(spec.outputs), opset, torch.__version__, source_fingerprint("harness.export"))
 
     def produce() -> bytes:
         buffer = io.BytesIO()

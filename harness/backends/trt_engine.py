@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from harness.backends.base import Runner
-from harness.cache import Cache, content_hash
+from harness.cache import Cache, content_hash, source_fingerprint
 from harness.errors import HarnessError, UnsupportedError
 from harness.models.spec import Batch, ModelSpec
 
@@ -42,18 +42,21 @@ def profile_from_spec(spec: ModelSpec) -> tuple[tuple[str, tuple[int, ...], tupl
     return tuple(shapes)
 
 
+def cached_engine(flavour: str, version: str, onnx_path: Path, recipe_name: str, options_key: str,
+                  produce: Any, cache: Cache) -> Path:
+    """The engine for this graph, flavour, version and options, from the cache or ``produce()``."""
+    key = content_hash("engine", onnx_path.read_bytes(), flavour, version, options_key,
+                       source_fingerprint("harness.backends.trt_engine"))
+    return cache.get_or_create("engine", key, ".engine", produce,
+                               {"flavour": flavour, "version": version, "onnx": str(onnx_path),
+                                "recipe": recipe_name, "options": options_key})
+
+
 def build_engine(trt: ModuleType, flavour: str, onnx_path: Path, recipe_name: str, options: BuildOptions,
                  cache: Cache) -> Path:
-    """The serialized engine for ``onnx_path``, from the cache or built now."""
-    onnx_bytes = onnx_path.read_bytes()
-    key = content_hash("engine", onnx_bytes, flavour, trt.__version__, repr(options))
-
-    def produce() -> bytes:
-        return _build(trt, onnx_bytes, onnx_path, recipe_name, options)
-
-    return cache.get_or_create("engine", key, ".engine", produce,
-                               {"flavour": flavour, "version": trt.__version__, "onnx": str(onnx_path),
-                                "recipe": recipe_name, "options": repr(options)})
+    """The serialized engine for ``onnx_path`` (built with the builder API directly), cached."""
+    return cached_engine(flavour, trt.__version__, onnx_path, recipe_name, repr(options),
+                         lambda: _build(trt, onnx_path.read_bytes(), onnx_path, recipe_name, options), cache)
 
 
 def _build(trt: ModuleType, onnx_bytes: bytes, onnx_path: Path, recipe_name: str, options: BuildOptions) -> bytes:
@@ -62,7 +65,7 @@ def _build(trt: ModuleType, onnx_bytes: bytes, onnx_path: Path, recipe_name: str
     network = builder.create_network(_network_flags(trt))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_bytes):
-        raise UnsupportedError(_parser_message(parser, onnx_path, recipe_name))
+        raise _parser_error(parser, onnx_path, recipe_name)
     config = builder.create_builder_config()
     _configure(trt, builder, config, options)
     engine = builder.build_serialized_network(network, config)
@@ -96,13 +99,17 @@ def _configure(trt: ModuleType, builder: Any, config: Any, options: BuildOptions
         config.add_optimization_profile(profile)
 
 
-def _parser_message(parser: Any, onnx_path: Path, recipe_name: str) -> str:
-    errors = []
+def _parser_error(parser: Any, onnx_path: Path, recipe_name: str) -> UnsupportedError:
+    errors, ops = [], []
     for i in range(parser.num_errors):
         error = parser.get_error(i)
-        where = f"node {error.node()} {error.node_name()!r} (op {error.node_operator()})" if error.node() >= 0 else "graph"
-        errors.append(f"{where}: {error.desc().strip()}")
-    return f"TensorRT's ONNX parser rejected {onnx_path} ({recipe_name} recipe): " + "; ".join(errors or ["no detail"])
+        if error.node() >= 0:
+            ops.append(error.node_operator())
+            errors.append(f"node {error.node()} {error.node_name()!r} (op {error.node_operator()}): {error.desc().strip()}")
+        else:
+            errors.append(f"graph: {error.desc().strip()}")
+    message = f"TensorRT's ONNX parser rejected {onnx_path} ({recipe_name} recipe): " + "; ".join(errors or ["no detail"])
+    return UnsupportedError(message, tuple(ops))
 
 
 class EngineRunner(Runner):
