@@ -34,7 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backends", type=_csv, help="comma-separated (default: all)")
     run.add_argument("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
     run.add_argument("--report-dir", type=Path, default=Path("reports"))
+    run.add_argument("--calibration", help="INT8/FP8 calibration: max (default), entropy, percentile, mse")
     _common(run)
+    sensitivity = commands.add_parser("sensitivity", help="per-layer quantization error, and FP32 fallback")
+    sensitivity.add_argument("model")
+    sensitivity.add_argument("--precision", default="int8", choices=["int8", "fp8"])
+    sensitivity.add_argument("--calibration", default="max")
+    sensitivity.add_argument("--min-cosine", type=float, help="fall back the most sensitive layers until met")
+    _common(sensitivity)
     _common(commands.add_parser("models", help="list registered models"))
     commands.add_parser("env", help="print GPU, packages and the precision support matrix")
     return parser
@@ -43,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": _run, "models": _models, "env": _env}[args.command](args)
+        return {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity}[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -56,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     from harness.report.record import build_record, write_record
 
     started = time.time()
-    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest)
+    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration)
     cases = pipeline.cases(args.models, args.precisions, args.backends)
     results = []
     with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress:
@@ -92,6 +99,27 @@ def format_table(cases: list[dict]) -> str:
 
 def _fmt(value: float | None, spec: str, width: int) -> str:
     return f"{value:{spec}}".rjust(width) if value is not None else "-".rjust(width)
+
+
+def _sensitivity(args: argparse.Namespace) -> int:
+    from harness.pipeline import Pipeline
+    from harness.precision import get_recipe
+    from harness.precision.calibrators import Calibrator
+    from harness.precision.sensitivity import fallback_until_within, layer_sensitivity
+    from harness.tolerances import Tolerance
+
+    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    pipeline.models.get(args.model)
+    recipe = get_recipe(args.precision).with_options(calibrator=Calibrator(args.calibration))  # type: ignore[attr-defined]
+    print(f"{'layer':<48} {'op':<8} {'cosine':>9} {'snr_db':>7}   (only this layer quantized)")
+    for row in layer_sensitivity(pipeline, args.model, recipe):
+        print(f"{row.layer:<48} {row.op:<8} {row.cosine:>9.6f} {row.snr_db:>7.1f}")
+    if args.min_cosine is None:
+        return 0
+    _, kept, result = fallback_until_within(pipeline, args.model, recipe, Tolerance(min_cosine=args.min_cosine))
+    verdict = "met" if result.passed else "NOT met"
+    print(f"\ncosine ≥ {args.min_cosine} {verdict} with {len(kept)} layer(s) kept in FP32: {', '.join(kept) or '-'}")
+    return 0 if result.passed else 1
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -16,15 +16,16 @@ from typing import Any, Literal
 import numpy as np
 
 from harness.backends import Artifacts, Backend, backend_registry
-from harness.cache import Cache
+from harness.cache import Cache, content_hash, source_fingerprint
 from harness.capabilities import Capabilities, detect
 from harness.compare import Comparison, accuracy_check, compare, concat
-from harness.errors import CalibrationError, HarnessError
+from harness.errors import CalibrationError, HarnessError, UnsupportedError
 from harness.export import export_onnx, load_onnx
 from harness.models import ModelSpec, model_registry
 from harness.models.spec import Batch
 from harness.precision import Recipe, get_recipe
 from harness.precision.calibrate import calibrate
+from harness.precision.calibrators import Calibrator
 from harness.registry import Registry
 from harness.tolerances import ToleranceTable
 
@@ -67,12 +68,13 @@ class CaseResult:
 
 class Pipeline:
     def __init__(self, cache_dir: Path, tolerances: Path | None = None, manifest: Path | None = None,
-                 capabilities: Capabilities | None = None):
+                 capabilities: Capabilities | None = None, calibration: str | None = None):
         self.cache = Cache(cache_dir)
         self.tolerances = ToleranceTable.load(tolerances)
         self.models: Registry[ModelSpec] = model_registry(manifest)
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
+        self.calibrator = Calibrator(calibration) if calibration else None
 
     # -- enumeration -------------------------------------------------------------------------
     def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
@@ -120,20 +122,24 @@ class Pipeline:
             return spec.onnx_path
         return export_onnx(spec, self.module(model), self.cache)
 
+    def ranges(self, model: str, recipe: Recipe) -> dict[str, float]:
+        """Calibrated activation ranges for ``recipe`` (empty for uncalibrated recipes); cached."""
+        if not recipe.calibrated:
+            return {}
+        import onnx
+
+        source_bytes = self.fp32_onnx(model).read_bytes()
+        tensors = recipe.tensors_to_calibrate(onnx.load_from_string(source_bytes))
+        return calibrate(self.cache, source_bytes, tensors, self.calibration_batches(model), recipe.calibrator)
+
     def precision_onnx(self, model: str, recipe: Recipe) -> Path:
         """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges)."""
         import onnx
 
-        source = self.fp32_onnx(model)
-        source_bytes = source.read_bytes()
+        source_bytes = self.fp32_onnx(model).read_bytes()
         graph = onnx.load_from_string(source_bytes)
-        ranges: dict[str, float] = {}
-        if recipe.calibrated:
-            ranges = calibrate(self.cache, source_bytes, recipe.tensors_to_calibrate(graph),
-                               self.calibration_batches(model))
-        from harness.cache import content_hash
-
-        key = content_hash("precision", source_bytes, recipe.params(), ranges)
+        ranges = self.ranges(model, recipe)
+        key = content_hash("precision", source_bytes, recipe.params(), ranges, source_fingerprint("harness.precision"))
         return self.cache.get_or_create("precision", key, ".onnx",
                                         lambda: recipe.apply(graph, ranges).SerializeToString(),
                                         {"model": model, **recipe.params()})
@@ -170,8 +176,12 @@ class Pipeline:
         """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""
         spec = self.models.get(model)
         recipe = get_recipe(precision).for_target(self.backend(backend).recipe_target)
+        if self.calibrator is not None and recipe.calibrated:
+            recipe = recipe.with_options(calibrator=self.calibrator)  # type: ignore[attr-defined]
         module = None if spec.build is None else functools.partial(self.module, model)
-        return Artifacts(spec, recipe, module, lambda: self.precision_onnx(model, recipe), self.cache)
+        return Artifacts(spec, recipe, module, onnx_path=lambda: self.precision_onnx(model, recipe),
+                         fp32_onnx=lambda: self.fp32_onnx(model), ranges=lambda: self.ranges(model, recipe),
+                         calibration_batches=lambda: self.calibration_batches(model), cache=self.cache)
 
     # -- running -----------------------------------------------------------------------------
     def run(self, case: Case) -> CaseResult:
@@ -181,6 +191,11 @@ class Pipeline:
             return CaseResult(case, "skipped", reason)
         try:
             return self._run(case)
+        except UnsupportedError as exc:
+            if self.models.get(case.model).declared_unsupported(case.backend, exc.ops):
+                return CaseResult(case, "skipped", f"{', '.join(exc.ops)} declared unsupported on {case.backend} "
+                                                   f"in the model spec: {exc}")
+            return CaseResult(case, "error", f"{case.id}: {exc}")
         except HarnessError as exc:
             return CaseResult(case, "error", f"{case.id}: {exc}")
         except Exception as exc:  # a backend crash is a regression too: keep the trace

@@ -13,7 +13,8 @@ import pytest
 
 PRECISION_MARKERS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4")
 BACKEND_MARKERS = ("torch", "onnxruntime", "tensorrt", "tensorrt_rtx")
-OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/101)"}
+OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/101)",
+                 "benchmark": "timing benchmarks; run only when selected (pytest -m benchmark)"}
 RESULT_PROPERTY = "harness_result"
 
 _pipeline_key = pytest.StashKey["Any"]()
@@ -37,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where the run's JSON record is written (default: reports/)")
     group.addoption("--cache-dir", type=Path, default=Path(".harness_cache"),
                     help="artifact cache shared by runs and xdist workers (default: .harness_cache/)")
+    group.addoption("--calibration", help="calibration method for INT8/FP8: max (default), entropy, percentile, mse")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,7 +60,7 @@ def pipeline(config: pytest.Config) -> Any:
 
         config.stash[_pipeline_key] = Pipeline(
             cache_dir=config.getoption("cache_dir"), tolerances=config.getoption("tolerances"),
-            manifest=config.getoption("manifest"))
+            manifest=config.getoption("manifest"), calibration=config.getoption("calibration"))
     return config.stash[_pipeline_key]
 
 
@@ -83,6 +85,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             marks.append(pytest.mark.gpu)
         params.append(pytest.param(case, id=case.id, marks=marks))
     metafunc.parametrize("case", params)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Benchmarks take minutes and need a quiet machine: they run only when ``-m`` names them."""
+    if "benchmark" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="benchmarks run only when selected: pytest -m benchmark")
+    for item in items:
+        if item.get_closest_marker("benchmark"):
+            item.add_marker(skip)
 
 
 @pytest.fixture

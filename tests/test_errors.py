@@ -52,7 +52,7 @@ def test_cli_reports_unknown_precision_in_one_line(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown precision 'int9'; did you mean 'int8'? (known: bf16, fp16, fp32, fp8, int8, tf32)"]
+        "error: unknown precision 'int9'; did you mean 'int8'? (known: bf16, fp16, fp32, fp4, fp8, int8, tf32)"]
     assert list(tmp_path.glob("*.json")) == []
 
 

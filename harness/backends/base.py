@@ -54,7 +54,10 @@ class Artifacts:
     spec: ModelSpec
     recipe: Recipe
     module: Callable[[], Any] | None
-    onnx_path: Callable[[], Path]
+    onnx_path: Callable[[], Path]  # the recipe's graph
+    fp32_onnx: Callable[[], Path]  # the exported FP32 graph (TensorRT 10's weakly typed path)
+    ranges: Callable[[], dict[str, float]]  # calibrated activation ranges (implicit INT8)
+    calibration_batches: Callable[[], list[Batch]]
     cache: Cache
 
 

@@ -48,7 +48,7 @@ class OnnxRuntimeRunner(Runner):
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
-    precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8", "fp8"})
+    precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"})
     gpu_precisions = frozenset({"tf32"})
 
     def unavailable(self, caps: Capabilities) -> str | None:

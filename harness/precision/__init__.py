@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from harness.precision.base import Recipe
 from harness.precision.floating import FP32, TF32, RoundedStorage
+from harness.precision.fp4 import NVFP4Weights
 from harness.precision.qdq import FP8_E4M3, INT8, QDQ
 from harness.registry import Registry
 
@@ -17,6 +18,7 @@ _RECIPES.add("fp16", RoundedStorage("fp16"))
 _RECIPES.add("bf16", RoundedStorage("bf16"))
 _RECIPES.add("int8", QDQ(INT8))
 _RECIPES.add("fp8", QDQ(FP8_E4M3))
+_RECIPES.add("fp4", NVFP4Weights())
 
 
 def get_recipe(name: str) -> Recipe:

@@ -16,6 +16,7 @@ class Recipe:
 
     name: str = ""
     calibrated: bool = False
+    calibrator: Any = None  # a Calibrator for calibrated recipes
     runtime: Mapping[str, Any] = {}
 
     def params(self) -> dict[str, Any]:

@@ -1,26 +1,26 @@
 """Activation-range calibration over a calibration set, cached by content hash.
 
-Ranges are collected in one pass per batch by exposing the wanted tensors as extra graph
-outputs of the FP32 model under ONNX Runtime (optimisations off, so every tensor exists as
-named). The cache entry is readable JSON: method, parameters, versions and per-tensor amax.
+Ranges are collected in one pass over the calibration batches by exposing the wanted tensors
+as extra graph outputs of the FP32 model under ONNX Runtime (optimisations off, so every
+tensor exists as named); each tensor's |x| goes into a streaming :class:`Histogram`, so no
+activations are kept. The cache entry is readable JSON: method, parameters, versions and
+per-tensor amax. A corrupt entry is moved aside by the cache and recalibrated.
 """
 from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import Sequence
 
-import numpy as np
 import onnx
 
-from harness.cache import Cache, content_hash
+from harness.cache import Cache, content_hash, source_fingerprint
 from harness.errors import CalibrationError
 from harness.models.spec import Batch
+from harness.precision.calibrators import BINS, Calibrator, Histogram
 
 FORWARD_PASSES: Counter = Counter()
 """Calibration forward passes run in this process, by model graph name (tests count them)."""
-
-METHODS = ("max",)
 
 
 def calibrate(
@@ -28,29 +28,33 @@ def calibrate(
     model_bytes: bytes,
     tensors: Sequence[str],
     batches: Sequence[Batch],
-    method: str = "max",
+    calibrator: Calibrator | None = None,
 ) -> dict[str, float]:
     """Per-tensor amax of ``tensors`` over ``batches``; a cache hit runs no forward pass."""
-    if method not in METHODS:
-        raise CalibrationError(f"unknown calibration method {method!r}; known: {', '.join(METHODS)}")
+    calibrator = calibrator or Calibrator()
     if not batches:
         raise CalibrationError("calibration set is empty")
     import onnxruntime
 
-    key = content_hash("calibration", model_bytes, list(tensors), list(batches), method)
+    key = content_hash("calibration", model_bytes, list(tensors), list(batches), calibrator.params,
+                       source_fingerprint("harness.precision.calibrate", "harness.precision.calibrators"))
 
     def produce() -> bytes:
-        ranges = _collect_amax(model_bytes, tensors, batches)
-        document = {"method": method, "params": {}, "onnxruntime": onnxruntime.__version__,
-                    "batches": len(batches), "ranges": ranges}
+        histograms = collect_histograms(model_bytes, tensors, batches, calibrator.bins)
+        ranges = {name: calibrator.amax(hist) for name, hist in histograms.items()}
+        document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
+                    "ranges": ranges}
         return json.dumps(document, indent=1, sort_keys=True).encode()
 
-    path = cache.get_or_create("calibration", key, ".json", produce, {"method": method, "tensors": len(tensors)})
+    path = cache.get_or_create("calibration", key, ".json", produce, {**calibrator.params, "tensors": len(tensors)})
     return json.loads(path.read_text())["ranges"]
 
 
-def _collect_amax(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> dict[str, float]:
+def collect_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch],
+                       bins: int = BINS) -> dict[str, Histogram]:
+    """One forward pass per batch; every requested tensor's |x| is binned and then dropped."""
     import onnxruntime
+    from tqdm import tqdm
 
     model = onnx.load_from_string(model_bytes)
     existing = {o.name for o in model.graph.output}
@@ -58,10 +62,10 @@ def _collect_amax(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    amax = dict.fromkeys(tensors, 0.0)
-    for batch in batches:
+    histograms = {name: Histogram(bins) for name in tensors}
+    for batch in tqdm(batches, desc=f"calibrating {model.graph.name}", unit="batch", leave=False, disable=None):
         values = session.run(list(tensors), dict(batch))
         FORWARD_PASSES[model.graph.name] += 1
         for name, value in zip(tensors, values):
-            amax[name] = max(amax[name], float(np.max(np.abs(value))) if value.size else 0.0)
-    return amax
+            histograms[name].add(value)
+    return histograms

@@ -3,11 +3,15 @@
 Activations feeding Conv/Gemm/MatMul get one symmetric per-tensor QuantizeLinear →
 DequantizeLinear pair (shared by all consumers); weights are stored quantized with a
 per-output-channel DequantizeLinear; biases stay float (TensorRT's parser rejects an int32 DQ).
+With ``residual_add`` both activation inputs of an Add are quantized too, so TensorRT can fuse
+the residual Add into the preceding convolution. ``exclude`` (fnmatch patterns on node names)
+keeps layers in high precision; ``only`` quantizes just the named layers (sensitivity analysis).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+import fnmatch
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -16,10 +20,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from harness.errors import CalibrationError
 from harness.precision.base import Recipe
-from harness.precision.graph import initializer_names, replace_input, topological_sort
+from harness.precision.calibrators import Calibrator
+from harness.precision.graph import float_tensors, initializer_names, replace_input, topological_sort
 
 # op type → indices of inputs that are quantized (activations, or weights when initializers)
-QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
+QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1), "Add": (0, 1)}
+WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
 
 
 @dataclass(frozen=True)
@@ -53,24 +59,64 @@ def _weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
     return 1 if rank == 2 else None  # MatMul: [in, out]
 
 
+@dataclass(frozen=True)
+class QDQOptions:
+    """Which layers a Q/DQ recipe quantizes, and how it calibrates them."""
+
+    calibrator: Calibrator = Calibrator()
+    ops: tuple[str, ...] = WEIGHTED_OPS
+    residual_add: bool = True
+    exclude: tuple[str, ...] = ()
+    only: tuple[str, ...] | None = None
+
+
 class QDQ(Recipe):
     """Post-training quantization to ``fmt`` with calibrated activation ranges."""
 
     calibrated = True
 
-    def __init__(self, fmt: QuantFormat):
+    def __init__(self, fmt: QuantFormat, options: QDQOptions | None = None):
         self.fmt = fmt
         self.name = fmt.name
+        self.options = options or QDQOptions()
+
+    @property
+    def calibrator(self) -> Calibrator:
+        return self.options.calibrator
+
+    def with_options(self, **changes: Any) -> "QDQ":
+        return QDQ(self.fmt, replace(self.options, **changes))
 
     def params(self) -> dict[str, Any]:
-        return {**super().params(), "format": self.fmt.name, "ops": sorted(QUANTIZED_INPUTS),
+        opts = self.options
+        return {**super().params(), "format": self.fmt.name, "ops": sorted(opts.ops),
+                "residual_add": opts.residual_add, "exclude": sorted(opts.exclude),
+                "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
+
+    def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
+        """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``only``."""
+        constant = initializer_names(model) | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+        floats = float_tensors(model) if self.options.residual_add else set()
+        chosen = []
+        for node in model.graph.node:
+            if node.op_type == "Add":
+                if not all(i in floats and i not in constant for i in node.input):
+                    continue  # a bias or shape Add (or residual Adds not wanted)
+            elif node.op_type not in self.options.ops:
+                continue
+            if any(fnmatch.fnmatchcase(node.name, pattern) for pattern in self.options.exclude):
+                continue
+            if self.options.only is not None and node.name not in self.options.only:
+                continue
+            chosen.append(node)
+        return chosen
 
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         weights = initializer_names(model)
         seen: dict[str, None] = {}
-        for node in model.graph.node:
-            for index in QUANTIZED_INPUTS.get(node.op_type, ()):
+        for node in self.quantized_nodes(model):
+            for index in QUANTIZED_INPUTS[node.op_type]:
                 if index < len(node.input) and node.input[index] not in weights:
                     seen[node.input[index]] = None
         return list(seen)
@@ -81,12 +127,14 @@ class QDQ(Recipe):
         if missing:
             raise CalibrationError(f"no calibrated range for tensor(s) {missing[:5]} of graph {graph.name!r}")
         weights = {init.name: init for init in graph.initializer}
-        consumers = [n for n in graph.node if n.op_type in QUANTIZED_INPUTS]
+        consumers = self.quantized_nodes(model)
         new_nodes: list[onnx.NodeProto] = []
         for tensor in self.tensors_to_calibrate(model):
             new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], consumers)
         quantized_weights: dict[str, str] = {}
         for node in consumers:
+            if node.op_type not in WEIGHTED_OPS:
+                continue
             name = node.input[1]
             if name in weights and name not in quantized_weights:
                 quantized_weights[name] = f"{name}_dequantized"

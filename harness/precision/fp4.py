@@ -1,0 +1,83 @@
+"""NVFP4 simulated on the CPU: weights fake-quantized to E2M1 in blocks of 16.
+
+Each block of 16 consecutive weights along the input (reduction) axis shares an E4M3 scale,
+under one FP32 scale per tensor (amax / (448 · 6)), as NVIDIA's NVFP4 defines. The graph keeps
+FP32 weights holding the dequantized values, so any FP32 executor reports FP4's accuracy cost
+even where no GPU supports FP4 (it needs compute capability ≥ 10.0). Activations are not
+quantized: NVFP4 scales them per block at run time, which a static graph cannot express.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from harness.precision.base import Recipe
+from harness.precision.qdq import WEIGHTED_OPS
+
+BLOCK = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # index = magnitude code
+
+
+def round_e2m1(values: np.ndarray) -> np.ndarray:
+    """Round to the nearest E2M1 value, ties to the even code, saturating at ±6."""
+    magnitude = np.minimum(np.abs(values), E2M1_MAX)
+    upper = np.clip(np.searchsorted(E2M1_GRID, magnitude), 1, len(E2M1_GRID) - 1)
+    lower = upper - 1
+    below, above = magnitude - E2M1_GRID[lower], E2M1_GRID[upper] - magnitude
+    pick_upper = (above < below) | ((above == below) & (upper % 2 == 0))
+    return np.sign(values) * np.where(pick_upper, E2M1_GRID[upper], E2M1_GRID[lower])
+
+
+def round_e4m3(values: np.ndarray) -> np.ndarray:
+    return values.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def fake_quantize_nvfp4(weight: np.ndarray, axis: int) -> np.ndarray:
+    """Quantize-dequantize ``weight`` in blocks of 16 along ``axis`` (the reduction axis)."""
+    moved = np.moveaxis(weight.astype(np.float32), axis, -1)
+    length = moved.shape[-1]
+    padded = np.pad(moved, [(0, 0)] * (moved.ndim - 1) + [(0, (-length) % BLOCK)])
+    blocks = padded.reshape(*padded.shape[:-1], -1, BLOCK)
+    tensor_scale = max(float(np.abs(weight).max()), 1e-12) / (E4M3_MAX * E2M1_MAX)
+    block_amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    block_scale = round_e4m3(block_amax / E2M1_MAX / tensor_scale)
+    safe = np.where(block_scale > 0, block_scale, 1.0) * tensor_scale
+    dequantized = round_e2m1(blocks / safe) * safe
+    out = dequantized.reshape(padded.shape)[..., :length]
+    return np.moveaxis(out, -1, axis).astype(np.float32)
+
+
+def _reduction_axis(node: onnx.NodeProto, rank: int) -> int:
+    if node.op_type == "Conv":
+        return 1  # [out, in/groups, kh, kw]
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 1 if trans_b else 0
+    return 0 if rank == 2 else rank - 2  # MatMul: [.., in, out]
+
+
+class NVFP4Weights(Recipe):
+    name = "fp4"
+
+    def params(self) -> dict[str, Any]:
+        return {**super().params(), "block": BLOCK, "scale": "e4m3 per block, fp32 per tensor", "activations": None}
+
+    def apply_impl(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
+        weights = {init.name: init for init in model.graph.initializer}
+        done: set[str] = set()
+        for node in model.graph.node:
+            if node.op_type in WEIGHTED_OPS and len(node.input) > 1 and node.input[1] in weights:
+                name = node.input[1]
+                if name in done:
+                    continue
+                values = numpy_helper.to_array(weights[name])
+                axis = _reduction_axis(node, values.ndim)
+                weights[name].CopyFrom(numpy_helper.from_array(fake_quantize_nvfp4(values, axis), name))
+                done.add(name)
+        return model

@@ -1,0 +1,26 @@
+"""Fixtures shared by the test modules (the harness's own fixtures live in its pytest plugin)."""
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+
+@pytest.fixture
+def ort_quantize_static() -> Callable[..., None]:
+    """ONNX Runtime's own post-training quantization over a list of batches (a comparison point)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, batches: list) -> None:
+            self.items = iter(batches)
+
+        def get_next(self) -> Any:
+            return next(self.items, None)
+
+    def run(source: Path, target: Path, batches: list, **options: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_static(str(source), str(target), Reader(batches), quant_format=QuantFormat.QDQ, **options)
+
+    return run

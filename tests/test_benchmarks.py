@@ -1,0 +1,47 @@
+"""Benchmarks (pytest -m benchmark): timings go to pytest-benchmark, never into asserts."""
+
+import onnx
+import pytest
+
+from harness.precision import get_recipe
+from harness.precision.calibrate import collect_histograms
+from harness.precision.calibrators import Calibrator
+
+pytestmark = [pytest.mark.benchmark, pytest.mark.int8, pytest.mark.slow]
+
+# The same method on both sides: ORT's MinMax is the harness's max; Entropy is entropy.
+METHODS = {"max": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_calibration_time_harness(benchmark, harness_pipeline, method):
+    model_bytes = harness_pipeline.fp32_onnx("resnet50").read_bytes()
+    tensors = get_recipe("int8").tensors_to_calibrate(onnx.load_from_string(model_bytes))
+    batches = harness_pipeline.calibration_batches("resnet50")
+    calibrator = Calibrator(method)
+
+    def run():
+        histograms = collect_histograms(model_bytes, tensors, batches, calibrator.bins)
+        return {name: calibrator.amax(h) for name, h in histograms.items()}
+
+    benchmark.group = f"calibration resnet50 {method}"
+    benchmark.extra_info.update(model="resnet50", images=sum(len(b["input"]) for b in batches), side="harness")
+    ranges = benchmark.pedantic(run, rounds=3, warmup_rounds=0)
+    assert len(ranges) == len(tensors)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_calibration_time_onnxruntime(benchmark, harness_pipeline, method, tmp_path, ort_quantize_static):
+    from onnxruntime.quantization import CalibrationMethod
+
+    batches = harness_pipeline.calibration_batches("resnet50")
+
+    def run():
+        ort_quantize_static(harness_pipeline.fp32_onnx("resnet50"), tmp_path / "out.onnx", batches,
+                            calibrate_method=getattr(CalibrationMethod, METHODS[method]),
+                            extra_options={"QuantizeBias": False})
+
+    benchmark.group = f"calibration resnet50 {method}"
+    benchmark.extra_info.update(model="resnet50", images=sum(len(b["input"]) for b in batches), side="onnxruntime")
+    benchmark.pedantic(run, rounds=3, warmup_rounds=0)
+    assert (tmp_path / "out.onnx").stat().st_size > 0

@@ -1,0 +1,201 @@
+"""Calibrators, the calibration cache, TensorRT's cache format, FP8 scales, sensitivity and fallback."""
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from harness.errors import CalibrationError
+from harness.pipeline import Pipeline
+from harness.precision import get_recipe
+from harness.precision.calibrate import FORWARD_PASSES
+from harness.precision.calibrators import METHODS, Calibrator, Histogram
+from harness.precision.sensitivity import _evaluate, fallback_until_within, layer_sensitivity
+from harness.precision.trt_cache import from_trt_cache, to_trt_cache
+from harness.tolerances import Tolerance
+
+
+def gaussian_with_outliers(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(8):
+        x = rng.normal(size=50_000).astype(np.float32)
+        x[:2] *= 40
+        batches.append(x)
+    return batches
+
+
+def test_streaming_histogram_matches_the_whole_data():
+    batches = gaussian_with_outliers()
+    hist = Histogram()
+    for batch in sorted(batches, key=lambda b: np.abs(b).max()):  # range grows batch after batch
+        hist.add(batch)
+    everything = np.abs(np.concatenate(batches))
+    assert hist.max == everything.max() and hist.counts.sum() == everything.size
+    bin_width = hist.limit / len(hist.counts)
+    assert abs(Calibrator("percentile", percentile=99.9).amax(hist) - np.percentile(everything, 99.9)) <= 2 * bin_width
+
+
+def test_methods_clip_outliers_and_max_does_not():
+    hist = Histogram()
+    for batch in gaussian_with_outliers():
+        hist.add(batch)
+    amax = {method: Calibrator(method).amax(hist) for method in METHODS}
+    assert amax["max"] == hist.max > 60
+    assert 3.0 < amax["entropy"] < 8.0  # KL keeps the bulk of a unit Gaussian, drops 40σ outliers
+    assert 3.0 < amax["percentile"] < 5.0  # 99.99th percentile of |N(0,1)| ≈ 3.9
+    assert amax["mse"] < amax["max"]
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(CalibrationError, match="unknown calibration method 'kl'; known: max, entropy, percentile, mse"):
+        Calibrator("kl")
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("method", list(METHODS))
+def test_digits_int8_accuracy_per_calibrator(method, harness_pipeline):
+    recipe = get_recipe("int8").with_options(calibrator=Calibrator(method))
+    spec = harness_pipeline.models.get("digits-cnn")
+    labels = spec.eval_data().labels
+    result = _evaluate(harness_pipeline, "digits-cnn", recipe, Tolerance())
+    from harness.backends.onnxrt import OnnxRuntimeRunner
+    from harness.compare import concat
+
+    with OnnxRuntimeRunner(harness_pipeline.precision_onnx("digits-cnn", recipe), ["CPUExecutionProvider"], True) as r:
+        logits = concat([r.infer(b) for b in harness_pipeline.eval_batches("digits-cnn")])["logits"]
+    reference = np.mean(harness_pipeline.reference("digits-cnn")["logits"].argmax(1) == labels)
+    drop = 100 * (reference - np.mean(logits.argmax(1) == labels))
+    assert drop <= 1.0, f"{method}: INT8 loses {drop:.2f} points of digits accuracy"
+    assert result.metrics["logits"]["cosine"] >= 0.999
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("method", list(METHODS))
+def test_resnet18_int8_cosine_per_calibrator(method, harness_pipeline):
+    recipe = get_recipe("int8").with_options(calibrator=Calibrator(method))
+    cosine = _evaluate(harness_pipeline, "resnet18", recipe, Tolerance()).metrics["logits"]["cosine"]
+    assert cosine >= 0.999
+
+
+def _pipeline_with_fresh_cache(tmp_path: Path, manifest: Path | None = None) -> Pipeline:
+    return Pipeline(tmp_path / "cache", manifest=manifest)
+
+
+@pytest.mark.int8
+def test_cache_hit_runs_no_forward_pass_and_gives_identical_bytes(tmp_path):
+    pipeline = _pipeline_with_fresh_cache(tmp_path)
+    recipe = get_recipe("int8")
+    graph_name = onnx.load(str(pipeline.fp32_onnx("cnn"))).graph.name
+    before = FORWARD_PASSES[graph_name]
+    first = pipeline.precision_onnx("cnn", recipe).read_bytes()
+    assert FORWARD_PASSES[graph_name] - before == 4  # one pass per calibration batch
+    second_pipeline = _pipeline_with_fresh_cache(tmp_path)  # a new session, same cache
+    middle = FORWARD_PASSES[graph_name]
+    second = second_pipeline.precision_onnx("cnn", recipe).read_bytes()
+    assert FORWARD_PASSES[graph_name] == middle
+    assert second == first
+    assert second_pipeline.cache.stats["calibration.hit"] == 1
+
+
+@pytest.mark.int8
+def test_changed_method_sample_or_weight_recalibrates(tmp_path):
+    pipeline = _pipeline_with_fresh_cache(tmp_path)
+    pipeline.precision_onnx("mlp", get_recipe("int8"))
+    misses = lambda: pipeline.cache.stats["calibration.miss"]  # noqa: E731
+    assert misses() == 1
+    pipeline.precision_onnx("mlp", get_recipe("int8").with_options(calibrator=Calibrator("percentile")))
+    assert misses() == 2
+    original = pipeline.calibration_batches
+    def one_sample_changed(model):  # noqa: E306
+        batches = original(model)
+        batches[0] = {k: v.copy() for k, v in batches[0].items()}
+        batches[0]["input"][0, 0] += 0.5
+        return batches
+    pipeline.calibration_batches = one_sample_changed
+    pipeline.precision_onnx("mlp", get_recipe("int8"))
+    assert misses() == 3
+    pipeline.calibration_batches = original
+    import torch
+
+    module = pipeline.module("mlp")
+    with torch.no_grad():
+        module[0].weight[0, 0] += 0.25
+    pipeline.fp32_onnx.cache_clear()
+    pipeline.precision_onnx("mlp", get_recipe("int8"))
+    assert misses() == 4
+
+
+@pytest.mark.int8
+def test_corrupt_calibration_cache_is_detected_and_rebuilt(tmp_path):
+    pipeline = _pipeline_with_fresh_cache(tmp_path)
+    first = pipeline.precision_onnx("cnn", get_recipe("int8")).read_bytes()
+    [entry] = (tmp_path / "cache" / "calibration").rglob("*.json.json")
+    data = entry.with_name(entry.name[: -len(".json")])
+    data.write_text(data.read_text()[:40])  # truncated mid-file
+    fresh = _pipeline_with_fresh_cache(tmp_path)
+    with pytest.warns(UserWarning, match="does not match its checksum"):
+        rebuilt = fresh.precision_onnx("cnn", get_recipe("int8")).read_bytes()
+    assert rebuilt == first
+    assert fresh.cache.stats["calibration.corrupt"] == 1 and data.with_name(data.name + ".corrupt").exists()
+
+
+def test_trt_cache_round_trip_and_format(harness_pipeline):
+    ranges = {"input": 2.0, "/conv1/Relu_output_0": 0.123456, "x:with:colons": 1e-6}
+    text = to_trt_cache(ranges)
+    lines = text.splitlines()
+    assert re.fullmatch(r"TRT-\d+-EntropyCalibration2", lines[0])
+    assert all(re.fullmatch(r".+: [0-9a-f]{8}", line) for line in lines[1:])
+    assert lines[1] == "input: " + np.array([2.0 / 127], dtype=">f4").tobytes().hex()  # big-endian float32 bits
+    back = from_trt_cache(text)
+    assert back.keys() == ranges.keys()
+    assert all(np.float32(back[k] / 127) == np.float32(ranges[k] / 127) for k in ranges)
+    with pytest.raises(CalibrationError, match=r"line 3 'broken line'"):
+        from_trt_cache(lines[0] + "\ninput: 3c010204\nbroken line\n")
+
+
+@pytest.mark.fp8
+def test_fp8_e4m3_error_matches_its_3_bit_mantissa():
+    from harness.precision.qdq import FP8_E4M3
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(2 ** -6, 448, size=100_000).astype(np.float32)  # the normal range of E4M3
+    rounded = FP8_E4M3.quantize(x).astype(np.float32)
+    relative = np.abs(rounded - x) / x
+    assert relative.max() <= 2 ** -4 + 1e-7  # half a unit in the last place of a 3-bit mantissa
+    assert relative.max() > 2 ** -5  # and really that coarse (not silently higher precision)
+
+
+@pytest.mark.fp8
+def test_own_fp8_scales_beat_onnxruntime_fp8_quantization(harness_pipeline, tmp_path, ort_quantize_static):
+    import onnxruntime
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+
+    theirs = tmp_path / "cnn-fp8-ort.onnx"
+    ort_quantize_static(harness_pipeline.fp32_onnx("cnn"), theirs, harness_pipeline.calibration_batches("cnn"),
+                        activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN,
+                        calibrate_method=CalibrationMethod.Distribution)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(str(theirs), options, providers=["CPUExecutionProvider"])
+    reference = harness_pipeline.reference("cnn")["logits"]
+    their_out = np.concatenate([session.run(None, b)[0] for b in harness_pipeline.eval_batches("cnn")])
+    ours = _evaluate(harness_pipeline, "cnn", get_recipe("fp8"), Tolerance()).metrics["logits"]
+    their_err = float(np.abs(their_out - reference).max())
+    assert ours["max_abs_err"] * 3 < their_err, (ours["max_abs_err"], their_err)
+
+
+@pytest.mark.int8
+def test_sensitivity_ranks_layers_and_fallback_meets_a_tight_bound(harness_pipeline):
+    recipe = get_recipe("int8")
+    rows = layer_sensitivity(harness_pipeline, "resblock", recipe)
+    graph = onnx.load(str(harness_pipeline.fp32_onnx("resblock")))
+    assert sorted(r.layer for r in rows) == sorted(n.name for n in recipe.quantized_nodes(graph))
+    assert [r.snr_db for r in rows] == sorted(r.snr_db for r in rows)
+    full = _evaluate(harness_pipeline, "resblock", recipe, Tolerance()).metrics["logits"]["cosine"]
+    bound = 1 - (1 - full) / 4  # four times closer to FP32 than the fully quantized model
+    chosen, kept, result = fallback_until_within(harness_pipeline, "resblock", recipe, Tolerance(min_cosine=bound))
+    assert result.passed and kept and kept[0] == rows[0].layer
+    assert set(kept) <= set(chosen.options.exclude)
+    assert len(recipe.quantized_nodes(graph)) - len(chosen.quantized_nodes(graph)) == len(kept)
