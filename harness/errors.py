@@ -39,4 +39,8 @@ class CalibrationError(HarnessError):
 
 
 class UnsupportedError(HarnessError):
-    """A combination the harness cannot run (as opposed to one the hardware cannot)."""
+    """A graph or combination a backend cannot build; ``ops`` names the op types it rejected."""
+
+    def __init__(self, message: str, ops: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.ops = ops

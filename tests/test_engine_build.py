@@ -1,4 +1,6 @@
 """TensorRT-RTX engines built for real, ahead of time, on this (GPU-less) machine."""
+from dataclasses import replace
+
 import pytest
 from onnx import TensorProto, helper
 
@@ -54,7 +56,7 @@ def test_fp8_for_sm86_is_predicted_and_really_fails(harness_pipeline):
                      BuildOptions(target_cc=(8, 6)), Cache(harness_pipeline.cache.root))
 
 
-def test_parser_error_names_node_and_op(tmp_path):
+def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, harness_pipeline):
     import tensorrt_rtx
 
     graph = helper.make_graph(
@@ -65,5 +67,10 @@ def test_parser_error_names_node_and_op(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
     path = tmp_path / "hardswish.onnx"
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]).SerializeToString())
-    with pytest.raises(UnsupportedError, match=r"hardswish\.onnx \(bf16 recipe\): node 1 'act' \(op HardSwish\)"):
+    with pytest.raises(UnsupportedError, match=r"hardswish\.onnx \(bf16 recipe\): node 1 'act' \(op HardSwish\)") as info:
         build_engine(tensorrt_rtx, "tensorrt_rtx", path, "bf16", BuildOptions(target_cc=SM89), Cache(tmp_path / "c"))
+    assert info.value.ops == ("HardSwish",)
+    spec = replace(harness_pipeline.models.get("mobilenetv3"), unsupported_ops={"tensorrt_rtx": ["HardSwish"]})
+    assert spec.declared_unsupported("tensorrt_rtx", info.value.ops)
+    assert not spec.declared_unsupported("tensorrt", info.value.ops)  # declared for one backend only
+    assert not harness_pipeline.models.get("mobilenetv3").declared_unsupported("tensorrt_rtx", info.value.ops)

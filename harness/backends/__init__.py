@@ -9,6 +9,7 @@ __all__ = ["Artifacts", "Backend", "Runner", "backend_registry"]
 _BACKENDS: Registry[type[Backend]] = Registry("backend")
 _BACKENDS.add("torch", "harness.backends.pyt:TorchBackend")
 _BACKENDS.add("onnxruntime", "harness.backends.onnxrt:OnnxRuntimeBackend")
+_BACKENDS.add("tensorrt", "harness.backends.trt:TensorRTBackend")
 _BACKENDS.add("tensorrt_rtx", "harness.backends.trt_rtx:TensorRTRTXBackend")
 
 

@@ -31,12 +31,15 @@ class TensorRTRTXBackend(Backend):
     recipe_target = "native"
 
     def unavailable(self, caps: Capabilities) -> str | None:
+        """The GPU first: on one TensorRT-RTX refuses (an H100, say), that is the reason that matters."""
+        if caps.rtx_runtime_requirement():
+            return caps.rtx_runtime_requirement()
         if not caps.has("tensorrt-rtx"):
             return "tensorrt_rtx backend needs tensorrt-rtx (pip install -e '.[rtx]'); not installed"
         return None
 
     def requirement(self, spec: ModelSpec, precision: str, caps: Capabilities) -> str | None:
-        return caps.rtx_runtime_requirement() or caps.gpu_requirement(precision)
+        return caps.gpu_requirement(precision)
 
     def build(self, artifacts: Artifacts, target_cc: tuple[int, int]) -> Path:
         """The engine for ``target_cc`` (ahead of time: no GPU needed); cached."""

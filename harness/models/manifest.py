@@ -17,7 +17,8 @@ from harness.models.spec import InputSpec, ModelSpec
 from harness.registry import import_object
 
 ENTRY_POINT_GROUP = "quant_harness.models"
-_FIELDS = {"name", "build", "onnx", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow"}
+_FIELDS = {"name", "build", "onnx", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow",
+           "unsupported_ops"}
 
 
 def load_manifest(path: Path) -> list[ModelSpec]:
@@ -49,6 +50,7 @@ def _entry(entry: dict[str, Any], path: Path, root: Path) -> ModelSpec:
             calibration=calibration if calibration in (None, "synthetic") else import_object(calibration),
             eval_data=import_object(entry["eval"]) if "eval" in entry else None,  # type: ignore[arg-type]
             tolerances=entry.get("tolerances", {}),
+            unsupported_ops=entry.get("unsupported_ops", {}),
             slow=bool(entry.get("slow", False)),
         )
     except (KeyError, ValueError, ImportError, AttributeError, TypeError) as exc:

@@ -60,12 +60,18 @@ class ModelSpec:
     calibration: Calibration = None
     eval_data: Callable[[], LabeledData] | None = None
     tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    unsupported_ops: Mapping[str, Sequence[str]] = field(default_factory=dict)  # backend → op types
     slow: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
         if (self.build is None) == (self.onnx_path is None):
             raise ValueError(f"model {self.name!r}: give exactly one of build= and onnx_path=")
+
+    def declared_unsupported(self, backend: str, ops: Sequence[str]) -> bool:
+        """True when every op a backend rejected is declared unsupported for it in this spec."""
+        declared = set(self.unsupported_ops.get(backend, ()))
+        return bool(ops) and set(ops) <= declared
 
     def sample_batches(self, count: int, seed: int, batch: int | None = None) -> list[Batch]:
         """Deterministic synthetic batches drawn from the input specs."""

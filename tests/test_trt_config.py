@@ -1,0 +1,50 @@
+"""Full TensorRT: which build each version gets, checked without TensorRT (it is not on PyPI).
+
+Only the plan and Polygraphy's lazy loader chain are tested here; no fake ``tensorrt`` module
+stands in for engines. Building and running need a GPU runner with TensorRT installed.
+"""
+from pathlib import Path
+
+import pytest
+
+from harness.backends.trt import build_plan, make_loaders
+from harness.backends.trt_engine import BuildOptions, profile_from_spec
+from harness.errors import UnsupportedError
+
+pytestmark = pytest.mark.tensorrt
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16", "int8", "fp8"])
+def test_tensorrt_11_is_strongly_typed_from_the_recipe_graph(precision):
+    plan = build_plan(precision, "11.0.0.1")
+    assert plan.strongly_typed and plan.graph == "recipe" and not plan.implicit_int8_calibration
+    assert plan.flags == ({"tf32"} if precision == "tf32" else set())
+
+
+def test_tensorrt_10_uses_weak_typing_flags_and_implicit_int8():
+    assert build_plan("fp16", "10.9.0").flags == {"fp16"} and build_plan("fp16", "10.9.0").graph == "fp32"
+    assert build_plan("bf16", "10.9.0").flags == {"bf16"}
+    int8 = build_plan("int8", "10.9.0")
+    assert (int8.graph, int8.flags, int8.implicit_int8_calibration, int8.strongly_typed) == ("fp32", {"int8"}, True, False)
+    fp8 = build_plan("fp8", "10.9.0")
+    assert (fp8.graph, fp8.flags) == ("recipe", {"fp8"})
+
+
+def test_older_tensorrt_is_refused_by_name():
+    with pytest.raises(UnsupportedError, match="TensorRT 8.6.1 is not supported"):
+        build_plan("int8", "8.6.1")
+
+
+def test_loader_chain_carries_flags_profile_and_timing_cache(harness_pipeline, tmp_path):
+    spec = harness_pipeline.models.get("resnet18")
+    options = BuildOptions(profiles=profile_from_spec(spec))
+    assert options.profiles == (("input", (1, 3, 224, 224), (4, 3, 224, 224), (8, 3, 224, 224)),)
+    loaders = make_loaders(Path("model.onnx"), build_plan("fp16", "10.9.0"), options, tmp_path / "timing.cache")
+    config, network = loaders._config, loaders._network
+    assert (config.fp16, config.int8, config.bf16, config.tf32) == (True, False, False, False)
+    assert repr(config.profiles[0]) == "Profile().add('input', min=(1, 3, 224, 224), opt=(4, 3, 224, 224), max=(8, 3, 224, 224))"
+    assert config.timing_cache_path == loaders.timing_cache_path == str(tmp_path / "timing.cache")
+    strongly = make_loaders(Path("m.onnx"), build_plan("int8", "11.0.0"), options, tmp_path / "t.cache")
+    assert strongly._network.strongly_typed and not strongly._config.int8
+    with pytest.raises(UnsupportedError, match="implicit INT8 needs a calibrator"):
+        make_loaders(Path("m.onnx"), build_plan("int8", "10.9.0"), options, tmp_path / "t.cache")
