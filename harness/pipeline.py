@@ -99,9 +99,11 @@ class Pipeline:
         return self.backends.get(name)()
 
     def skip_reason(self, case: Case) -> str | None:
+        """The case's own requirement first (a GPU too old for FP4 says so even where the backend's
+        package is missing too), then the backend's."""
         backend = self.backend(case.backend)
-        return backend.unavailable(self.caps) or backend.requirement(
-            self.models.get(case.model), case.precision, self.caps)
+        return backend.requirement(self.models.get(case.model), case.precision, self.caps) or \
+            backend.unavailable(self.caps)
 
     # -- artifacts (each memoised per process, cached on disk by content hash) ---------------
     @functools.lru_cache(maxsize=4)
@@ -217,8 +219,11 @@ class Pipeline:
             start = time.perf_counter()
             candidate = concat([runner.infer(batch) for batch in self.eval_batches(case.model)])
             timings["run_s"] = time.perf_counter() - start
+            built = runner.describe()
         comparison = compare(reference, candidate, tolerance, spec.task == "classification")
         metrics: dict[str, Any] = comparison.to_dict()
+        if built:
+            metrics["engine"] = built
         if spec.eval_data is not None:
             self._task_accuracy(spec, reference, candidate, tolerance, comparison, metrics)
         status: Status = "passed" if comparison.passed else "failed"

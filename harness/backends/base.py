@@ -37,6 +37,10 @@ class Runner:
     def deactivate(self) -> None:
         self.deactivate_impl()
 
+    def describe(self) -> dict[str, Any]:
+        """What the backend made, for the run record (e.g. an engine's per-layer precisions)."""
+        return {}
+
     def activate_impl(self) -> None:
         pass
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from polygraphy.backend.trt import TrtRunner
+
 from harness.backends.base import Artifacts, Backend, Runner
-from harness.backends.trt_engine import BuildOptions, cached_engine, profile_from_spec
+from harness.backends.trt_engine import BuildOptions, cached_engine, engine_summary, profile_from_spec
 from harness.cache import atomic_write_bytes
 from harness.capabilities import Capabilities
 from harness.errors import UnsupportedError
@@ -72,7 +74,7 @@ def make_loaders(onnx_path: Path, plan: BuildPlan, options: BuildOptions, timing
 
 class TensorRTBackend(Backend):
     name = "tensorrt"
-    precisions = frozenset(_LEGACY)
+    precisions = frozenset({*_LEGACY, "fp4"})
     gpu_precisions = precisions
     recipe_target = "native"
 
@@ -88,7 +90,7 @@ class TensorRTBackend(Backend):
 
     def load(self, artifacts: Artifacts, options: Mapping[str, Any]) -> Runner:
         import tensorrt
-        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+        from polygraphy.backend.trt import EngineFromBytes
 
         plan = build_plan(artifacts.recipe.name, tensorrt.__version__)
         onnx_path = artifacts.onnx_path() if plan.graph == "recipe" else artifacts.fp32_onnx()
@@ -105,4 +107,13 @@ class TensorRTBackend(Backend):
         loaders = make_loaders(onnx_path, plan, build, timing_cache, calibrator)
         engine = cached_engine(FLAVOUR, tensorrt.__version__, onnx_path, artifacts.recipe.name,
                                repr((plan, build)), lambda: bytes(loaders()), artifacts.cache)
-        return TrtRunner(EngineFromBytes(engine.read_bytes()), name=f"tensorrt-{artifacts.recipe.name}")
+        return InspectedTrtRunner(EngineFromBytes(engine.read_bytes()), name=f"tensorrt-{artifacts.recipe.name}")
+
+
+class InspectedTrtRunner(TrtRunner):
+    """Polygraphy's ``TrtRunner`` that also reports the engine inspector's per-layer precisions."""
+
+    def describe(self) -> dict[str, Any]:
+        import tensorrt
+
+        return engine_summary(tensorrt, self.engine)

@@ -112,6 +112,22 @@ def _parser_error(parser: Any, onnx_path: Path, recipe_name: str) -> Unsupported
     return UnsupportedError(message, tuple(ops))
 
 
+def engine_summary(trt: ModuleType, engine: Any) -> dict[str, Any]:
+    """Layer count and layers per precision, from the engine inspector (needs a deserialized engine
+    built with detailed profiling verbosity, Polygraphy's default)."""
+    import json
+
+    inspector = engine.create_engine_inspector()
+    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    precisions: dict[str, int] = {}
+    for layer in info.get("Layers", []):
+        if isinstance(layer, dict):
+            for tensor in layer.get("Outputs", [])[:1]:
+                fmt = str(tensor.get("Format/Datatype", "unknown")).split()[0]
+                precisions[fmt] = precisions.get(fmt, 0) + 1
+    return {"layers": len(info.get("Layers", [])), "output_formats": precisions}
+
+
 class EngineRunner(Runner):
     """Runs a serialized engine on the current CUDA device; I/O buffers are torch CUDA tensors."""
 
@@ -152,6 +168,9 @@ class EngineRunner(Runner):
             raise HarnessError(f"engine {self.engine_path}: execution failed")
         self.stream.synchronize()
         return {name: out.float().cpu().numpy() for name, out in results.items()}
+
+    def describe(self) -> dict[str, Any]:
+        return engine_summary(self.trt, self.engine)
 
     def deactivate_impl(self) -> None:
         del self.context, self.engine, self.runtime
