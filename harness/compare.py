@@ -7,13 +7,14 @@ in the precision under test.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from harness.tolerances import Tolerance
 
 WORST_ELEMENTS = 5
+HISTOGRAM_EDGES = [0.0, *np.logspace(-7, 0, 15).tolist(), float("inf")]  # |err| / max |reference|
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Check:
 class Comparison:
     """Every metric computed, every bound checked, and the worst elements of each output."""
 
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     worst: dict[str, list[dict[str, object]]] = field(default_factory=dict)
 
@@ -101,7 +102,7 @@ def accuracy_check(reference_accuracy: float, candidate_accuracy: float, toleran
     return Check("task", "accuracy drop (points)", drop, tolerance.max_accuracy_drop, False)
 
 
-def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str, float]:
+def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str, Any]:
     r, c = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
     diff = np.abs(c - r)
     denom = np.linalg.norm(r) * np.linalg.norm(c)
@@ -114,13 +115,15 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str
         "cosine": float(np.array_equal(r, c)) if denom == 0 else float(np.clip(np.dot(r, c) / denom, -1.0, 1.0)),
         "snr_db": float("inf") if noise == 0 else float(10 * np.log10(np.sum(r ** 2) / noise)),
         "nonfinite": float(np.count_nonzero(~np.isfinite(c) & np.isfinite(r))),
+        "error_histogram": np.histogram(np.nan_to_num(diff / peak if peak > 0 else diff, nan=np.inf),
+                                        bins=HISTOGRAM_EDGES)[0].tolist(),
     }
     if classification and ref.ndim >= 2:
         metrics["top1_agreement"] = float(np.mean(ref.argmax(-1) == out.argmax(-1)))
     return metrics
 
 
-def _checks(name: str, metrics: dict[str, float], tol: Tolerance) -> list[Check]:
+def _checks(name: str, metrics: dict[str, Any], tol: Tolerance) -> list[Check]:
     bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
               ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", tol.min_top1, True)]
     return [Check(name, metric, metrics[metric], bound, higher)

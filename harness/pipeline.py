@@ -16,9 +16,11 @@ from typing import Any, Literal
 import numpy as np
 
 from harness.backends import Artifacts, Backend, backend_registry
+from harness.bench import time_call
 from harness.cache import Cache, content_hash, source_fingerprint
 from harness.capabilities import Capabilities, detect
 from harness.compare import Comparison, accuracy_check, compare, concat
+from harness.diagnose import first_divergence
 from harness.errors import CalibrationError, HarnessError, UnsupportedError
 from harness.export import export_onnx, load_onnx
 from harness.models import ModelSpec, model_registry
@@ -68,13 +70,14 @@ class CaseResult:
 
 class Pipeline:
     def __init__(self, cache_dir: Path, tolerances: Path | None = None, manifest: Path | None = None,
-                 capabilities: Capabilities | None = None, calibration: str | None = None):
+                 capabilities: Capabilities | None = None, calibration: str | None = None, timing: bool = False):
         self.cache = Cache(cache_dir)
         self.tolerances = ToleranceTable.load(tolerances)
         self.models: Registry[ModelSpec] = model_registry(manifest)
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
         self.calibrator = Calibrator(calibration) if calibration else None
+        self.timing = timing  # also measure each case's latency on its first eval batch (harness.bench)
 
     # -- enumeration -------------------------------------------------------------------------
     def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
@@ -220,14 +223,27 @@ class Pipeline:
             candidate = concat([runner.infer(batch) for batch in self.eval_batches(case.model)])
             timings["run_s"] = time.perf_counter() - start
             built = runner.describe()
+            if self.timing:
+                batch = self.eval_batches(case.model)[0]
+                items = len(next(iter(batch.values())))
+                metrics_latency = time_call(lambda: runner.infer(batch), items=items).to_dict()
         comparison = compare(reference, candidate, tolerance, spec.task == "classification")
         metrics: dict[str, Any] = comparison.to_dict()
         if built:
             metrics["engine"] = built
+        if self.timing:
+            metrics["latency"] = metrics_latency
         if spec.eval_data is not None:
             self._task_accuracy(spec, reference, candidate, tolerance, comparison, metrics)
         status: Status = "passed" if comparison.passed else "failed"
         message = "" if comparison.passed else f"{case.id} vs FP32 reference:\n{comparison.explain()}"
+        if not comparison.passed and case.backend == "onnxruntime" and spec.build is not None:
+            divergence = first_divergence(self.fp32_onnx(case.model), artifacts.onnx_path(),
+                                          self.eval_batches(case.model)[0], tolerance.min_cosine or 0.999)
+            if divergence:
+                metrics["first_divergence"] = divergence
+                message += (f"\nfirst diverging layer: {divergence['node']} ({divergence['op']}) output "
+                            f"{divergence['tensor']!r}, cosine {divergence['cosine']:.6f} < {divergence['bound']:g}")
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
 
     def _task_accuracy(self, spec: ModelSpec, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
