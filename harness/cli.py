@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from harness.cache import atomic_write_bytes
 from harness.errors import HarnessError
 
 
@@ -42,6 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     sensitivity.add_argument("--calibration", default="max")
     sensitivity.add_argument("--min-cosine", type=float, help="fall back the most sensitive layers until met")
     _common(sensitivity)
+    run.add_argument("--time", action="store_true", help="also time each case (median latency, for speedups)")
+    report = commands.add_parser("report", help="render a run record as Markdown and a self-contained HTML page")
+    report.add_argument("record", type=Path)
+    report.add_argument("--history", type=Path, help="folder of earlier run records, for trends")
+    report.add_argument("--out", type=Path, help="where RUN.md and RUN.html go (default: beside the record)")
+    gate = commands.add_parser("gate", help="compare a run with a baseline; exit 1 on a regression, 2 on bad input")
+    gate.add_argument("--baseline", type=Path, required=True)
+    gate.add_argument("--current", type=Path, required=True)
+    gate.add_argument("--policy", type=Path, help="gate policy (default: fixtures/gate.yaml)")
+    nightly = commands.add_parser("nightly", help="timed run of the full matrix + report, under reports/nightly/<time>/")
+    nightly.add_argument("--root", type=Path, default=Path("reports/nightly"))
+    _common(nightly)
     _common(commands.add_parser("models", help="list registered models"))
     commands.add_parser("env", help="print GPU, packages and the precision support matrix")
     return parser
@@ -50,20 +63,27 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity}[args.command](args)
+        commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
+                    "gate": _gate, "nightly": _nightly}
+        return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
 def _run(args: argparse.Namespace) -> int:
+    return run_matrix(args)[0]
+
+
+def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
+    """The main job: every case, a table on stdout, a record on disk; (exit code, record path)."""
     from tqdm import tqdm
 
     from harness.pipeline import Pipeline
     from harness.report.record import build_record, write_record
 
     started = time.time()
-    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration)
+    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration, timing=args.time)
     cases = pipeline.cases(args.models, args.precisions, args.backends)
     results = []
     with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress:
@@ -78,7 +98,43 @@ def _run(args: argparse.Namespace) -> int:
     for result in results:
         if result.status in ("failed", "error"):
             print(f"\n{result.message}")
-    return 0 if all(r.status in ("passed", "skipped") for r in results) else 1
+    return (0 if all(r.status in ("passed", "skipped") for r in results) else 1), path
+
+
+def _report(args: argparse.Namespace) -> int:
+    from harness.report.load import history, load_record
+    from harness.report.render import html_page, markdown
+
+    record = load_record(args.record)
+    past = [r for r in history(args.history) if r.get("started") != record.get("started")] if args.history else []
+    out = args.out or args.record.parent
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(record)
+    atomic_write_bytes(out / f"{args.record.stem}.md", text.encode())
+    page = out / f"{args.record.stem}.html"
+    atomic_write_bytes(page, html_page(record, past).encode())
+    print(text)
+    print(f"page: {page}")
+    return 0
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from harness.report.gate import gate, load_policy
+    from harness.report.load import load_record
+
+    result = gate(load_record(args.baseline), load_record(args.current), load_policy(args.policy))
+    print(result.report())
+    return result.exit_code
+
+
+def _nightly(args: argparse.Namespace) -> int:
+    """Timed full matrix into reports/nightly/<time>/, then the page with the history's trends."""
+    folder = args.root / time.strftime("%Y%m%d-%H%M%S")
+    run_args = argparse.Namespace(cache_dir=args.cache_dir, tolerances=None, manifest=args.manifest, models=None,
+                                  precisions=None, backends=None, calibration=None, time=True, report_dir=folder)
+    code, record = run_matrix(run_args)
+    _report(argparse.Namespace(record=record, history=args.root, out=folder))
+    return code
 
 
 def format_table(cases: list[dict]) -> str:
@@ -91,7 +147,7 @@ def format_table(cases: list[dict]) -> str:
         task = case["metrics"].get("task", {})
         cells = [_fmt(metrics.get("cosine"), ".5f", 8), _fmt(metrics.get("snr_db"), ".1f", 7),
                  _fmt(metrics.get("top1_agreement"), ".3f", 6), _fmt(task.get("accuracy"), ".3f", 6),
-                 _fmt(task.get("accuracy_drop_points"), "+.2f", 6)]
+                 _fmt(-task["accuracy_drop_points"] if task else None, "+.2f", 6)]
         outcome = case["status"] if case["status"] != "skipped" else f"skipped: {case['message']}"
         lines.append(f"{case['model']:<18} {case['precision']:<9} {case['backend']:<12} {' '.join(cells)}  {outcome}")
     return "\n".join(lines)

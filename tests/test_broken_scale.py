@@ -31,3 +31,19 @@ def test_int8_with_one_scale_times_100_violates_tolerance(harness_pipeline, tmp_
     assert "logits: worst elements [" in message
     cosine = result.metrics["logits"]["cosine"]
     assert cosine < tolerance.min_cosine and np.isfinite(cosine)
+
+
+@pytest.mark.int8
+@pytest.mark.onnxruntime
+def test_first_diverging_layer_is_the_consumer_of_the_broken_scale(harness_pipeline, tmp_path):
+    from harness.diagnose import first_divergence
+
+    model = onnx.load(str(harness_pipeline.precision_onnx("cnn", get_recipe("int8"))))
+    scale = next(init for init in model.graph.initializer if init.name == "/2/MaxPool_output_0_scale")
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 100, scale.name))
+    broken = tmp_path / "broken.onnx"
+    onnx.save(model, str(broken))
+    found = first_divergence(harness_pipeline.fp32_onnx("cnn"), broken, harness_pipeline.eval_batches("cnn")[0], 0.99)
+    assert found is not None and (found["node"], found["op"]) == ("/3/Conv", "Conv") and found["cosine"] < 0.99
+    intact = harness_pipeline.precision_onnx("cnn", get_recipe("int8"))
+    assert first_divergence(harness_pipeline.fp32_onnx("cnn"), intact, harness_pipeline.eval_batches("cnn")[0], 0.99) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,11 +32,28 @@ def build_record(cases: Iterable[dict[str, Any]], caps: Capabilities, started: f
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": round(time.time() - started, 3),
         "command": sys.argv,
-        "environment": {**caps.to_dict(), "python": platform.python_version(), "platform": platform.platform()},
+        "environment": {**caps.to_dict(), **_toolchain(), "python": platform.python_version(),
+                        "platform": platform.platform()},
         "summary": counts,
         "cache": dict(cache_stats or {}),
         "cases": cases,
     }
+
+
+def _toolchain() -> dict[str, str | None]:
+    """CUDA and driver versions and the git commit of the working directory, where available."""
+    def output(*command: str) -> str | None:
+        try:
+            return subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    cuda = None
+    if caps_torch := sys.modules.get("torch"):
+        cuda = getattr(caps_torch.version, "cuda", None)
+    driver = output("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    return {"cuda": cuda, "driver": driver.splitlines()[0] if driver else None,
+            "git_commit": output("git", "rev-parse", "HEAD")}
 
 
 def write_record(record: dict[str, Any], report_dir: Path) -> Path:

@@ -1,0 +1,138 @@
+"""Run records, the rendered report, the release gate, and the record under pytest-xdist."""
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.pipeline import Case, Pipeline
+from harness.report.record import build_record, write_record
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium")
+
+
+@pytest.fixture(scope="module")
+def record_path(tmp_path_factory, harness_pipeline):
+    """A real, timed run of the digits task and the CNN in FP32 and INT8."""
+    pipeline = Pipeline(harness_pipeline.cache.root, timing=True)
+    cases = [Case(m, p, "onnxruntime") for m in ("digits-cnn", "cnn") for p in ("fp32", "int8", "fp8")]
+    cases.append(Case("cnn", "tf32", "onnxruntime"))  # skipped on a CPU: its reason is reported
+    import time
+
+    record = build_record([pipeline.run(c).to_dict() for c in cases], pipeline.caps, time.time())
+    return write_record(record, tmp_path_factory.mktemp("runs"))
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_record_holds_environment_and_every_case(record_path):
+    record = json.loads(record_path.read_text())
+    assert record["schema_version"] == 1 and record["summary"] == {"passed": 6, "skipped": 1}
+    assert {"gpu", "packages", "python", "git_commit"} <= set(record["environment"])
+    digits = next(c for c in record["cases"] if c["id"] == "digits-cnn-int8-onnxruntime")
+    assert digits["metrics"]["task"]["reference_accuracy"] >= 0.95 and "latency" in digits["metrics"]
+    skipped = next(c for c in record["cases"] if c["status"] == "skipped")
+    assert "CUDA execution provider" in skipped["message"]
+
+
+def test_gate_passes_identical_runs(record_path):
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(record_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("0 regression(s), 0 improvement(s)")
+
+
+def test_gate_fails_on_two_points_lost_and_names_the_case(record_path, tmp_path):
+    current = json.loads(record_path.read_text())
+    case = next(c for c in current["cases"] if c["id"] == "digits-cnn-int8-onnxruntime")
+    case["metrics"]["task"]["accuracy"] -= 0.02
+    case["metrics"]["task"]["accuracy_drop_points"] += 2.0
+    current["cases"] = [c for c in current["cases"] if c["id"] != "cnn-fp8-onnxruntime"]
+    path = tmp_path / "current.json"
+    path.write_text(json.dumps(current))
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(path))
+    assert proc.returncode == 1
+    assert "REGRESSION: digits-cnn-int8-onnxruntime: task accuracy" in proc.stdout
+    assert "(-2.00 points), limit −1" in proc.stdout
+    assert "only in baseline: cnn-fp8-onnxruntime" in proc.stdout  # listed, never dropped
+
+
+def test_gate_fails_on_a_case_that_stopped_passing(record_path, tmp_path):
+    current = json.loads(record_path.read_text())
+    case = next(c for c in current["cases"] if c["id"] == "cnn-fp8-onnxruntime")
+    case["status"], case["message"] = "failed", "cnn-fp8-onnxruntime vs FP32 reference:\nlogits: cosine = 0.9"
+    path = tmp_path / "current.json"
+    path.write_text(json.dumps(current))
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(path))
+    assert proc.returncode == 1 and "REGRESSION: cnn-fp8-onnxruntime: was passed, now failed" in proc.stdout
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"schema_version": 1, "cases": [', "is not valid JSON"),
+    ('{"schema_version": 99, "cases": []}', "has schema_version 99; this harness reads schema_version 1"),
+    ('{"cases": []}', "is not a run record (no schema_version)"),
+])
+def test_gate_bad_input_exits_2_with_the_file_named(record_path, tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: run record {bad} " if "JSON" in message else f"error: {bad} ")
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    missing = harness("gate", "--baseline", str(tmp_path / "nope.json"), "--current", str(record_path))
+    assert missing.returncode == 2 and "run record not found" in missing.stderr
+
+
+def test_markdown_and_page_are_written(record_path, tmp_path):
+    history = tmp_path / "history"
+    history.mkdir()
+    for i in range(2):
+        older = json.loads(record_path.read_text())
+        older["started"] = f"2026-11-0{i + 1}T00:00:00+0000"
+        (history / f"run-old{i}.json").write_text(json.dumps(older))
+    proc = harness("report", str(record_path), "--history", str(history), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    markdown = (tmp_path / f"{record_path.stem}.md").read_text()
+    assert "| digits-cnn | int8 | onnxruntime |" in markdown and "## Skipped" in markdown
+    page = (tmp_path / f"{record_path.stem}.html").read_text()
+    for title in ("Accuracy matrix", "Task-accuracy change vs FP32", "Speedup over FP32", "Trend over the history"):
+        assert title in page
+    assert page.count("data:image/png;base64,") == 5
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium not installed (apt-get install chromium; .ci/run does)")
+def test_page_renders_in_headless_chromium(record_path, tmp_path):
+    assert harness("report", str(record_path), "--out", str(tmp_path)).returncode == 0
+    page = tmp_path / f"{record_path.stem}.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert 'class="matrix"' in dom.stdout and dom.stdout.count("<img") == 4  # no history: no trend chart
+    shot = tmp_path / "page.png"
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1400,2400", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(shot))[..., :3]
+    assert pixels.shape[:2] == (2400, 1400)
+    colours = np.unique((pixels.reshape(-1, 3) * 255).astype(np.uint8), axis=0)
+    assert len(colours) > 50  # charts and a coloured matrix, not a blank or single-colour page
+    assert (pixels.mean(axis=2) < 0.5).mean() > 0.005  # some dark ink (text, axes) on the page
+
+
+def test_record_merges_cases_from_xdist_workers(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "tests/test_accuracy.py",
+         "--models", "mlp,cnn", "--precisions", "fp32,int8", "--backends", "onnxruntime",
+         f"--report-dir={tmp_path}"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    [record] = [json.loads(p.read_text()) for p in tmp_path.glob("run-*.json")]
+    assert sorted(c["id"] for c in record["cases"]) == [
+        "cnn-fp32-onnxruntime", "cnn-int8-onnxruntime", "mlp-fp32-onnxruntime", "mlp-int8-onnxruntime"]
