@@ -26,6 +26,20 @@ def _csv(value: str | None) -> list[str] | None:
     return [item.strip() for item in value.split(",") if item.strip()] if value else None
 
 
+def _register_hypothesis_profiles() -> None:
+    """``ci``: few, derandomised examples and no deadline (model builds are slow); ``nightly``: deep."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:
+        return
+    common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+    settings.register_profile("ci", max_examples=12, derandomize=True, print_blob=True, **common)
+    settings.register_profile("nightly", max_examples=300, **common)
+
+
+_register_hypothesis_profiles()  # before Hypothesis's own plugin reads --hypothesis-profile
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "quantized-model regression harness")
     group.addoption("--models", help="comma-separated model names (default: all registered)")
