@@ -92,10 +92,18 @@ class _Transpose(nn.Module):
         return x.transpose(1, 2).contiguous()
 
 
+def _padding(block: dict[str, Any]) -> int:
+    return block.get("padding", block["kernel"] // 2 * block.get("dilation", 1))  # default: "same" at stride 1
+
+
+def conv_output_size(size: int, block: dict[str, Any]) -> int:
+    dilation, stride = block.get("dilation", 1), block.get("stride", 1)
+    return (size + 2 * _padding(block) - dilation * (block["kernel"] - 1) - 1) // stride + 1
+
+
 def _conv(block: dict[str, Any], channels: int) -> nn.Conv2d:
-    return nn.Conv2d(channels, block["out"], block["kernel"], stride=block.get("stride", 1),
-                     padding=block["kernel"] // 2 * block.get("dilation", 1), groups=block.get("groups", 1),
-                     dilation=block.get("dilation", 1))
+    return nn.Conv2d(channels, block["out"], block["kernel"], stride=block.get("stride", 1), padding=_padding(block),
+                     groups=block.get("groups", 1), dilation=block.get("dilation", 1))
 
 
 def _block(block: dict[str, Any], shape: list[int]) -> tuple[nn.Module, list[int]]:
@@ -104,8 +112,7 @@ def _block(block: dict[str, Any], shape: list[int]) -> tuple[nn.Module, list[int
         return ACTIVATIONS[kind](), shape
     if kind == "conv":
         c, h, w = shape
-        stride = block.get("stride", 1)
-        return _conv(block, c), [block["out"], (h - 1) // stride + 1, (w - 1) // stride + 1]
+        return _conv(block, c), [block["out"], conv_output_size(h, block), conv_output_size(w, block)]
     if kind == "batchnorm":
         bn = nn.BatchNorm2d(shape[0])
         with torch.no_grad():  # non-trivial statistics, as after training

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import Counter
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,13 +60,14 @@ class CaseResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     tolerance: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    cache: dict[str, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return self.status == "passed"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self.case), "id": self.case.id, "status": self.status, "message": self.message,
-                "metrics": self.metrics, "tolerance": self.tolerance, "timings": self.timings}
+                "metrics": self.metrics, "tolerance": self.tolerance, "timings": self.timings, "cache": self.cache}
 
 
 class Pipeline:
@@ -194,6 +196,12 @@ class Pipeline:
         reason = self.skip_reason(case)
         if reason:
             return CaseResult(case, "skipped", reason)
+        before = Counter(self.cache.stats)
+        result = self._guarded_run(case)
+        result.cache = dict(Counter(self.cache.stats) - before)  # this case's cache hits and misses
+        return result
+
+    def _guarded_run(self, case: Case) -> CaseResult:
         try:
             return self._run(case)
         except UnsupportedError as exc:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from harness.arch import ACTIVATIONS, Architecture
+from harness.arch import ACTIVATIONS, Architecture, conv_output_size
 
 __all__ = ["DISTRIBUTIONS", "Inputs", "architectures", "input_batches", "quantizable_layers"]
 
@@ -25,8 +25,9 @@ def _divisors(n: int) -> list[int]:
 def _conv(draw: Any, channels: int) -> dict[str, Any]:
     groups = draw(st.sampled_from(_divisors(channels)))
     out = groups * draw(st.integers(1, max(1, MAX_CHANNELS // groups)))
-    return {"type": "conv", "out": out, "kernel": draw(st.sampled_from([1, 3, 5])), "stride": draw(st.sampled_from([1, 2])),
-            "groups": groups, "dilation": draw(st.sampled_from([1, 2]))}
+    kernel, dilation = draw(st.sampled_from([1, 3, 5])), draw(st.sampled_from([1, 2]))
+    return {"type": "conv", "out": out, "kernel": kernel, "stride": draw(st.sampled_from([1, 2])), "groups": groups,
+            "dilation": dilation, "padding": draw(st.integers(0, kernel // 2 * dilation))}
 
 
 @st.composite
@@ -38,7 +39,10 @@ def _image_blocks(draw: Any, shape: list[int], count: int) -> list[dict[str, Any
                                     + (["pool"] if h >= 4 else [])))
         if kind == "conv":
             block = draw(_conv(c))
-            shape = [block["out"], (h - 1) // block["stride"] + 1, (h - 1) // block["stride"] + 1]
+            size = conv_output_size(h, block)
+            if size < 1:
+                continue  # the kernel no longer fits: draw the next block instead
+            shape = [block["out"], size, size]
         elif kind == "activation":
             block = {"type": draw(st.sampled_from(sorted(ACTIVATIONS)))}
         elif kind == "pool":
@@ -94,7 +98,7 @@ def quantizable_layers(draw: Any) -> Architecture:
     seed = draw(st.integers(0, 2 ** 16))
     tail = [{"type": draw(st.sampled_from(sorted(ACTIVATIONS)))}] if draw(st.booleans()) else []
     if draw(st.booleans()):
-        channels, size = draw(st.integers(1, 8)), draw(st.sampled_from([6, 9, 12]))
+        channels, size = draw(st.integers(1, 8)), draw(st.sampled_from([9, 12]))  # ≥ the widest dilated kernel
         return Architecture("image", (channels, size, size), (draw(_conv(channels)), *tail), seed)
     tokens, features = draw(st.integers(1, 6)), draw(st.integers(2, 32))
     return Architecture("tokens", (tokens, features), ({"type": "linear", "out": draw(st.integers(1, 16))}, *tail), seed)

@@ -66,8 +66,13 @@ def make_loaders(onnx_path: Path, plan: BuildPlan, options: BuildOptions, timing
     for name, low, opt, high in options.profiles:
         profile.add(name, min=low, opt=opt, max=high)
     flags = {flag: True for flag in plan.flags}
+    limits = None
+    if options.workspace_bytes is not None:
+        import tensorrt
+
+        limits = {tensorrt.MemoryPoolType.WORKSPACE: options.workspace_bytes}
     config = CreateConfig(**flags, profiles=[profile], calibrator=calibrator, load_timing_cache=str(timing_cache),
-                          builder_optimization_level=options.optimization_level)
+                          builder_optimization_level=options.optimization_level, memory_pool_limits=limits)
     network = NetworkFromOnnxPath(str(onnx_path), strongly_typed=plan.strongly_typed or None)
     return EngineBytesFromNetwork(network, config=config, save_timing_cache=str(timing_cache))
 
@@ -94,6 +99,9 @@ class TensorRTBackend(Backend):
 
         plan = build_plan(artifacts.recipe.name, tensorrt.__version__)
         onnx_path = artifacts.onnx_path() if plan.graph == "recipe" else artifacts.fp32_onnx()
+        import torch
+
+        gpu = (torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))  # engines are GPU-specific
         build = BuildOptions(tf32="tf32" in plan.flags, profiles=profile_from_spec(artifacts.spec))
         calibrator = None
         if plan.implicit_int8_calibration:  # TensorRT reads the harness's ranges from this cache file
@@ -106,7 +114,7 @@ class TensorRTBackend(Backend):
         timing_cache.parent.mkdir(parents=True, exist_ok=True)
         loaders = make_loaders(onnx_path, plan, build, timing_cache, calibrator)
         engine = cached_engine(FLAVOUR, tensorrt.__version__, onnx_path, artifacts.recipe.name,
-                               repr((plan, build)), lambda: bytes(loaders()), artifacts.cache)
+                               repr((plan, build, gpu)), lambda: bytes(loaders()), artifacts.cache)
         return InspectedTrtRunner(EngineFromBytes(engine.read_bytes()), name=f"tensorrt-{artifacts.recipe.name}")
 
 
