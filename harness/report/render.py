@@ -92,8 +92,11 @@ def html_page(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
 
 
 def _matrix(record: dict[str, Any]) -> str:
-    columns = sorted({(c["precision"], c["backend"]) for c in record["cases"]},
-                     key=lambda pb: (ORDER.index(pb[0]) if pb[0] in ORDER else 99, pb[1]))
+    every = sorted({(c["precision"], c["backend"]) for c in record["cases"]},
+                   key=lambda pb: (ORDER.index(pb[0]) if pb[0] in ORDER else 99, pb[1]))
+    ran = {(c["precision"], c["backend"]) for c in record["cases"] if c["status"] != "skipped"}
+    columns = [pb for pb in every if pb in ran]
+    hidden = [f"{p} on {b}" for p, b in every if (p, b) not in ran]
     models = list(dict.fromkeys(c["model"] for c in record["cases"]))
     cells = {(c["model"], c["precision"], c["backend"]): c for c in record["cases"]}
     head = "".join(f"<th>{html.escape(p)}<br>{html.escape(b)}</th>" for p, b in columns)
@@ -113,7 +116,9 @@ def _matrix(record: dict[str, Any]) -> str:
             title = html.escape(case.get("message") or f"margin {margin:.2f}" if margin is not None else case["status"])
             tds.append(f'<td class="{cls}" title="{title}">{text}</td>')
         rows.append(f"<tr><th>{html.escape(model)}</th>{''.join(tds)}</tr>")
-    return f'<table class="matrix"><tr><th>model</th>{head}</tr>{"".join(rows)}</table>'
+    note = (f'<p class="legend">Every case skipped, so not shown (reasons under Skipped cases): '
+            f'{html.escape(", ".join(hidden))}.</p>' if hidden else "")
+    return f'<table class="matrix"><tr><th>model</th>{head}</tr>{"".join(rows)}</table>{note}'
 
 
 def _failures(record: dict[str, Any]) -> str:
