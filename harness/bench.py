@@ -1,14 +1,18 @@
-"""Latency measurement: warm-up, many repeats, median and percentiles, device synchronisation.
+"""Timing done right: warm-up, device synchronisation, many repeats, median and percentiles.
 
-The timed call includes host↔device copies (a runner's ``infer`` takes and returns host arrays);
-``synchronize`` (e.g. ``torch.cuda.synchronize``) runs inside the timed region so asynchronous
-GPU work is never timed as a launch only.
+- ``time_call``: any callable; ``synchronize`` runs inside the timed region, so asynchronous GPU
+  work is never timed as a launch only. Used for per-case latency (host arrays in and out, so
+  host↔device copies included).
+- ``time_cuda``: compute only, with CUDA events around the call on the current stream, inputs
+  rotated among several device buffers so caches do not flatter the result.
+- ``interleaved_ratio``: two variants timed alternately, round after round, so drift and noise
+  hit both alike; the spread of the per-round ratios is the noise estimate a floor is judged by.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -29,6 +33,12 @@ class Timing:
         return asdict(self)
 
 
+def _summary(samples_ms: np.ndarray, items: int) -> Timing:
+    median = float(np.median(samples_ms))
+    return Timing(median, float(np.percentile(samples_ms, 90)), float(np.percentile(samples_ms, 99)),
+                  float(samples_ms.min()), len(samples_ms), items / (median / 1e3))
+
+
 def time_call(call: Callable[[], Any], items: int = 1, warmup: int = WARMUP, repeats: int = REPEATS,
               synchronize: Callable[[], None] | None = None) -> Timing:
     """Time ``call`` ``repeats`` times after ``warmup`` untimed calls."""
@@ -42,6 +52,43 @@ def time_call(call: Callable[[], Any], items: int = 1, warmup: int = WARMUP, rep
         call()
         sync()
         samples[i] = (time.perf_counter() - start) * 1e3
-    median = float(np.median(samples))
-    return Timing(median, float(np.percentile(samples, 90)), float(np.percentile(samples, 99)), float(samples.min()),
-                  repeats, items / (median / 1e3))
+    return _summary(samples, items)
+
+
+def time_cuda(fn: Callable[[Any], Any], inputs: Sequence[Any], items: int, warmup: int = 10,
+              repeats: int = 50) -> Timing:
+    """Device time of ``fn(x)`` with CUDA events, rotating through ``inputs`` (device tensors)."""
+    import torch
+
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        starts[i].record()
+        fn(inputs[i % len(inputs)])
+        ends[i].record()
+    torch.cuda.synchronize()
+    return _summary(np.array([s.elapsed_time(e) for s, e in zip(starts, ends)]), items)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """How many times faster ``fast`` ran than ``base``: median and the spread over rounds."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    def below(self, floor: float) -> bool:
+        """True only when the whole interval is under the floor (noise alone cannot fail it)."""
+        return self.high < floor
+
+
+def interleaved_ratio(base: Callable[[], Timing], fast: Callable[[], Timing], rounds: int = 5) -> Ratio:
+    ratios = []
+    for _ in range(rounds):
+        ratios.append(base().median_ms / fast().median_ms)
+    return Ratio(float(np.median(ratios)), float(min(ratios)), float(max(ratios)), rounds)

@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     nightly = commands.add_parser("nightly", help="timed run of the full matrix + report, under reports/nightly/<time>/")
     nightly.add_argument("--root", type=Path, default=Path("reports/nightly"))
     _common(nightly)
+    bench = commands.add_parser("bench", help="GPU lane: torch CUDA throughput per precision, FP8 linears, overhead")
+    bench.add_argument("--model", default="resnet50")
+    bench.add_argument("--batches", type=_csv, default=["1", "64"])
+    bench.add_argument("--precisions", type=_csv, default=["fp32", "tf32", "fp16", "bf16"])
+    bench.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 rate to compare with")
+    bench.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    _common(bench)
     _common(commands.add_parser("models", help="list registered models"))
     commands.add_parser("env", help="print GPU, packages and the precision support matrix")
     return parser
@@ -64,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
-                    "gate": _gate, "nightly": _nightly}
+                    "gate": _gate, "nightly": _nightly, "bench": _bench}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -176,6 +183,32 @@ def _sensitivity(args: argparse.Namespace) -> int:
     verdict = "met" if result.passed else "NOT met"
     print(f"\ncosine ≥ {args.min_cosine} {verdict} with {len(kept)} layer(s) kept in FP32: {', '.join(kept) or '-'}")
     return 0 if result.passed else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from harness import gpu_lane
+    from harness.capabilities import detect
+    from harness.pipeline import Pipeline
+
+    caps = detect()
+    if caps.gpu is None:
+        raise HarnessError("bench measures the GPU lane and needs a CUDA GPU; none found")
+    module = Pipeline(args.cache_dir, manifest=args.manifest).module(args.model)
+    figures: dict = {"gpu": caps.to_dict()["gpu"], "model": args.model,
+                     "lane": gpu_lane.resnet_lane(module, [int(b) for b in args.batches], args.precisions, args.peak_tflops),
+                     "overhead": gpu_lane.harness_overhead(module, (int(args.batches[0]), 3, 224, 224))}
+    print(f"{'batch':>5} {'prec':<5} {'ms':>8} {'img/s':>9} {'×fp32 (min–max)':>18} {'TFLOP/s':>8} {'of peak':>8}")
+    for row in figures["lane"]:
+        r = row["vs_fp32"]
+        print(f"{row['batch']:>5} {row['precision']:<5} {row['median_ms']:>8.3f} {row['images_per_s']:>9.0f} "
+              f"{r['median']:>6.2f} ({r['low']:.2f}–{r['high']:.2f}) {row['tflops']:>8.1f} {row['fraction_of_peak']:>7.1%}")
+    print("overhead:", json.dumps(figures["overhead"]))
+    reason = caps.gpu_requirement("fp8")
+    figures["fp8_linear"] = reason or gpu_lane.fp8_linear_stack()
+    print("fp8 linear stack:", json.dumps(figures["fp8_linear"]))
+    if args.out:
+        atomic_write_bytes(args.out, json.dumps(figures, indent=1).encode())
+    return 0
 
 
 def _models(args: argparse.Namespace) -> int:

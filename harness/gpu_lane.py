@@ -1,0 +1,139 @@
+"""The GPU lane: PyTorch on CUDA timed by ``harness.bench`` (throughput per precision, FP8 linear
+layers through ``torch._scaled_mm``, the harness's own overhead). ``python -m harness bench``."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from harness.bench import Ratio, Timing, interleaved_ratio, time_call, time_cuda
+
+DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+ROTATE = 3  # input buffers cycled through
+
+
+def model_flops(module: Any, x: Any) -> int:
+    """Floating-point operations of one forward pass (PyTorch's FLOP counter: 2 per multiply-add)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        module(x)
+    return int(counter.get_total_flops())
+
+
+def _prepared(module: Any, precision: str, shape: tuple[int, ...]) -> tuple[Any, list[Any]]:
+    import torch
+
+    dtype = getattr(torch, DTYPES[precision])
+    model = module.to("cuda", dtype).eval()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [torch.rand(shape, device="cuda", generator=generator).mul_(4).sub_(2).to(dtype) for _ in range(ROTATE)]
+    return model, inputs
+
+
+def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...]) -> Timing:
+    """Compute-only time of the module in ``precision``, its output checked once against FP32 on the
+    same input first, so a broken configuration cannot look fast."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model32, inputs32 = _prepared(module, "fp32", shape)
+    with torch.no_grad():
+        reference = model32(inputs32[0]).double()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    model, inputs = _prepared(module, precision, shape)
+    with torch.no_grad():
+        out = model(inputs[0]).double()
+        cosine = float(torch.nn.functional.cosine_similarity(out.flatten(), reference.flatten(), dim=0))
+        if not cosine >= 0.9:  # NaN fails too
+            raise RuntimeError(f"{precision}: output cosine {cosine:.3f} against FP32: not timing a broken model")
+        return time_cuda(lambda x: model(x), inputs, items=shape[0])
+
+
+def fp8_linear_stack(layers: int = 8, width: int = 8192, tokens: int = 8192) -> dict[str, Any]:
+    """A transformer-sized stack of Linear layers: FP8 E4M3 (``torch._scaled_mm``) vs BF16, per layer
+    per-tensor scales (amax / 448), on the same weights and input."""
+    import torch
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    weights = [torch.randn(width, width, device="cuda", generator=generator) / width ** 0.5 for _ in range(layers)]
+    x = torch.randn(tokens, width, device="cuda", generator=generator)
+    bf16_weights = [w.to(torch.bfloat16) for w in weights]
+    scales = [(w.abs().max() / 448).float() for w in weights]
+    fp8_weights = [(w / s).to(torch.float8_e4m3fn).t() for w, s in zip(weights, scales)]  # column-major operand
+
+    def bf16(h: Any) -> Any:
+        for w in bf16_weights:
+            h = h @ w.t()
+        return h
+
+    def fp8(h: Any) -> Any:
+        for w, s in zip(fp8_weights, scales):
+            hs = (h.abs().max() / 448).float()
+            h = torch._scaled_mm((h / hs).to(torch.float8_e4m3fn), w, scale_a=hs, scale_b=s, out_dtype=torch.bfloat16)
+        return h
+
+    x16 = x.to(torch.bfloat16)
+    with torch.no_grad():
+        reference, got = bf16(x16).float(), fp8(x16).float()
+        cosine = float(torch.nn.functional.cosine_similarity(reference.flatten(), got.flatten(), dim=0))
+        flops = 2 * tokens * width * width * layers
+        ratio = interleaved_ratio(lambda: time_cuda(bf16, [x16], tokens, warmup=3, repeats=10),
+                                  lambda: time_cuda(fp8, [x16], tokens, warmup=3, repeats=10))
+        bf16_time = time_cuda(bf16, [x16], tokens, warmup=3, repeats=10)
+        fp8_time = time_cuda(fp8, [x16], tokens, warmup=3, repeats=10)
+    return {"layers": layers, "width": width, "tokens": tokens, "cosine_fp8_vs_bf16": cosine,
+            "bf16_tflops": flops / bf16_time.median_ms / 1e9, "fp8_tflops": flops / fp8_time.median_ms / 1e9,
+            "fp8_speedup": ratio.__dict__}
+
+
+def harness_overhead(module: Any, shape: tuple[int, ...]) -> dict[str, float]:
+    """The same FP32 forward timed three ways: a hand-written CUDA-event loop, ``time_cuda``, and the
+    harness's torch runner (host arrays in and out: copies included)."""
+    import torch
+
+    from harness.backends.pyt import TorchRunner
+    from harness.models.spec import InputSpec, ModelSpec
+
+    model, inputs = _prepared(module, "fp32", shape)
+    with torch.no_grad():
+        for _ in range(10):
+            model(inputs[0])
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        samples = []
+        for i in range(50):
+            start.record()
+            model(inputs[i % ROTATE])
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        hand = float(np.median(samples))
+        harness_events = time_cuda(lambda x: model(x), inputs, items=shape[0]).median_ms
+    spec = ModelSpec("overhead", [InputSpec("input", shape)], ["output"], build=lambda: module)
+    batch = {"input": inputs[0].float().cpu().numpy()}
+    with TorchRunner(module, spec, "fp32", "cuda") as runner:
+        with_copies = time_call(lambda: runner.infer(batch), items=shape[0], synchronize=torch.cuda.synchronize).median_ms
+    return {"hand_loop_ms": hand, "time_cuda_ms": harness_events, "agreement": harness_events / hand,
+            "runner_with_copies_ms": with_copies}
+
+
+def resnet_lane(module: Any, batches: list[int], precisions: list[str], peak_tflops: float) -> list[dict[str, Any]]:
+    """Throughput per precision and batch, each a ratio to FP32 measured interleaved (with spread)."""
+    import torch
+
+    rows = []
+    for batch in batches:
+        shape = (batch, 3, 224, 224)
+        flops = model_flops(module.float().cuda(), torch.rand(shape, device="cuda"))
+        for precision in precisions:
+            timing = torch_cuda_timing(module, precision, shape)
+            ratio: Ratio = interleaved_ratio(lambda: torch_cuda_timing(module, "fp32", shape),
+                                             lambda p=precision: torch_cuda_timing(module, p, shape), rounds=3)
+            rows.append({"batch": batch, "precision": precision, "median_ms": timing.median_ms,
+                         "images_per_s": timing.items_per_s, "vs_fp32": ratio.__dict__,
+                         "tflops": flops / timing.median_ms / 1e9,
+                         "fraction_of_peak": flops / timing.median_ms / 1e9 / peak_tflops})
+    return rows
