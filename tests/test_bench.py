@@ -39,3 +39,28 @@ def test_bench_without_a_gpu_says_so():
                           cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: bench measures the GPU lane and needs a CUDA GPU; none found"
+
+
+def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
+    """`--benchmark-autosave` twice, then `--benchmark-compare-fail=median:50%` passes; a run slowed
+    by HARNESS_BENCH_SLOWDOWN_MS fails it."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "benchmark",
+            "tests/test_benchmarks.py", "-k", "inference and cnn-fp32-onnxruntime-b1",
+            f"--benchmark-storage=file://{tmp_path}"]
+
+    def run(*extra: str, slowdown: str = "0") -> subprocess.CompletedProcess:
+        env = {**os.environ, "HARNESS_BENCH_SLOWDOWN_MS": slowdown}
+        return subprocess.run([*base, *extra], capture_output=True, text=True, cwd=root, env=env, timeout=600)
+
+    for _ in range(2):
+        saved = run("--benchmark-autosave")
+        assert saved.returncode == 0, saved.stdout[-1500:]
+    assert len(list(tmp_path.rglob("*.json"))) == 2
+    same = run("--benchmark-compare", "--benchmark-compare-fail=median:50%")
+    assert same.returncode == 0, same.stdout[-1500:]
+    slowed = run("--benchmark-compare", "--benchmark-compare-fail=median:50%", slowdown="20")
+    assert slowed.returncode != 0
+    assert "Performance has regressed" in slowed.stdout + slowed.stderr
