@@ -55,7 +55,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--calibration", help="calibration method for INT8/FP8: max (default), entropy, percentile, mse")
 
 
+def pin_worker_gpu(worker: str | None, gpu_count: int) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value for pytest-xdist worker ``gwN``: one GPU each, round robin."""
+    if not worker or not worker.startswith("gw") or gpu_count < 2:
+        return None
+    return str(int(worker[2:]) % gpu_count)
+
+
+def _gpu_count() -> int:
+    """GPUs seen by the driver, counted without initialising CUDA in this process."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    import os
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "CUDA_VISIBLE_DEVICES" not in os.environ:  # before anything initialises CUDA
+        device = pin_worker_gpu(worker, _gpu_count())
+        if device is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = device
     for name in PRECISION_MARKERS:
         config.addinivalue_line("markers", f"{name}: cases in {name.upper()} precision")
     for name in BACKEND_MARKERS:

@@ -77,3 +77,20 @@ def test_inference(benchmark, harness_pipeline, model, precision, batch):
         benchmark.extra_info.update(model=model, precision=precision, backend="onnxruntime", batch=batch,
                                     gpu=None, onnxruntime=detect().packages.get("onnxruntime"))
         benchmark.pedantic(call, rounds=10 if model == "resnet50" and batch == 32 else 30, warmup_rounds=2)
+
+
+from harness.speedup import load_floors, measure  # noqa: E402
+
+FLOORS = load_floors()
+
+
+@pytest.mark.parametrize("floor", FLOORS, ids=[f.id for f in FLOORS])
+def test_speedup_floor(floor, harness_pipeline, benchmark):
+    reason = floor.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    ratio = benchmark.pedantic(lambda: measure(harness_pipeline, floor), rounds=1, iterations=1)
+    benchmark.extra_info.update(ratio=ratio.__dict__, floor=floor.floor)
+    assert not ratio.below(floor.floor), (
+        f"{floor.id}: {floor.fast} runs {ratio.median:.2f}× {floor.base} "
+        f"(interval {ratio.low:.2f}–{ratio.high:.2f} over {ratio.rounds} interleaved rounds), floor {floor.floor}×")
