@@ -16,8 +16,27 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-WARMUP = 3
+WARMUP = 3  # calls per warm-up window
 REPEATS = 20
+STABLE = 0.05  # warm-up ends when two consecutive windows' medians agree within 5%
+MAX_WARMUP_WINDOWS = 10
+
+
+def warm_up(call: Callable[[], Any], window: int = WARMUP, sync: Callable[[], None] = lambda: None) -> int:
+    """Call until timings settle (lazy initialisation, autotuning, caches); returns the calls made."""
+    previous = None
+    for windows in range(1, MAX_WARMUP_WINDOWS + 1):
+        samples = []
+        for _ in range(window):
+            start = time.perf_counter()
+            call()
+            sync()
+            samples.append(time.perf_counter() - start)
+        current = float(np.median(samples))
+        if previous is not None and abs(current - previous) <= STABLE * previous:
+            return windows * window
+        previous = current
+    return MAX_WARMUP_WINDOWS * window
 
 
 @dataclass(frozen=True)
@@ -41,11 +60,9 @@ def _summary(samples_ms: np.ndarray, items: int) -> Timing:
 
 def time_call(call: Callable[[], Any], items: int = 1, warmup: int = WARMUP, repeats: int = REPEATS,
               synchronize: Callable[[], None] | None = None) -> Timing:
-    """Time ``call`` ``repeats`` times after ``warmup`` untimed calls."""
+    """Time ``call`` ``repeats`` times after warming up in windows of ``warmup`` calls until stable."""
     sync = synchronize or (lambda: None)
-    for _ in range(warmup):
-        call()
-    sync()
+    warm_up(call, warmup, sync)
     samples = np.empty(repeats)
     for i in range(repeats):
         start = time.perf_counter()
@@ -56,18 +73,34 @@ def time_call(call: Callable[[], Any], items: int = 1, warmup: int = WARMUP, rep
 
 
 def time_cuda(fn: Callable[[Any], Any], inputs: Sequence[Any], items: int, warmup: int = 10,
-              repeats: int = 50) -> Timing:
-    """Device time of ``fn(x)`` with CUDA events, rotating through ``inputs`` (device tensors)."""
+              repeats: int = 50, graph: bool = False) -> Timing:
+    """Device time of ``fn(x)`` with CUDA events, rotating through ``inputs`` (device tensors).
+
+    With ``graph``, one CUDA graph per input is captured and replayed, which removes the launch
+    gaps that dominate small batches.
+    """
     import torch
 
     for i in range(warmup):
         fn(inputs[i % len(inputs)])
     torch.cuda.synchronize()
+    run: Callable[[int], Any] = lambda i: fn(inputs[i % len(inputs)])  # noqa: E731
+    if graph:
+        graphs = []
+        for x in inputs:
+            captured = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(captured):
+                fn(x)
+            graphs.append(captured)
+        run = lambda i: graphs[i % len(graphs)].replay()  # noqa: E731
+        for i in range(len(graphs)):
+            run(i)
+        torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):
         starts[i].record()
-        fn(inputs[i % len(inputs)])
+        run(i)
         ends[i].record()
     torch.cuda.synchronize()
     return _summary(np.array([s.elapsed_time(e) for s, e in zip(starts, ends)]), items)

@@ -196,11 +196,11 @@ def _bench(args: argparse.Namespace) -> int:
     module = Pipeline(args.cache_dir, manifest=args.manifest).module(args.model)
     figures: dict = {"gpu": caps.to_dict()["gpu"], "model": args.model,
                      "lane": gpu_lane.resnet_lane(module, [int(b) for b in args.batches], args.precisions, args.peak_tflops),
-                     "overhead": gpu_lane.harness_overhead(module, (int(args.batches[0]), 3, 224, 224))}
-    print(f"{'batch':>5} {'prec':<5} {'ms':>8} {'img/s':>9} {'×fp32 (min–max)':>18} {'TFLOP/s':>8} {'of peak':>8}")
+                     "overhead": {b: gpu_lane.harness_overhead(module, (int(b), 3, 224, 224)) for b in args.batches}}
+    print(f"{'batch':>5} {'prec':<5} {'ms':>8} {'graph ms':>8} {'img/s':>9} {'×fp32 (min–max)':>18} {'TFLOP/s':>8} {'of peak':>8}")
     for row in figures["lane"]:
         r = row["vs_fp32"]
-        print(f"{row['batch']:>5} {row['precision']:<5} {row['median_ms']:>8.3f} {row['images_per_s']:>9.0f} "
+        print(f"{row['batch']:>5} {row['precision']:<5} {row['median_ms']:>8.3f} {row['cuda_graph_median_ms']:>8.3f} {row['images_per_s']:>9.0f} "
               f"{r['median']:>6.2f} ({r['low']:.2f}–{r['high']:.2f}) {row['tflops']:>8.1f} {row['fraction_of_peak']:>7.1%}")
     print("overhead:", json.dumps(figures["overhead"]))
     reason = caps.gpu_requirement("fp8")

@@ -33,7 +33,7 @@ def _prepared(module: Any, precision: str, shape: tuple[int, ...]) -> tuple[Any,
     return model, inputs
 
 
-def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...]) -> Timing:
+def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...], graph: bool = False) -> Timing:
     """Compute-only time of the module in ``precision``, its output checked once against FP32 on the
     same input first, so a broken configuration cannot look fast."""
     import torch
@@ -49,7 +49,7 @@ def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...]) -> Ti
         cosine = float(torch.nn.functional.cosine_similarity(out.flatten(), reference.flatten(), dim=0))
         if not cosine >= 0.9:  # NaN fails too
             raise RuntimeError(f"{precision}: output cosine {cosine:.3f} against FP32: not timing a broken model")
-        return time_cuda(lambda x: model(x), inputs, items=shape[0])
+        return time_cuda(lambda x: model(x), inputs, items=shape[0], graph=graph)
 
 
 def fp8_linear_stack(layers: int = 8, width: int = 8192, tokens: int = 8192) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def fp8_linear_stack(layers: int = 8, width: int = 8192, tokens: int = 8192) -> 
             "fp8_speedup": ratio.__dict__}
 
 
-def harness_overhead(module: Any, shape: tuple[int, ...]) -> dict[str, float]:
+def harness_overhead(module: Any, shape: tuple[int, ...], rounds: int = 5) -> dict[str, float]:
     """The same FP32 forward timed three ways: a hand-written CUDA-event loop, ``time_cuda``, and the
     harness's torch runner (host arrays in and out: copies included)."""
     import torch
@@ -103,21 +103,26 @@ def harness_overhead(module: Any, shape: tuple[int, ...]) -> dict[str, float]:
             model(inputs[0])
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = []
-        for i in range(50):
-            start.record()
-            model(inputs[i % ROTATE])
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        hand = float(np.median(samples))
-        harness_events = time_cuda(lambda x: model(x), inputs, items=shape[0]).median_ms
+
+        def hand_loop() -> float:
+            samples = []
+            for i in range(50):
+                start.record()
+                model(inputs[i % ROTATE])
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            return float(np.median(samples))
+
+        pairs = [(hand_loop(), time_cuda(lambda x: model(x), inputs, items=shape[0]).median_ms) for _ in range(rounds)]
+        agreement = [ours / hand for hand, ours in pairs]
+        hand, harness_events = float(np.median([h for h, _ in pairs])), float(np.median([o for _, o in pairs]))
     spec = ModelSpec("overhead", [InputSpec("input", shape)], ["output"], build=lambda: module)
     batch = {"input": inputs[0].float().cpu().numpy()}
     with TorchRunner(module, spec, "fp32", "cuda") as runner:
         with_copies = time_call(lambda: runner.infer(batch), items=shape[0], synchronize=torch.cuda.synchronize).median_ms
-    return {"hand_loop_ms": hand, "time_cuda_ms": harness_events, "agreement": harness_events / hand,
-            "runner_with_copies_ms": with_copies}
+    return {"hand_loop_ms": hand, "time_cuda_ms": harness_events, "agreement": float(np.median(agreement)),
+            "agreement_low": min(agreement), "agreement_high": max(agreement), "runner_with_copies_ms": with_copies}
 
 
 def resnet_lane(module: Any, batches: list[int], precisions: list[str], peak_tflops: float) -> list[dict[str, Any]]:
@@ -130,10 +135,12 @@ def resnet_lane(module: Any, batches: list[int], precisions: list[str], peak_tfl
         flops = model_flops(module.float().cuda(), torch.rand(shape, device="cuda"))
         for precision in precisions:
             timing = torch_cuda_timing(module, precision, shape)
+            replayed = torch_cuda_timing(module, precision, shape, graph=True)
             ratio: Ratio = interleaved_ratio(lambda: torch_cuda_timing(module, "fp32", shape),
                                              lambda p=precision: torch_cuda_timing(module, p, shape), rounds=3)
             rows.append({"batch": batch, "precision": precision, "median_ms": timing.median_ms,
                          "images_per_s": timing.items_per_s, "vs_fp32": ratio.__dict__,
+                         "cuda_graph_median_ms": replayed.median_ms,
                          "tflops": flops / timing.median_ms / 1e9,
                          "fraction_of_peak": flops / timing.median_ms / 1e9 / peak_tflops})
     return rows

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.bench import Ratio, Timing, interleaved_ratio, time_call
+from harness.bench import Ratio, Timing, interleaved_ratio, time_call, warm_up
 
 
 def fake_timing(ms: float) -> Timing:
@@ -29,7 +29,9 @@ def test_a_floor_fails_only_when_the_whole_interval_is_below_it():
 def test_time_call_counts_every_repeat_and_synchronizes_inside():
     calls, syncs = [], []
     timing = time_call(lambda: calls.append(1), items=8, warmup=2, repeats=7, synchronize=lambda: syncs.append(1))
-    assert len(calls) == 9 and len(syncs) == 8 and timing.repeats == 7
+    warm = len(calls) - 7
+    assert warm >= 4 and warm % 2 == 0  # at least two warm-up windows of 2, compared with each other
+    assert len(syncs) == len(calls) and timing.repeats == 7
     assert timing.min_ms <= timing.median_ms <= timing.p90_ms <= timing.p99_ms
 
 
@@ -89,3 +91,12 @@ def test_cpu_floor_applies_to_its_runner_class_only():
     floor = Floor("resnet18", "onnxruntime", "cpu", 32, "fp32", "int8", 0.5, cpus=(os.cpu_count() or 1) + 1)
     assert f"floor measured for {floor.cpus}-CPU runners; this machine has {os.cpu_count()}" in floor.skip_reason()
     assert Floor("resnet18", "onnxruntime", "cpu", 32, "fp32", "int8", 0.5).skip_reason() is None
+
+
+def test_warm_up_continues_until_two_windows_agree():
+    import time
+
+    # First calls slow and getting faster (lazy initialisation, autotuning), then steady at 5 ms.
+    delays = iter([0.06, 0.04, 0.03, 0.02, 0.012, 0.008] + [0.005] * 100)
+    calls = warm_up(lambda: time.sleep(next(delays)), window=3)
+    assert calls >= 12  # two settling windows, then two steady windows that agree

@@ -94,3 +94,32 @@ def test_speedup_floor(floor, harness_pipeline, benchmark):
     assert not ratio.below(floor.floor), (
         f"{floor.id}: {floor.fast} runs {ratio.median:.2f}× {floor.base} "
         f"(interval {ratio.low:.2f}–{ratio.high:.2f} over {ratio.rounds} interleaved rounds), floor {floor.floor}×")
+
+
+def test_harness_timing_agrees_with_a_bare_session_loop(benchmark, harness_pipeline):
+    """The harness's timing of ONNX Runtime (runner + time_call) against a hand-written
+    ``session.run`` loop, interleaved: the interval of their ratio must include a point within 3%."""
+    import time
+
+    import onnxruntime
+
+    from harness.backends.onnxrt import OnnxRuntimeRunner
+    from harness.bench import Timing, interleaved_ratio, time_call
+
+    path = harness_pipeline.fp32_onnx("resnet18")
+    feed = harness_pipeline.models.get("resnet18").sample_batches(1, seed=5, batch=8)[0]
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def hand() -> Timing:
+        samples = []
+        for _ in range(10):
+            start = time.perf_counter()
+            session.run(None, feed)
+            samples.append((time.perf_counter() - start) * 1e3)
+        return Timing(float(np.median(samples)), 0, 0, 0, 10, 0)
+
+    with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=True) as runner:
+        ratio = benchmark.pedantic(lambda: interleaved_ratio(
+            hand, lambda: time_call(lambda: runner.infer(feed), repeats=10), rounds=5), rounds=1, iterations=1)
+    benchmark.extra_info.update(agreement=ratio.__dict__)
+    assert ratio.low <= 1.03 and ratio.high >= 0.97, f"harness/hand-loop time ratio {ratio}"
