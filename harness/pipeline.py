@@ -131,21 +131,23 @@ class Pipeline:
 
     def ranges(self, model: str, recipe: Recipe) -> dict[str, float]:
         """Calibrated activation ranges for ``recipe`` (empty for uncalibrated recipes); cached."""
-        if not recipe.calibrated:
-            return {}
-        import onnx
+        return self._fp32_and_ranges(model, recipe)[2]
 
-        source_bytes = self.fp32_onnx(model).read_bytes()
-        tensors = recipe.tensors_to_calibrate(onnx.load_from_string(source_bytes))
-        return calibrate(self.cache, source_bytes, tensors, self.calibration_batches(model), recipe.calibrator)
-
-    def precision_onnx(self, model: str, recipe: Recipe) -> Path:
-        """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges)."""
+    def _fp32_and_ranges(self, model: str, recipe: Recipe) -> tuple[bytes, Any, dict[str, float]]:
+        """The FP32 graph's bytes, the graph parsed once, and the recipe's calibrated ranges."""
         import onnx
 
         source_bytes = self.fp32_onnx(model).read_bytes()
         graph = onnx.load_from_string(source_bytes)
-        ranges = self.ranges(model, recipe)
+        if not recipe.calibrated:
+            return source_bytes, graph, {}
+        ranges = calibrate(self.cache, source_bytes, recipe.tensors_to_calibrate(graph),
+                           self.calibration_batches(model), recipe.calibrator)
+        return source_bytes, graph, ranges
+
+    def precision_onnx(self, model: str, recipe: Recipe) -> Path:
+        """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges)."""
+        source_bytes, graph, ranges = self._fp32_and_ranges(model, recipe)
         key = content_hash("precision", source_bytes, recipe.params(), ranges, source_fingerprint("harness.precision"))
         return self.cache.get_or_create("precision", key, ".onnx",
                                         lambda: recipe.apply(graph, ranges).SerializeToString(),
@@ -172,11 +174,10 @@ class Pipeline:
 
     @functools.lru_cache(maxsize=4)
     def reference(self, model: str) -> dict[str, np.ndarray]:
-        """FP32 reference outputs: the torch module on the CPU, or ONNX Runtime for an ONNX-only model."""
-        spec = self.models.get(model)
-        artifacts = self.artifacts(model, "fp32", "torch" if spec.build is not None else "onnxruntime")
-        backend = "torch" if spec.build is not None else "onnxruntime"
-        with self.backend(backend).load(artifacts, {"device": "cpu"}) as runner:
+        """FP32 reference outputs: the torch module (on CUDA when present, TF32 off), or ONNX Runtime
+        for an ONNX-only model."""
+        backend = "torch" if self.models.get(model).build is not None else "onnxruntime"
+        with self.backend(backend).load(self.artifacts(model, "fp32", backend)) as runner:
             return concat([runner.infer(batch) for batch in self.eval_batches(model)])
 
     def artifacts(self, model: str, precision: str, backend: str) -> Artifacts:
@@ -224,15 +225,16 @@ class Pipeline:
         timings["reference_s"] = time.perf_counter() - start
         artifacts = self.artifacts(case.model, case.precision, case.backend)
         start = time.perf_counter()
-        runner = self.backend(case.backend).load(artifacts, artifacts.recipe.runtime)
+        runner = self.backend(case.backend).load(artifacts)
         timings["prepare_s"] = time.perf_counter() - start
+        batches = self.eval_batches(case.model)
         with runner:
             start = time.perf_counter()
-            candidate = concat([runner.infer(batch) for batch in self.eval_batches(case.model)])
+            candidate = concat([runner.infer(batch) for batch in batches])
             timings["run_s"] = time.perf_counter() - start
             built = runner.describe()
             if self.timing:
-                batch = self.eval_batches(case.model)[0]
+                batch = batches[0]
                 items = len(next(iter(batch.values())))
                 metrics_latency = time_call(lambda: runner.infer(batch), items=items).to_dict()
         comparison = compare(reference, candidate, tolerance, spec.task == "classification")
@@ -247,7 +249,7 @@ class Pipeline:
         message = "" if comparison.passed else f"{case.id} vs FP32 reference:\n{comparison.explain()}"
         if not comparison.passed and case.backend == "onnxruntime" and spec.build is not None:
             divergence = first_divergence(self.fp32_onnx(case.model), artifacts.onnx_path(),
-                                          self.eval_batches(case.model)[0], tolerance.min_cosine or 0.999)
+                                          batches[0], tolerance.min_cosine or 0.999)
             if divergence:
                 metrics["first_divergence"] = divergence
                 message += (f"\nfirst diverging layer: {divergence['node']} ({divergence['op']}) output "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,5 +81,6 @@ class Backend:
         """Why this case cannot run here, or None."""
         return None
 
-    def load(self, artifacts: Artifacts, options: Mapping[str, Any]) -> Runner:
+    def load(self, artifacts: Artifacts) -> Runner:
+        """A runner for the case; math modes such as TF32 come from ``artifacts.recipe.runtime``."""
         raise NotImplementedError

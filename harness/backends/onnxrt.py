@@ -6,7 +6,7 @@ with optimisations on, so those run with optimisations disabled (fake-quant in f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+
 
 import numpy as np
 import onnx
@@ -61,7 +61,7 @@ class OnnxRuntimeBackend(Backend):
             return "tf32 on onnxruntime needs the CUDA execution provider (onnxruntime-gpu); not available"
         return None
 
-    def load(self, artifacts: Artifacts, options: Mapping[str, Any]) -> Runner:
+    def load(self, artifacts: Artifacts) -> Runner:
         path = artifacts.onnx_path()
         providers = ["CPUExecutionProvider"]
         if _cuda_provider():

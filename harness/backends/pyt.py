@@ -7,7 +7,7 @@ than FP16 storage rounding), so a CPU result would measure PyTorch's CPU, not th
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class TorchBackend(Backend):
             return caps.gpu_requirement(precision)
         return None
 
-    def load(self, artifacts: Artifacts, options: Mapping[str, Any]) -> Runner:
+    def load(self, artifacts: Artifacts) -> Runner:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from polygraphy.backend.trt import TrtRunner
 
@@ -93,7 +93,7 @@ class TensorRTBackend(Backend):
     def requirement(self, spec: ModelSpec, precision: str, caps: Capabilities) -> str | None:
         return caps.gpu_requirement(precision)
 
-    def load(self, artifacts: Artifacts, options: Mapping[str, Any]) -> Runner:
+    def load(self, artifacts: Artifacts) -> Runner:
         import tensorrt
         from polygraphy.backend.trt import EngineFromBytes
 

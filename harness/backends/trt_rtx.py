@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+
 
 from harness.backends.base import Artifacts, Backend, Runner
 from harness.backends.trt_engine import BuildOptions, EngineRunner, build_engine, profile_from_spec
@@ -53,7 +53,7 @@ class TensorRTRTXBackend(Backend):
                                profiles=profile_from_spec(artifacts.spec))
         return build_engine(_trt(), FLAVOUR, artifacts.onnx_path(), precision, options, artifacts.cache)
 
-    def load(self, artifacts: Artifacts, options: Mapping[str, Any]) -> Runner:
+    def load(self, artifacts: Artifacts) -> Runner:
         import torch
 
         major, minor = torch.cuda.get_device_capability(0)
