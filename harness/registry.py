@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 from harness.errors import HarnessError, UnknownNameError
 
@@ -32,15 +32,6 @@ class Registry(Generic[T]):
             raise HarnessError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = entry
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator form of :meth:`add`."""
-
-        def decorate(obj: T) -> T:
-            self.add(name, obj)
-            return obj
-
-        return decorate
-
     def get(self, name: str) -> T:
         if name not in self._entries:
             raise UnknownNameError(self.kind, name, self._entries)
@@ -51,9 +42,3 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return list(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)

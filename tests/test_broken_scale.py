@@ -27,7 +27,7 @@ def test_int8_with_one_scale_times_100_violates_tolerance(harness_pipeline, tmp_
 
     assert not result.passed
     message = result.explain()
-    assert f"logits: cosine = " in message and f"must be ≥ {tolerance.min_cosine:g}" in message
+    assert "logits: cosine = " in message and f"must be ≥ {tolerance.min_cosine:g}" in message
     assert "logits: worst elements [" in message
     cosine = result.metrics["logits"]["cosine"]
     assert cosine < tolerance.min_cosine and np.isfinite(cosine)

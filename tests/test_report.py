@@ -1,5 +1,4 @@
 """Run records, the rendered report, the release gate, and the record under pytest-xdist."""
-import copy
 import json
 import shutil
 import subprocess

@@ -42,6 +42,7 @@ def test_loader_chain_carries_flags_profile_and_timing_cache(harness_pipeline, t
     loaders = make_loaders(Path("model.onnx"), build_plan("fp16", "10.9.0"), options, tmp_path / "timing.cache")
     config, network = loaders._config, loaders._network
     assert (config.fp16, config.int8, config.bf16, config.tf32) == (True, False, False, False)
+    assert not network.strongly_typed  # TensorRT 10 legacy path: weak typing with builder flags
     assert repr(config.profiles[0]) == "Profile().add('input', min=(1, 3, 224, 224), opt=(4, 3, 224, 224), max=(8, 3, 224, 224))"
     assert config.timing_cache_path == loaders.timing_cache_path == str(tmp_path / "timing.cache")
     strongly = make_loaders(Path("m.onnx"), build_plan("int8", "11.0.0"), options, tmp_path / "t.cache")

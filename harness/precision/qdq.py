@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
