@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.bench import Ratio, Timing, interleaved_ratio, time_call, warm_up
+from harness.perf.bench import Ratio, Timing, interleaved_ratio, time_call, warm_up
 
 
 def fake_timing(ms: float) -> Timing:
@@ -69,14 +69,14 @@ def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
 
 
 def test_each_xdist_worker_gets_its_own_gpu():
-    from harness.pytest_plugin import pin_worker_gpu
+    from harness.run.pytest_plugin import pin_worker_gpu
 
     assert [pin_worker_gpu(f"gw{i}", 2) for i in range(4)] == ["0", "1", "0", "1"]
     assert pin_worker_gpu("gw3", 1) is None and pin_worker_gpu(None, 8) is None  # one GPU, or no xdist
 
 
 def test_speedup_floors_load_as_data():
-    from harness.speedup import load_floors
+    from harness.perf.speedup import load_floors
 
     floors = load_floors()
     assert {f.hardware for f in floors} == {"cpu", "gpu"} and all(f.floor > 0 for f in floors)
@@ -86,7 +86,7 @@ def test_speedup_floors_load_as_data():
 def test_cpu_floor_applies_to_its_runner_class_only():
     import os
 
-    from harness.speedup import Floor
+    from harness.perf.speedup import Floor
 
     floor = Floor("resnet18", "onnxruntime", "cpu", 32, "fp32", "int8", 0.5, cpus=(os.cpu_count() or 1) + 1)
     assert f"floor measured for {floor.cpus}-CPU runners; this machine has {os.cpu_count()}" in floor.skip_reason()

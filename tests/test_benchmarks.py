@@ -16,9 +16,9 @@ METHODS = {"max": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_calibration_time_harness(benchmark, harness_pipeline, method):
-    model_bytes = harness_pipeline.fp32_onnx("resnet50").read_bytes()
+    model_bytes = harness_pipeline.store.fp32_onnx("resnet50").read_bytes()
     tensors = get_recipe("int8").tensors_to_calibrate(onnx.load_from_string(model_bytes))
-    batches = harness_pipeline.calibration_batches("resnet50")
+    batches = harness_pipeline.store.calibration_batches("resnet50")
     calibrator = Calibrator(method)
 
     def run():
@@ -35,10 +35,10 @@ def test_calibration_time_harness(benchmark, harness_pipeline, method):
 def test_calibration_time_onnxruntime(benchmark, harness_pipeline, method, tmp_path, ort_quantize_static):
     from onnxruntime.quantization import CalibrationMethod
 
-    batches = harness_pipeline.calibration_batches("resnet50")
+    batches = harness_pipeline.store.calibration_batches("resnet50")
 
     def run():
-        ort_quantize_static(harness_pipeline.fp32_onnx("resnet50"), tmp_path / "out.onnx", batches,
+        ort_quantize_static(harness_pipeline.store.fp32_onnx("resnet50"), tmp_path / "out.onnx", batches,
                             calibrate_method=getattr(CalibrationMethod, METHODS[method]),
                             extra_options={"QuantizeBias": False})
 
@@ -61,7 +61,7 @@ def test_inference(benchmark, harness_pipeline, model, precision, batch):
     from harness.capabilities import detect
 
     spec = harness_pipeline.models.get(model)
-    path = harness_pipeline.precision_onnx(model, get_recipe(precision))
+    path = harness_pipeline.store.precision_onnx(model, get_recipe(precision))
     feeds = spec.sample_batches(3, seed=5, batch=batch)  # rotated, so no single input stays cached
     delay = float(os.environ.get(SLOWDOWN, "0")) / 1e3
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=True) as runner:
@@ -79,7 +79,7 @@ def test_inference(benchmark, harness_pipeline, model, precision, batch):
         benchmark.pedantic(call, rounds=10 if model == "resnet50" and batch == 32 else 30, warmup_rounds=2)
 
 
-from harness.speedup import load_floors, measure  # noqa: E402
+from harness.perf.speedup import load_floors, measure  # noqa: E402
 
 FLOORS = load_floors()
 
@@ -104,9 +104,9 @@ def test_harness_timing_agrees_with_a_bare_session_loop(benchmark, harness_pipel
     import onnxruntime
 
     from harness.backends.onnxrt import OnnxRuntimeRunner
-    from harness.bench import Timing, interleaved_ratio, time_call
+    from harness.perf.bench import Timing, interleaved_ratio, time_call
 
-    path = harness_pipeline.fp32_onnx("resnet18")
+    path = harness_pipeline.store.fp32_onnx("resnet18")
     feed = harness_pipeline.models.get("resnet18").sample_batches(1, seed=5, batch=8)[0]
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 

@@ -7,13 +7,13 @@ import onnx
 import pytest
 
 from harness.errors import CalibrationError
-from harness.pipeline import Pipeline
+from harness.run.pipeline import Pipeline
 from harness.precision import get_recipe
 from harness.precision.calibrate import FORWARD_PASSES
 from harness.precision.calibrators import METHODS, Calibrator, Histogram
-from harness.precision.sensitivity import _evaluate, fallback_until_within, layer_sensitivity
+from harness.judge.sensitivity import _evaluate, fallback_until_within, layer_sensitivity
 from harness.precision.trt_cache import from_trt_cache, to_trt_cache
-from harness.tolerances import Tolerance
+from harness.judge.tolerances import Tolerance
 
 
 def gaussian_with_outliers(seed: int = 0) -> list[np.ndarray]:
@@ -59,13 +59,13 @@ def test_digits_int8_accuracy_per_calibrator(method, harness_pipeline):
     recipe = get_recipe("int8").with_options(calibrator=Calibrator(method))
     spec = harness_pipeline.models.get("digits-cnn")
     labels = spec.eval_data().labels
-    result = _evaluate(harness_pipeline, "digits-cnn", recipe, Tolerance())
+    result = _evaluate(harness_pipeline.store, "digits-cnn", recipe, Tolerance())
     from harness.backends.onnxrt import OnnxRuntimeRunner
-    from harness.compare import concat
+    from harness.judge.compare import concat
 
-    with OnnxRuntimeRunner(harness_pipeline.precision_onnx("digits-cnn", recipe), ["CPUExecutionProvider"], True) as r:
-        logits = concat([r.infer(b) for b in harness_pipeline.eval_batches("digits-cnn")])["logits"]
-    reference = np.mean(harness_pipeline.reference("digits-cnn")["logits"].argmax(1) == labels)
+    with OnnxRuntimeRunner(harness_pipeline.store.precision_onnx("digits-cnn", recipe), ["CPUExecutionProvider"], True) as r:
+        logits = concat([r.infer(b) for b in harness_pipeline.store.eval_batches("digits-cnn")])["logits"]
+    reference = np.mean(harness_pipeline.store.reference("digits-cnn")["logits"].argmax(1) == labels)
     drop = 100 * (reference - np.mean(logits.argmax(1) == labels))
     assert drop <= 1.0, f"{method}: INT8 loses {drop:.2f} points of digits accuracy"
     assert result.metrics["logits"]["cosine"] >= 0.999
@@ -75,7 +75,7 @@ def test_digits_int8_accuracy_per_calibrator(method, harness_pipeline):
 @pytest.mark.parametrize("method", list(METHODS))
 def test_resnet18_int8_cosine_per_calibrator(method, harness_pipeline):
     recipe = get_recipe("int8").with_options(calibrator=Calibrator(method))
-    cosine = _evaluate(harness_pipeline, "resnet18", recipe, Tolerance()).metrics["logits"]["cosine"]
+    cosine = _evaluate(harness_pipeline.store, "resnet18", recipe, Tolerance()).metrics["logits"]["cosine"]
     assert cosine >= 0.999
 
 
@@ -87,13 +87,13 @@ def _pipeline_with_fresh_cache(tmp_path: Path, manifest: Path | None = None) -> 
 def test_cache_hit_runs_no_forward_pass_and_gives_identical_bytes(tmp_path):
     pipeline = _pipeline_with_fresh_cache(tmp_path)
     recipe = get_recipe("int8")
-    graph_name = onnx.load(str(pipeline.fp32_onnx("cnn"))).graph.name
+    graph_name = onnx.load(str(pipeline.store.fp32_onnx("cnn"))).graph.name
     before = FORWARD_PASSES[graph_name]
-    first = pipeline.precision_onnx("cnn", recipe).read_bytes()
+    first = pipeline.store.precision_onnx("cnn", recipe).read_bytes()
     assert FORWARD_PASSES[graph_name] - before == 4  # one pass per calibration batch
     second_pipeline = _pipeline_with_fresh_cache(tmp_path)  # a new session, same cache
     middle = FORWARD_PASSES[graph_name]
-    second = second_pipeline.precision_onnx("cnn", recipe).read_bytes()
+    second = second_pipeline.store.precision_onnx("cnn", recipe).read_bytes()
     assert FORWARD_PASSES[graph_name] == middle
     assert second == first
     assert second_pipeline.cache.stats["calibration.hit"] == 1
@@ -102,41 +102,40 @@ def test_cache_hit_runs_no_forward_pass_and_gives_identical_bytes(tmp_path):
 @pytest.mark.int8
 def test_changed_method_sample_or_weight_recalibrates(tmp_path):
     pipeline = _pipeline_with_fresh_cache(tmp_path)
-    pipeline.precision_onnx("mlp", get_recipe("int8"))
+    pipeline.store.precision_onnx("mlp", get_recipe("int8"))
     misses = lambda: pipeline.cache.stats["calibration.miss"]  # noqa: E731
     assert misses() == 1
-    pipeline.precision_onnx("mlp", get_recipe("int8").with_options(calibrator=Calibrator("percentile")))
+    pipeline.store.precision_onnx("mlp", get_recipe("int8").with_options(calibrator=Calibrator("percentile")))
     assert misses() == 2
-    original = pipeline.calibration_batches
+    original = pipeline.store.calibration_batches
     def one_sample_changed(model):  # noqa: E306
         batches = original(model)
         batches[0] = {k: v.copy() for k, v in batches[0].items()}
         batches[0]["input"][0, 0] += 0.5
         return batches
-    pipeline.calibration_batches = one_sample_changed
-    pipeline.precision_onnx("mlp", get_recipe("int8"))
+    pipeline.store.calibration_batches = one_sample_changed
+    pipeline.store.precision_onnx("mlp", get_recipe("int8"))
     assert misses() == 3
-    pipeline.calibration_batches = original
+    pipeline.store.calibration_batches = original
     import torch
 
-    module = pipeline.module("mlp")
+    changed = _pipeline_with_fresh_cache(tmp_path)  # same cache, a module whose weight then changes
     with torch.no_grad():
-        module[0].weight[0, 0] += 0.25
-    pipeline.fp32_onnx.cache_clear()
-    pipeline.precision_onnx("mlp", get_recipe("int8"))
-    assert misses() == 4
+        changed.store.module("mlp")[0].weight[0, 0] += 0.25
+    changed.store.precision_onnx("mlp", get_recipe("int8"))
+    assert changed.cache.stats["calibration.miss"] == 1
 
 
 @pytest.mark.int8
 def test_corrupt_calibration_cache_is_detected_and_rebuilt(tmp_path):
     pipeline = _pipeline_with_fresh_cache(tmp_path)
-    first = pipeline.precision_onnx("cnn", get_recipe("int8")).read_bytes()
+    first = pipeline.store.precision_onnx("cnn", get_recipe("int8")).read_bytes()
     [entry] = (tmp_path / "cache" / "calibration").rglob("*.json.json")
     data = entry.with_name(entry.name[: -len(".json")])
     data.write_text(data.read_text()[:40])  # truncated mid-file
     fresh = _pipeline_with_fresh_cache(tmp_path)
     with pytest.warns(UserWarning, match="does not match its checksum"):
-        rebuilt = fresh.precision_onnx("cnn", get_recipe("int8")).read_bytes()
+        rebuilt = fresh.store.precision_onnx("cnn", get_recipe("int8")).read_bytes()
     assert rebuilt == first
     assert fresh.cache.stats["calibration.corrupt"] == 1 and data.with_name(data.name + ".corrupt").exists()
 
@@ -173,15 +172,15 @@ def test_own_fp8_scales_beat_onnxruntime_fp8_quantization(harness_pipeline, tmp_
     from onnxruntime.quantization import CalibrationMethod, QuantType
 
     theirs = tmp_path / "cnn-fp8-ort.onnx"
-    ort_quantize_static(harness_pipeline.fp32_onnx("cnn"), theirs, harness_pipeline.calibration_batches("cnn"),
+    ort_quantize_static(harness_pipeline.store.fp32_onnx("cnn"), theirs, harness_pipeline.store.calibration_batches("cnn"),
                         activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN,
                         calibrate_method=CalibrationMethod.Distribution)
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(str(theirs), options, providers=["CPUExecutionProvider"])
-    reference = harness_pipeline.reference("cnn")["logits"]
-    their_out = np.concatenate([session.run(None, b)[0] for b in harness_pipeline.eval_batches("cnn")])
-    ours = _evaluate(harness_pipeline, "cnn", get_recipe("fp8"), Tolerance()).metrics["logits"]
+    reference = harness_pipeline.store.reference("cnn")["logits"]
+    their_out = np.concatenate([session.run(None, b)[0] for b in harness_pipeline.store.eval_batches("cnn")])
+    ours = _evaluate(harness_pipeline.store, "cnn", get_recipe("fp8"), Tolerance()).metrics["logits"]
     their_err = float(np.abs(their_out - reference).max())
     assert ours["max_abs_err"] * 3 < their_err, (ours["max_abs_err"], their_err)
 
@@ -189,13 +188,13 @@ def test_own_fp8_scales_beat_onnxruntime_fp8_quantization(harness_pipeline, tmp_
 @pytest.mark.int8
 def test_sensitivity_ranks_layers_and_fallback_meets_a_tight_bound(harness_pipeline):
     recipe = get_recipe("int8")
-    rows = layer_sensitivity(harness_pipeline, "resblock", recipe)
-    graph = onnx.load(str(harness_pipeline.fp32_onnx("resblock")))
+    rows = layer_sensitivity(harness_pipeline.store, "resblock", recipe)
+    graph = onnx.load(str(harness_pipeline.store.fp32_onnx("resblock")))
     assert sorted(r.layer for r in rows) == sorted(n.name for n in recipe.quantized_nodes(graph))
     assert [r.snr_db for r in rows] == sorted(r.snr_db for r in rows)
-    full = _evaluate(harness_pipeline, "resblock", recipe, Tolerance()).metrics["logits"]["cosine"]
+    full = _evaluate(harness_pipeline.store, "resblock", recipe, Tolerance()).metrics["logits"]["cosine"]
     bound = 1 - (1 - full) / 4  # four times closer to FP32 than the fully quantized model
-    chosen, kept, result = fallback_until_within(harness_pipeline, "resblock", recipe, Tolerance(min_cosine=bound))
+    chosen, kept, result = fallback_until_within(harness_pipeline.store, "resblock", recipe, Tolerance(min_cosine=bound))
     assert result.passed and kept and kept[0] == rows[0].layer
     assert set(kept) <= set(chosen.options.exclude)
     assert len(recipe.quantized_nodes(graph)) - len(chosen.quantized_nodes(graph)) == len(kept)

@@ -1,8 +1,8 @@
 """The comparator's semantics, checked on constructed outputs."""
 import numpy as np
 
-from harness.compare import accuracy_check, compare
-from harness.tolerances import Tolerance, ToleranceTable
+from harness.judge.compare import accuracy_check, compare
+from harness.judge.tolerances import Tolerance, ToleranceTable
 
 
 def test_element_fails_only_when_both_atol_and_rtol_are_exceeded():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from harness.models import digits
-from harness.pipeline import Case
+from harness.run.pipeline import Case
 
 
 def test_training_is_deterministic_and_accurate():

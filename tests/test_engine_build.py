@@ -8,7 +8,7 @@ from harness.backends.trt_engine import BuildOptions, build_engine
 from harness.cache import Cache
 from harness.capabilities import package_version
 from harness.errors import UnsupportedError
-from harness.pipeline import Pipeline
+from harness.run.pipeline import Pipeline
 
 pytestmark = [
     pytest.mark.tensorrt_rtx,
@@ -24,7 +24,7 @@ SM89 = (8, 9)
 @pytest.mark.parametrize("precision", [pytest.param(p, marks=getattr(pytest.mark, p)) for p in PRECISIONS])
 @pytest.mark.parametrize("model", MODELS)
 def test_engine_builds_for_sm89(model, precision, harness_pipeline):
-    artifacts = harness_pipeline.artifacts(model, precision, "tensorrt_rtx")
+    artifacts = harness_pipeline.store.for_case(model, precision, "tensorrt_rtx")
     engine = harness_pipeline.backend("tensorrt_rtx").build(artifacts, SM89)
     assert engine.stat().st_size > 10_000
     assert artifacts.recipe.params().get("mode", "native") == "native"  # real low-precision graph
@@ -34,18 +34,18 @@ def test_engine_builds_for_sm89(model, precision, harness_pipeline):
 def test_second_build_is_a_cache_hit_and_other_inputs_rebuild(tmp_path):
     pipeline = Pipeline(tmp_path / "cache")
     backend = pipeline.backend("tensorrt_rtx")
-    first = backend.build(pipeline.artifacts("cnn", "int8", "tensorrt_rtx"), SM89)
-    again = backend.build(pipeline.artifacts("cnn", "int8", "tensorrt_rtx"), SM89)
+    first = backend.build(pipeline.store.for_case("cnn", "int8", "tensorrt_rtx"), SM89)
+    again = backend.build(pipeline.store.for_case("cnn", "int8", "tensorrt_rtx"), SM89)
     assert again == first and pipeline.cache.stats["engine.hit"] == 1 and pipeline.cache.stats["engine.miss"] == 1
-    other_target = backend.build(pipeline.artifacts("cnn", "int8", "tensorrt_rtx"), (12, 0))
-    other_precision = backend.build(pipeline.artifacts("cnn", "fp16", "tensorrt_rtx"), SM89)
+    other_target = backend.build(pipeline.store.for_case("cnn", "int8", "tensorrt_rtx"), (12, 0))
+    other_precision = backend.build(pipeline.store.for_case("cnn", "fp16", "tensorrt_rtx"), SM89)
     assert len({first, other_target, other_precision}) == 3 and pipeline.cache.stats["engine.miss"] == 3
 
 
 @pytest.mark.fp8
 def test_fp8_for_sm86_is_predicted_and_really_fails(harness_pipeline):
     backend = harness_pipeline.backend("tensorrt_rtx")
-    artifacts = harness_pipeline.artifacts("cnn", "fp8", "tensorrt_rtx")
+    artifacts = harness_pipeline.store.for_case("cnn", "fp8", "tensorrt_rtx")
     with pytest.raises(UnsupportedError, match=r"fp8 needs compute capability ≥ 8\.9; the build target is 8\.6"):
         backend.build(artifacts, (8, 6))
     import tensorrt_rtx

@@ -10,7 +10,7 @@ from harness.cache import Cache
 from harness.errors import CalibrationError, InputSpecError, ModelFileError, UnknownNameError
 from harness.export import export_onnx, load_onnx
 from harness.models import InputSpec
-from harness.pipeline import Case, Pipeline
+from harness.run.pipeline import Case, Pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def test_missing_onnx_file_is_named(tmp_path):
 
 
 def test_corrupt_onnx_file_is_named(tmp_path, harness_pipeline):
-    good = harness_pipeline.fp32_onnx("cnn").read_bytes()
+    good = harness_pipeline.store.fp32_onnx("cnn").read_bytes()
     broken = tmp_path / "truncated.onnx"
     broken.write_bytes(good[: len(good) // 3])
     with pytest.raises(ModelFileError, match=r"corrupt or invalid ONNX file .*truncated\.onnx"):
@@ -77,5 +77,5 @@ def test_quantizing_without_calibration_set_is_refused(tmp_path):
     assert result.status == "error"
     assert "model 'uncalibrated' has no calibration set" in result.message
     with pytest.raises(CalibrationError):
-        pipeline.calibration_batches("uncalibrated")
+        pipeline.store.calibration_batches("uncalibrated")
     assert pipeline.run(Case("uncalibrated", "fp16", "onnxruntime")).status == "passed"

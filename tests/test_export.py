@@ -15,7 +15,7 @@ MODELS = ["mlp", "cnn", "resblock", "dwblock", "transformer-block", "digits-cnn"
 @pytest.mark.parametrize("name", MODELS)
 def test_onnxruntime_matches_torch_at_another_batch_size(name, harness_pipeline):
     spec = harness_pipeline.models.get(name)
-    path = harness_pipeline.fp32_onnx(name)
+    path = harness_pipeline.store.fp32_onnx(name)
     model = load_onnx(path)
     assert [i.name for i in model.graph.input] == [i.name for i in spec.inputs]
     assert [o.name for o in model.graph.output] == list(spec.outputs)
@@ -24,7 +24,7 @@ def test_onnxruntime_matches_torch_at_another_batch_size(name, harness_pipeline)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, feed)[0]
     with torch.no_grad():
-        want = harness_pipeline.module(name)(*[torch.from_numpy(feed[i.name]) for i in spec.inputs]).numpy()
+        want = harness_pipeline.store.module(name)(*[torch.from_numpy(feed[i.name]) for i in spec.inputs]).numpy()
     assert got.shape == want.shape and got.shape[0] == batch
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 

@@ -3,7 +3,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.models.manifest import load_manifest
-from harness.pipeline import Case, Pipeline
+from harness.run.pipeline import Case, Pipeline
 
 
 def test_example_manifest_model_runs_int8(harness_pipeline):

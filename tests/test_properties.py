@@ -15,9 +15,9 @@ from harness.capabilities import package_version
 from harness.precision import get_recipe
 from harness.precision.qdq import FP8_E4M3, INT8, QDQ
 from harness.precision.trt_cache import from_trt_cache, to_trt_cache
-from harness.properties import (export_matches_torch, low_precision_within_format_bound,
+from harness.generate.properties import (export_matches_torch, low_precision_within_format_bound,
                                 quantized_layer_within_scale_bound, saved_on_failure)
-from harness.strategies import architectures, input_batches, quantizable_layers
+from harness.generate.strategies import architectures, input_batches, quantizable_layers
 
 REGRESSIONS = Path(__file__).resolve().parent.parent / "fixtures" / "regressions"
 
@@ -66,7 +66,7 @@ def test_trt_calibration_cache_round_trips(ranges):
 @given(arch=architectures(), precision=st.sampled_from(["fp32", "fp16", "int8"]))
 def test_tensorrt_rtx_builds_generated_models(arch, precision, harness_pipeline, tmp_path_factory):
     from harness.backends.trt_engine import BuildOptions, build_engine
-    from harness.properties import _fp32_graph
+    from harness.generate.properties import _fp32_graph
 
     import onnx
     import tensorrt_rtx
@@ -104,7 +104,7 @@ def test_planted_rounding_bug_is_found_and_shrunk(cache, tmp_path):
     with pytest.raises(AssertionError, match="exceeds its scale-derived bound"):
         property_with_bug()
     [saved] = list(tmp_path.glob("*.json"))  # only the shrunk example remains
-    from harness.arch import Architecture
+    from harness.generate.arch import Architecture
     import json
 
     document = json.loads(saved.read_text())

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.arch import Architecture
+from harness.generate.arch import Architecture
 from harness.cache import Cache
 from harness.precision import get_recipe
-from harness.properties import (export_matches_torch, low_precision_within_format_bound,
+from harness.generate.properties import (export_matches_torch, low_precision_within_format_bound,
                                 quantized_layer_within_scale_bound)
-from harness.strategies import Inputs
+from harness.generate.strategies import Inputs
 
 FILES = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "regressions").glob("*.json"))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.pipeline import Case, Pipeline
+from harness.run.pipeline import Case, Pipeline
 from harness.report.record import build_record, write_record
 
 REPO = Path(__file__).resolve().parent.parent

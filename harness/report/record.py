@@ -1,7 +1,7 @@
 """The run record: one JSON document per run, with a versioned schema.
 
 It holds the environment (host, GPU, package versions) and one entry per case
-(:meth:`harness.pipeline.CaseResult.to_dict`), so that reports and release gates can be
+(:meth:`harness.run.pipeline.CaseResult.to_dict`), so that reports and release gates can be
 computed later from the file alone.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.compare import HISTOGRAM_EDGES
+from harness.judge.compare import HISTOGRAM_EDGES
 from harness.report.load import case_margin, primary_metrics
 
 ORDER = ["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.tolerances import Tolerance
+from harness.judge.tolerances import Tolerance
 
 WORST_ELEMENTS = 5
 HISTOGRAM_EDGES = [0.0, *np.logspace(-7, 0, 15).tolist(), float("inf")]  # |err| / max |reference|

@@ -1,6 +1,6 @@
 """Architectures as data: a JSON-able list of blocks and the torch module it describes.
 
-Hypothesis generates these (``harness.strategies``); a failing one is saved as JSON under
+Hypothesis generates these (``harness.generate.strategies``); a failing one is saved as JSON under
 ``fixtures/regressions/`` and rebuilt from the file by the ordinary test suite. Every block
 keeps the shape it receives or changes it in a way the builder tracks, so any list the
 strategies draw is a valid network.

@@ -1,4 +1,4 @@
-"""The GPU lane: PyTorch on CUDA timed by ``harness.bench`` (throughput per precision, FP8 linear
+"""The GPU lane: PyTorch on CUDA timed by ``harness.perf.bench`` (throughput per precision, FP8 linear
 layers through ``torch._scaled_mm``, the harness's own overhead). ``python -m harness bench``."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.bench import Ratio, Timing, interleaved_ratio, time_call, time_cuda
+from harness.perf.bench import Ratio, Timing, interleaved_ratio, time_call, time_cuda
 
 DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 ROTATE = 3  # input buffers cycled through

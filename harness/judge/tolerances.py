@@ -9,7 +9,7 @@ import yaml
 
 from harness.errors import HarnessError
 
-DEFAULT_TABLE = Path(__file__).resolve().parent.parent / "fixtures" / "tolerances.yaml"
+DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "fixtures" / "tolerances.yaml"
 
 
 @dataclass(frozen=True)

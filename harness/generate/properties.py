@@ -14,7 +14,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from harness.arch import Architecture
+from harness.generate.arch import Architecture
 from harness.backends.onnxrt import OnnxRuntimeRunner
 from harness.cache import Cache, atomic_write_bytes
 from harness.export import export_onnx
@@ -22,7 +22,7 @@ from harness.models.spec import InputSpec, ModelSpec
 from harness.precision import get_recipe
 from harness.precision.calibrate import calibrate
 from harness.precision.qdq import FP8_E4M3, INT8, QDQ
-from harness.strategies import Inputs
+from harness.generate.strategies import Inputs
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 LIPSCHITZ = {"relu": 1.0, "gelu": 1.13, "silu": 1.1, "sigmoid": 0.25}  # max |f'| of each activation

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from harness.arch import ACTIVATIONS, Architecture, conv_output_size
+from harness.generate.arch import ACTIVATIONS, Architecture, conv_output_size
 
 __all__ = ["DISTRIBUTIONS", "Inputs", "architectures", "input_batches", "quantizable_layers"]
 

@@ -86,7 +86,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
     """The main job: every case, a table on stdout, a record on disk; (exit code, record path)."""
     from tqdm import tqdm
 
-    from harness.pipeline import Pipeline
+    from harness.run.pipeline import Pipeline
     from harness.report.record import build_record, write_record
 
     started = time.time()
@@ -165,35 +165,35 @@ def _fmt(value: float | None, spec: str, width: int) -> str:
 
 
 def _sensitivity(args: argparse.Namespace) -> int:
-    from harness.pipeline import Pipeline
+    from harness.run.pipeline import Pipeline
     from harness.precision import get_recipe
     from harness.precision.calibrators import Calibrator
-    from harness.precision.sensitivity import fallback_until_within, layer_sensitivity
-    from harness.tolerances import Tolerance
+    from harness.judge.sensitivity import fallback_until_within, layer_sensitivity
+    from harness.judge.tolerances import Tolerance
 
     pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
     pipeline.models.get(args.model)
     recipe = get_recipe(args.precision).with_options(calibrator=Calibrator(args.calibration))  # type: ignore[attr-defined]
     print(f"{'layer':<48} {'op':<8} {'cosine':>9} {'snr_db':>7}   (only this layer quantized)")
-    for row in layer_sensitivity(pipeline, args.model, recipe):
+    for row in layer_sensitivity(pipeline.store, args.model, recipe):
         print(f"{row.layer:<48} {row.op:<8} {row.cosine:>9.6f} {row.snr_db:>7.1f}")
     if args.min_cosine is None:
         return 0
-    _, kept, result = fallback_until_within(pipeline, args.model, recipe, Tolerance(min_cosine=args.min_cosine))
+    _, kept, result = fallback_until_within(pipeline.store, args.model, recipe, Tolerance(min_cosine=args.min_cosine))
     verdict = "met" if result.passed else "NOT met"
     print(f"\ncosine ≥ {args.min_cosine} {verdict} with {len(kept)} layer(s) kept in FP32: {', '.join(kept) or '-'}")
     return 0 if result.passed else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from harness import gpu_lane
+    from harness.perf import gpu_lane
     from harness.capabilities import detect
-    from harness.pipeline import Pipeline
+    from harness.run.pipeline import Pipeline
 
     caps = detect()
     if caps.gpu is None:
         raise HarnessError("bench measures the GPU lane and needs a CUDA GPU; none found")
-    module = Pipeline(args.cache_dir, manifest=args.manifest).module(args.model)
+    module = Pipeline(args.cache_dir, manifest=args.manifest).store.module(args.model)
     figures: dict = {"gpu": caps.to_dict()["gpu"], "model": args.model,
                      "lane": gpu_lane.resnet_lane(module, [int(b) for b in args.batches], args.precisions, args.peak_tflops),
                      "overhead": {b: gpu_lane.harness_overhead(module, (int(b), 3, 224, 224)) for b in args.batches}}

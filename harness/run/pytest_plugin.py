@@ -1,6 +1,6 @@
-"""pytest plugin: options, markers and parametrization. All logic lives in :mod:`harness.pipeline`.
+"""pytest plugin: options, markers and parametrization. All logic lives in :mod:`harness.run.pipeline`.
 
-Loaded by the repository's ``conftest.py`` (``pytest_plugins = ["harness.pytest_plugin"]``).
+Loaded by the repository's ``conftest.py`` (``pytest_plugins = ["harness.run.pytest_plugin"]``).
 Heavy imports happen inside hooks, so importing this module costs nothing.
 """
 from __future__ import annotations
@@ -96,9 +96,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pipeline(config: pytest.Config) -> Any:
-    """The session's :class:`harness.pipeline.Pipeline`, made on first use."""
+    """The session's :class:`harness.run.pipeline.Pipeline`, made on first use."""
     if _pipeline_key not in config.stash:
-        from harness.pipeline import Pipeline
+        from harness.run.pipeline import Pipeline
 
         config.stash[_pipeline_key] = Pipeline(
             cache_dir=config.getoption("cache_dir"), tolerances=config.getoption("tolerances"),

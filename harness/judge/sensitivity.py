@@ -1,5 +1,8 @@
 """Per-layer quantization sensitivity, and accuracy-aware fallback to higher precision.
 
+``store`` is the run's :class:`harness.run.artifacts.ArtifactStore` (precision graphs, batches,
+reference outputs).
+
 Sensitivity: for each layer a Q/DQ recipe would quantize, the model's output error when only
 that layer is quantized. Fallback: keep the most sensitive layers in FP32, one more at a time,
 until the whole quantized model meets its tolerance (as Intel Neural Compressor does).
@@ -11,9 +14,9 @@ from typing import Any
 
 import onnx
 
-from harness.compare import Comparison, compare, concat
+from harness.judge.compare import Comparison, compare, concat
 from harness.precision.qdq import QDQ
-from harness.tolerances import Tolerance
+from harness.judge.tolerances import Tolerance
 
 
 @dataclass(frozen=True)
@@ -24,40 +27,40 @@ class LayerSensitivity:
     snr_db: float
 
 
-def _evaluate(pipeline: Any, model: str, recipe: QDQ, tolerance: Tolerance) -> Comparison:
+def _evaluate(store: Any, model: str, recipe: QDQ, tolerance: Tolerance) -> Comparison:
     from harness.backends.onnxrt import OnnxRuntimeRunner
 
-    path = pipeline.precision_onnx(model, recipe)
+    path = store.precision_onnx(model, recipe)
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=recipe.fmt.name == "int8") as runner:
-        candidate = concat([runner.infer(batch) for batch in pipeline.eval_batches(model)])
-    spec = pipeline.models.get(model)
-    return compare(pipeline.reference(model), candidate, tolerance, spec.task == "classification")
+        candidate = concat([runner.infer(batch) for batch in store.eval_batches(model)])
+    spec = store.models.get(model)
+    return compare(store.reference(model), candidate, tolerance, spec.task == "classification")
 
 
-def layer_sensitivity(pipeline: Any, model: str, recipe: QDQ) -> list[LayerSensitivity]:
+def layer_sensitivity(store: Any, model: str, recipe: QDQ) -> list[LayerSensitivity]:
     """Most sensitive first (lowest SNR of the first output)."""
-    graph = onnx.load(str(pipeline.fp32_onnx(model)))
-    output = pipeline.models.get(model).outputs[0]
+    graph = onnx.load(str(store.fp32_onnx(model)))
+    output = store.models.get(model).outputs[0]
     rows = []
     for node in recipe.quantized_nodes(graph):
-        metrics = _evaluate(pipeline, model, recipe.with_options(only=(node.name,)), Tolerance()).metrics[output]
+        metrics = _evaluate(store, model, recipe.with_options(only=(node.name,)), Tolerance()).metrics[output]
         rows.append(LayerSensitivity(node.name, node.op_type, metrics["cosine"], metrics["snr_db"]))
     return sorted(rows, key=lambda row: row.snr_db)
 
 
-def fallback_until_within(pipeline: Any, model: str, recipe: QDQ, tolerance: Tolerance,
+def fallback_until_within(store: Any, model: str, recipe: QDQ, tolerance: Tolerance,
                           max_layers: int | None = None) -> tuple[QDQ, list[str], Comparison]:
     """The recipe with the fewest most-sensitive layers kept in FP32 that meets ``tolerance``.
 
     Returns the recipe, the layers kept in FP32, and the final comparison (which fails only if
     ``max_layers`` ran out first).
     """
-    ranking = [row.layer for row in layer_sensitivity(pipeline, model, recipe)]
+    ranking = [row.layer for row in layer_sensitivity(store, model, recipe)]
     kept: list[str] = []
     current = recipe
-    result = _evaluate(pipeline, model, current, tolerance)
+    result = _evaluate(store, model, current, tolerance)
     while not result.passed and ranking and (max_layers is None or len(kept) < max_layers):
         kept.append(ranking.pop(0))
         current = recipe.with_options(exclude=(*recipe.options.exclude, *kept))
-        result = _evaluate(pipeline, model, current, tolerance)
+        result = _evaluate(store, model, current, tolerance)
     return current, kept, result

@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 import yaml
 
-from harness.bench import Ratio, Timing, interleaved_ratio, time_call
+from harness.perf.bench import Ratio, Timing, interleaved_ratio, time_call
 from harness.errors import HarnessError
 
-DEFAULT_FLOORS = Path(__file__).resolve().parent.parent / "fixtures" / "speedups.yaml"
+DEFAULT_FLOORS = Path(__file__).resolve().parents[2] / "fixtures" / "speedups.yaml"
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,15 @@ def load_floors(path: Path | None = None) -> list[Floor]:
 def _timer(pipeline: Any, floor: Floor, precision: str) -> Callable[[], Timing]:
     spec = pipeline.models.get(floor.model)
     if floor.backend == "torch" and floor.hardware == "gpu":
-        from harness.gpu_lane import torch_cuda_timing
+        from harness.perf.gpu_lane import torch_cuda_timing
 
         shape = (floor.batch, *spec.inputs[0].shape[1:])
-        return lambda: torch_cuda_timing(pipeline.module(floor.model), precision, shape)
+        return lambda: torch_cuda_timing(pipeline.store.module(floor.model), precision, shape)
     if floor.backend == "onnxruntime" and floor.hardware == "cpu":
         from harness.backends.onnxrt import OnnxRuntimeRunner
         from harness.precision import get_recipe
 
-        path = pipeline.precision_onnx(floor.model, get_recipe(precision))
+        path = pipeline.store.precision_onnx(floor.model, get_recipe(precision))
         feeds = spec.sample_batches(2, seed=5, batch=floor.batch)
 
         def timed() -> Timing:

@@ -1,0 +1,2 @@
+"""Generated models: architectures as data (``arch``), Hypothesis strategies, and the properties
+every generated model must satisfy."""

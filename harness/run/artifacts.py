@@ -1,0 +1,148 @@
+"""Making a case's artifacts: torch module, FP32 ONNX, calibrated ranges, precision graph, batches
+and FP32 reference outputs.
+
+Each is memoised per process and, where it is a file, cached on disk under a content hash of
+everything that affects it (:mod:`harness.cache`), so hundreds of cases build each model and
+compute each reference once.
+"""
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+from harness.backends import Artifacts, Backend
+from harness.cache import Cache, content_hash, source_fingerprint
+from harness.errors import CalibrationError
+from harness.export import export_onnx, load_onnx
+from harness.judge.compare import concat
+from harness.models import ModelSpec
+from harness.models.spec import Batch
+from harness.precision import Recipe, get_recipe
+from harness.precision.calibrate import calibrate
+from harness.precision.calibrators import Calibrator
+from harness.registry import Registry
+
+EVAL_BATCHES = 4
+CALIBRATION_BATCHES = 4
+EVAL_SEED, CALIBRATION_SEED = 1, 2
+MEMO_SIZE = 4  # torch modules and reference outputs kept per process (ResNet-101 is large)
+
+
+class _Memo:
+    """A small least-recently-used table: ``get(key, make)`` calls ``make`` on a miss only."""
+
+    def __init__(self, size: int | None = None):
+        self.size, self.items = size, OrderedDict[Hashable, Any]()
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        if key in self.items:
+            self.items.move_to_end(key)
+            return self.items[key]
+        value = self.items[key] = make()
+        if self.size is not None and len(self.items) > self.size:
+            self.items.popitem(last=False)
+        return value
+
+
+class ArtifactStore:
+    """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners."""
+
+    def __init__(self, cache: Cache, models: Registry[ModelSpec], backend: Callable[[str], Backend],
+                 calibrator: Calibrator | None = None):
+        self.cache, self.models, self.backend, self.calibrator = cache, models, backend, calibrator
+        self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
+
+    def module(self, model: str) -> Any:
+        """The torch module, built under the spec's seed so every build has the same weights."""
+        def build() -> Any:
+            import torch
+
+            spec = self.models.get(model)
+            assert spec.build is not None
+            torch.manual_seed(spec.seed)
+            return spec.build().eval()
+
+        return self._modules.get(model, build)
+
+    def fp32_onnx(self, model: str) -> Path:
+        def make() -> Path:
+            spec = self.models.get(model)
+            if spec.onnx_path is not None:
+                load_onnx(spec.onnx_path)
+                return spec.onnx_path
+            return export_onnx(spec, self.module(model), self.cache)
+
+        return self._fp32.get(model, make)
+
+    def ranges(self, model: str, recipe: Recipe) -> dict[str, float]:
+        """Calibrated activation ranges for ``recipe`` (empty for uncalibrated recipes); cached."""
+        return self._fp32_and_ranges(model, recipe)[2]
+
+    def _fp32_and_ranges(self, model: str, recipe: Recipe) -> tuple[bytes, Any, dict[str, float]]:
+        """The FP32 graph's bytes, the graph parsed once, and the recipe's calibrated ranges."""
+        import onnx
+
+        source_bytes = self.fp32_onnx(model).read_bytes()
+        graph = onnx.load_from_string(source_bytes)
+        if not recipe.calibrated:
+            return source_bytes, graph, {}
+        ranges = calibrate(self.cache, source_bytes, recipe.tensors_to_calibrate(graph),
+                           self.calibration_batches(model), recipe.calibrator)
+        return source_bytes, graph, ranges
+
+    def precision_onnx(self, model: str, recipe: Recipe) -> Path:
+        """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges)."""
+        source_bytes, graph, ranges = self._fp32_and_ranges(model, recipe)
+        key = content_hash("precision", source_bytes, recipe.params(), ranges, source_fingerprint("harness.precision"))
+        return self.cache.get_or_create("precision", key, ".onnx",
+                                        lambda: recipe.apply(graph, ranges).SerializeToString(),
+                                        {"model": model, **recipe.params()})
+
+    def calibration_batches(self, model: str) -> list[Batch]:
+        spec = self.models.get(model)
+        if spec.calibration is None:
+            raise CalibrationError(
+                f"model {model!r} has no calibration set: give it one in the manifest "
+                "(calibration: module:callable) or set calibration: synthetic to calibrate on generated inputs")
+        if spec.calibration == "synthetic":
+            return spec.sample_batches(CALIBRATION_BATCHES, CALIBRATION_SEED)
+        batches = spec.calibration()  # type: ignore[operator]
+        if not batches:
+            raise CalibrationError(f"model {model!r}: its calibration callable returned no batches")
+        return batches
+
+    def eval_batches(self, model: str) -> list[Batch]:
+        spec = self.models.get(model)
+        if spec.eval_data is not None:
+            return spec.eval_data().inputs
+        return spec.sample_batches(EVAL_BATCHES, EVAL_SEED)
+
+    def reference(self, model: str) -> dict[str, np.ndarray]:
+        """FP32 reference outputs: the torch module (on CUDA when present, TF32 off), or ONNX Runtime
+        for an ONNX-only model."""
+        def compute() -> dict[str, np.ndarray]:
+            backend = "torch" if self.models.get(model).build is not None else "onnxruntime"
+            with self.backend(backend).load(self.for_case(model, "fp32", backend)) as runner:
+                return concat([runner.infer(batch) for batch in self.eval_batches(model)])
+
+        return self._references.get(model, compute)
+
+    def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
+        """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""
+        spec = self.models.get(model)
+        recipe = self.recipe(precision, self.backend(backend).recipe_target)
+        module = None if spec.build is None else functools.partial(self.module, model)
+        return Artifacts(spec, recipe, module, onnx_path=lambda: self.precision_onnx(model, recipe),
+                         fp32_onnx=lambda: self.fp32_onnx(model), ranges=lambda: self.ranges(model, recipe),
+                         calibration_batches=lambda: self.calibration_batches(model), cache=self.cache)
+
+    def recipe(self, precision: str, target: str) -> Recipe:
+        """The recipe of ``precision`` for a graph target, with this run's calibrator."""
+        recipe = get_recipe(precision).for_target(target)
+        if self.calibrator is not None and recipe.calibrated:
+            recipe = recipe.with_options(calibrator=self.calibrator)  # type: ignore[attr-defined]
+        return recipe
