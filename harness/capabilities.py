@@ -1,11 +1,16 @@
-"""What this machine can run: the GPU, installed backends, and the precision support matrix.
+"""What this machine can run: the GPU, the CPU's instruction sets, installed backends, and the
+precision support matrix.
 
-Every skip in the harness comes from here, phrased as the requirement that failed.
+Every skip in the harness comes from here, phrased as the requirement that failed. The CPU's
+instruction sets matter because ONNX Runtime's fused integer kernels compute differently on them
+(without VNNI, 8-bit products are summed in 16-bit intermediates that can saturate): the runner
+class they define is recorded with every run, and the gate compares runtimes only within one.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import platform
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -34,11 +39,63 @@ class GPU:
         return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
 
 
+# Instruction sets that change what integer and low-precision CPU kernels compute or how fast,
+# best first: the first one present names the CPU's class.
+ISA_CLASSES = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512f", "avx2")
+ISA_FLAGS = (*ISA_CLASSES, "avx512_bf16", "avx512_fp16", "amx_bf16", "f16c", "fma")
+
+
+@dataclass(frozen=True)
+class CPU:
+    model: str
+    isa: tuple[str, ...]  # the flags of ISA_FLAGS this CPU has
+    logical_cpus: int
+    usable_cpus: int  # this process's CPU affinity
+
+    @property
+    def isa_class(self) -> str:
+        return next((flag for flag in ISA_CLASSES if flag in self.isa), "baseline")
+
+
+def detect_cpu() -> CPU:
+    """Model and instruction sets from /proc/cpuinfo (Linux), else the platform's name only."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return CPU(model, tuple(f for f in ISA_FLAGS if f in flags), os.cpu_count() or 1, usable)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     gpu: GPU | None
     packages: dict[str, str | None] = field(default_factory=dict)
     host: str = ""
+    cpu: CPU | None = None
+
+    @property
+    def runner_class(self) -> str:
+        """What a runtime's numbers depend on: CPU architecture and instruction-set class, and the GPU."""
+        cpu = f"{platform.machine()} {self.cpu.isa_class}" if self.cpu else platform.machine()
+        return f"{cpu}; {self.gpu.name if self.gpu else 'no GPU'}"
+
+    @property
+    def device(self) -> str:
+        """The CPU (and GPU) in words, for messages that name where a runtime ran."""
+        if self.cpu is None:
+            return platform.machine()
+        missing = [f for f in ("avx512_vnni", "avx_vnni") if f not in self.cpu.isa]
+        isa = ", ".join(self.cpu.isa[:4]) or "no AVX2"
+        vnni = "" if len(missing) < 2 else ", no VNNI"
+        return f"{self.cpu.model} ({isa}{vnni})" + (f" + {self.gpu.name}" if self.gpu else "")
 
     def has(self, package: str) -> bool:
         return self.packages.get(package) is not None
@@ -66,6 +123,9 @@ class Capabilities:
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["gpu"] = None if self.gpu is None else {"name": self.gpu.name, "compute_capability": self.gpu.cc}
+        if self.cpu is not None:
+            data["cpu"] = {**asdict(self.cpu), "isa": list(self.cpu.isa), "isa_class": self.cpu.isa_class}
+        data["runner_class"] = self.runner_class
         return data
 
 
@@ -95,4 +155,4 @@ def detect() -> Capabilities:
 
         if torch.cuda.is_available():
             gpu = GPU(torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0)))  # type: ignore[arg-type]
-    return Capabilities(gpu, {name: package_version(name) for name in PACKAGES}, platform.node())
+    return Capabilities(gpu, {name: package_version(name) for name in PACKAGES}, platform.node(), detect_cpu())

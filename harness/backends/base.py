@@ -37,6 +37,10 @@ class Runner:
     def deactivate(self) -> None:
         self.deactivate_impl()
 
+    def label(self) -> str:
+        """The runtime in words (name, version, mode), for messages that blame or clear it."""
+        return self.name
+
     def describe(self) -> dict[str, Any]:
         """What the backend made, for the run record (e.g. an engine's per-layer precisions)."""
         return {}

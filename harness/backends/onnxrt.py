@@ -2,9 +2,19 @@
 
 ONNX Runtime cannot fuse float8 Q/DQ into its integer kernels and fails to load such graphs
 with optimisations on, so those run with optimisations disabled (fake-quant in float).
+
+On x86 CPUs without VNNI, ONNX Runtime's default U8S8 integer kernels sum pairs of 8-bit products
+in 16-bit intermediates that saturate: measured under an emulated AVX2-only CPU, the built-in
+transformer block's INT8 outputs left the graph's semantics by 66× the recipe's own rounding
+noise, and were exact with ``session.x64quantprecision=1`` (ONNX Runtime's documented remedy:
+U8U8 kernels). So the harness sets it on such CPUs, and INT8 verdicts are the same on every
+runner; ``HARNESS_ORT_X64_QUANT_PRECISION=0`` judges ONNX Runtime's defaults as deployed
+(``1`` forces the remedy, ``auto`` is the default).
 """
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 
 
@@ -13,7 +23,7 @@ import onnx
 from onnx import TensorProto
 
 from harness.backends.base import Artifacts, Backend, Runner
-from harness.capabilities import Capabilities
+from harness.capabilities import Capabilities, detect
 from harness.models.spec import Batch, ModelSpec
 
 _FLOAT8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
@@ -27,8 +37,8 @@ def _has_float8(path: Path) -> bool:
 class OnnxRuntimeRunner(Runner):
     name = "onnxruntime"
 
-    def __init__(self, path: Path, providers: list[str], optimize: bool):
-        self.path, self.providers, self.optimize = path, providers, optimize
+    def __init__(self, path: Path, providers: list[str], optimize: bool, config: dict[str, str] | None = None):
+        self.path, self.providers, self.optimize, self.config = path, providers, optimize, config or {}
 
     def activate_impl(self) -> None:
         import onnxruntime
@@ -36,8 +46,19 @@ class OnnxRuntimeRunner(Runner):
         options = onnxruntime.SessionOptions()
         if not self.optimize:
             options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        for key, value in self.config.items():
+            options.add_session_config_entry(key, value)
         self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def label(self) -> str:
+        import onnxruntime
+
+        mode = "graph optimisations on (Q/DQ fused into integer kernels)" if self.optimize else \
+            "graph optimisations off (Q/DQ as written)"
+        providers = "/".join(p if isinstance(p, str) else p[0] for p in self.providers)
+        config = "".join(f", {key}={value}" for key, value in self.config.items())
+        return f"onnxruntime {onnxruntime.__version__} {providers}, {mode}{config}"
 
     def infer_impl(self, feed: Batch) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.session.run(self.output_names, dict(feed))))
@@ -67,7 +88,20 @@ class OnnxRuntimeBackend(Backend):
         if _cuda_provider():
             tf32 = int(bool(artifacts.recipe.runtime.get("tf32")))
             providers = [("CUDAExecutionProvider", {"use_tf32": tf32}), *providers]  # type: ignore[list-item]
-        return OnnxRuntimeRunner(path, providers, optimize=not _has_float8(path))
+        return OnnxRuntimeRunner(path, providers, optimize=not _has_float8(path), config=integer_kernel_config())
+
+
+def integer_kernel_config() -> dict[str, str]:
+    """Session settings that keep ONNX Runtime's CPU integer kernels faithful on this CPU."""
+    choice = os.environ.get("HARNESS_ORT_X64_QUANT_PRECISION", "auto")
+    if choice not in ("auto", "0", "1"):
+        raise ValueError(f"HARNESS_ORT_X64_QUANT_PRECISION must be auto, 0 or 1, not {choice!r}")
+    cpu = detect().cpu
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    lacks_vnni = x86 and cpu is not None and not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(cpu.isa)
+    if choice == "1" or (choice == "auto" and lacks_vnni):
+        return {"session.x64quantprecision": "1"}
+    return {}
 
 
 def _cuda_provider() -> bool:
