@@ -44,3 +44,7 @@ class UnsupportedError(HarnessError):
     def __init__(self, message: str, ops: tuple[str, ...] = ()):
         super().__init__(message)
         self.ops = ops
+
+
+class ResolutionWarning(UserWarning):
+    """A bound finer than the evaluation samples resolve, widened to one sample's worth."""

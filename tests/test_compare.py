@@ -1,7 +1,10 @@
 """The comparator's semantics, checked on constructed outputs."""
 import numpy as np
+import pytest
 
-from harness.judge.compare import accuracy_check, compare
+from harness.errors import ResolutionWarning
+from harness.judge.compare import Comparison, compare, task_accuracy
+from harness.judge.intervals import proportion_interval
 from harness.judge.tolerances import Tolerance, ToleranceTable
 
 
@@ -27,8 +30,49 @@ def test_top1_and_accuracy_drop():
     swapped = ref[[1, 0, 2, 3]]
     result = compare({"y": ref}, {"y": swapped}, Tolerance(min_top1=0.75), classification=True)
     assert result.metrics["y"]["top1_agreement"] == 0.5 and not result.passed
-    check = accuracy_check(0.97, 0.955, Tolerance(max_accuracy_drop=1.0))
-    assert check is not None and not check.passed and abs(check.observed - 1.5) < 1e-9
+    reference_correct = np.arange(200) < 194  # 97.0%
+    candidate_correct = np.arange(200) < 191  # 95.5%: three samples lost
+    judged = Comparison()
+    task = task_accuracy(reference_correct, candidate_correct, Tolerance(max_accuracy_drop=1.0), judged)
+    [check] = judged.checks
+    assert not check.passed and abs(check.observed - 1.5) < 1e-9 and judged.notes == []
+    low, high = task["intervals"]["accuracy_drop_points"]["low"], task["intervals"]["accuracy_drop_points"]["high"]
+    assert low < 1.5 < high and high - low < 5
+
+
+def test_a_bound_finer_than_the_samples_is_widened_with_the_count_needed():
+    correct = np.ones(128, bool)
+    one_flip = correct.copy()
+    one_flip[0] = False  # 0.78 points on 128 samples: finer than a 0.5-point bound can say
+    judged = Comparison()
+    with pytest.warns(ResolutionWarning, match="200 samples would resolve it"):
+        task_accuracy(correct, one_flip, Tolerance(max_accuracy_drop=0.5), judged)
+    assert judged.passed and judged.checks[0].bound == pytest.approx(100 / 128)
+    two_flips = one_flip.copy()
+    two_flips[1] = False
+    judged = Comparison()
+    with pytest.warns(ResolutionWarning):
+        task_accuracy(correct, two_flips, Tolerance(max_accuracy_drop=0.5), judged)
+    assert not judged.passed
+
+
+def test_top1_bound_is_widened_on_few_samples_and_exact_bounds_are_kept():
+    ref = np.eye(16, dtype=np.float32)
+    one_off = ref.copy()
+    one_off[0] = ref[1]
+    with pytest.warns(ResolutionWarning, match="20 samples would resolve it"):
+        widened = compare({"y": ref}, {"y": one_off}, Tolerance(min_top1=0.95), classification=True)
+    assert widened.passed and widened.metrics["y"]["intervals"]["top1_agreement"]["low"] < 15 / 16
+    exact = compare({"y": ref}, {"y": one_off}, Tolerance(min_top1=1.0), classification=True)
+    assert not exact.passed and exact.notes == []
+
+
+def test_intervals_cover_the_truth_at_their_confidence():
+    """Exact intervals: over many simulated evaluation sets, the true rate is inside ≥ 95% of the time."""
+    rng = np.random.default_rng(0)
+    inside = [proportion_interval(int(rng.binomial(60, 0.9)), 60).low <= 0.9 <= proportion_interval(
+        int(rng.binomial(60, 0.9)), 60).high for _ in range(400)]
+    assert np.mean(inside) >= 0.93
 
 
 def test_nan_output_never_passes():

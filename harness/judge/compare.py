@@ -2,15 +2,20 @@
 
 The elementwise atol/rtol check is Polygraphy's ``SimpleCompareFunc`` (same semantics as
 ``polygraphy run --atol --rtol``); the scale-free metrics are computed here in float64, never
-in the precision under test.
+in the precision under test. Metrics over samples carry 95% confidence intervals, and a bound
+finer than the samples can resolve is widened with a warning (:mod:`harness.judge.intervals`).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
+from harness.errors import ResolutionWarning
+from harness.judge.intervals import (accuracy_drop_interval, bootstrap_cosine_snr, proportion_interval,
+                                     resolve_agreement_bound, resolve_drop_bound)
 from harness.judge.tolerances import Tolerance
 
 WORST_ELEMENTS = 5
@@ -45,6 +50,8 @@ class Comparison:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     worst: dict[str, list[dict[str, object]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # bounds widened to what the samples resolve
+    task: dict[str, Any] | None = None  # task accuracy, where the model has labelled samples
 
     @property
     def passed(self) -> bool:
@@ -64,9 +71,20 @@ class Comparison:
             lines.append(f"{output}: worst elements {worst}")
         return "\n".join(lines)
 
+    def add(self, check: Check | None) -> None:
+        if check is not None:
+            self.checks.append(check)
+
+    def note(self, text: str) -> None:
+        """Keep ``text`` in the result and warn with it (pytest lists warnings in its summary)."""
+        if text and text not in self.notes:
+            self.notes.append(text)
+            warnings.warn(text, ResolutionWarning, stacklevel=3)
+
     def to_dict(self) -> dict[str, object]:
-        return {"metrics": self.metrics, "worst": self.worst,
-                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+        out = {"metrics": self.metrics, "worst": self.worst, "notes": self.notes,
+               "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+        return {**out, "task": self.task} if self.task is not None else out
 
 
 def compare(
@@ -88,18 +106,29 @@ def compare(
         metrics = _metrics(ref, out, classification)
         result.metrics[name] = metrics
         result.worst[name] = _worst(ref, out)
-        result.checks += _checks(name, metrics, tolerance)
+        result.checks += _checks(name, metrics, tolerance, result)
         if tolerance.atol is not None or tolerance.rtol is not None:
             result.checks.append(_elementwise_check(name, ref, out, tolerance))
     return result
 
 
-def accuracy_check(reference_accuracy: float, candidate_accuracy: float, tolerance: Tolerance) -> Check | None:
-    """Task-accuracy drop in percentage points, checked against ``max_accuracy_drop``."""
-    if tolerance.max_accuracy_drop is None:
-        return None
-    drop = 100.0 * (reference_accuracy - candidate_accuracy)
-    return Check("task", "accuracy drop (points)", drop, tolerance.max_accuracy_drop, False)
+def task_accuracy(reference_correct: np.ndarray, candidate_correct: np.ndarray, tolerance: Tolerance,
+                  result: Comparison) -> dict[str, Any]:
+    """Task accuracy of reference and candidate on the same labelled samples, with intervals; the
+    drop (percentage points) is checked against ``max_accuracy_drop``, widened to one sample's
+    worth if it is finer than that."""
+    ref, cand = np.asarray(reference_correct, bool), np.asarray(candidate_correct, bool)
+    n = ref.size
+    ref_acc, cand_acc = float(ref.mean()), float(cand.mean())
+    task = {"samples": n, "reference_accuracy": ref_acc, "accuracy": cand_acc,
+            "accuracy_drop_points": 100.0 * (ref_acc - cand_acc),
+            "intervals": {"accuracy": proportion_interval(int(cand.sum()), n).to_dict(),
+                          "accuracy_drop_points": accuracy_drop_interval(ref, cand).to_dict()}}
+    if tolerance.max_accuracy_drop is not None:
+        bound = resolve_drop_bound(tolerance.max_accuracy_drop, n, "max_accuracy_drop")
+        result.note(bound.warning)
+        result.add(Check("task", "accuracy drop (points)", task["accuracy_drop_points"], bound.used, False))
+    return task
 
 
 def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str, Any]:
@@ -118,14 +147,26 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str
         "error_histogram": np.histogram(np.nan_to_num(diff / peak if peak > 0 else diff, nan=np.inf),
                                         bins=HISTOGRAM_EDGES)[0].tolist(),
     }
+    samples = ref.shape[0] if ref.ndim else 1
+    metrics["samples"] = samples
+    intervals = {k: v.to_dict() for k, v in (bootstrap_cosine_snr(ref, out) or {}).items()}
     if classification and ref.ndim >= 2:
-        metrics["top1_agreement"] = float(np.mean(ref.argmax(-1) == out.argmax(-1)))
+        agree = ref.argmax(-1) == out.argmax(-1)
+        metrics["top1_samples"] = int(agree.size)
+        metrics["top1_agreement"] = float(np.mean(agree))
+        intervals["top1_agreement"] = proportion_interval(int(agree.sum()), int(agree.size)).to_dict()
+    metrics["intervals"] = intervals
     return metrics
 
 
-def _checks(name: str, metrics: dict[str, Any], tol: Tolerance) -> list[Check]:
+def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparison) -> list[Check]:
+    top1 = tol.min_top1
+    if top1 is not None and "top1_agreement" in metrics:
+        resolution = resolve_agreement_bound(top1, metrics["top1_samples"], f"{name}: min_top1")
+        result.note(resolution.warning)
+        top1 = resolution.used
     bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
-              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", tol.min_top1, True)]
+              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", top1, True)]
     return [Check(name, metric, metrics[metric], bound, higher)
             for metric, bound, higher in bounds if bound is not None and metric in metrics]
 

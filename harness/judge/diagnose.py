@@ -1,9 +1,15 @@
-"""Find the first layer whose output diverges between the FP32 graph and a precision's graph.
+"""Where a divergence starts.
 
-Both graphs are run on the same batch under ONNX Runtime with every float tensor they share
-exposed as an output (recipes keep the FP32 graph's tensor names); the first tensor, in the
-FP32 graph's topological order, whose cosine similarity falls below the bound is reported with
-the node and op that produced it.
+``first_divergence`` (the recipe): the FP32 graph and a precision's graph run on the same batch
+under ONNX Runtime with every float tensor they share exposed as an output (recipes keep the FP32
+graph's tensor names); the first tensor, in the FP32 graph's topological order, whose cosine
+similarity falls below the bound is reported with the node and op that produced it.
+
+``first_runtime_divergence`` (a runtime): the same INT8 graph run as written and with ONNX
+Runtime's optimisations on, every QuantizeLinear output exposed; a faithful runtime's codes
+differ from the graph's by at most a step here and there (rounding ties, accumulation order),
+so the first quantized tensor whose codes differ by two steps or more on more than the bound's
+fraction of elements is where the runtime's kernels stop computing what the graph says.
 """
 from __future__ import annotations
 
@@ -17,14 +23,15 @@ from harness.models.spec import Batch
 from harness.precision.graph import float_tensors
 
 
-def _run_all(path: Path, names: list[str], batch: Batch) -> dict[str, np.ndarray]:
+def _run_all(path: Path, names: list[str], batch: Batch, optimize: bool = False) -> dict[str, np.ndarray]:
     import onnxruntime
 
     model = onnx.load(str(path))
     existing = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
     options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not optimize:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return dict(zip(names, session.run(names, dict(batch))))
 
@@ -41,8 +48,35 @@ def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_co
     reference, candidate = _run_all(fp32_path, names, batch), _run_all(candidate_path, names, batch)
     for name, node in order:
         r, c = reference[name].astype(np.float64).ravel(), candidate[name].astype(np.float64).ravel()
+        nonfinite = int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))
+        if nonfinite:
+            return {"tensor": name, "node": node.name, "op": node.op_type, "nonfinite": nonfinite,
+                    "bound": min_cosine, "summary": f"{nonfinite} non-finite value(s) where FP32 has finite ones"}
         denom = np.linalg.norm(r) * np.linalg.norm(c)
         cosine = float(np.dot(r, c) / denom) if denom > 0 else float(np.array_equal(r, c))
         if not cosine >= min_cosine:
-            return {"tensor": name, "node": node.name, "op": node.op_type, "cosine": cosine, "bound": min_cosine}
+            return {"tensor": name, "node": node.name, "op": node.op_type, "cosine": cosine, "bound": min_cosine,
+                    "summary": f"cosine {cosine:.6f} < {min_cosine:g}"}
+    return None
+
+
+def first_runtime_divergence(path: Path, batch: Batch, max_fraction: float) -> dict[str, Any] | None:
+    """The first INT8 QuantizeLinear whose codes, with optimisations on, leave the graph's by ≥ 2 steps."""
+    graph = onnx.load(str(path))
+    producers = {out: node for node in graph.graph.node for out in node.output}
+    quantizers = [node for node in graph.graph.node if node.op_type == "QuantizeLinear"]
+    names = [node.output[0] for node in quantizers]
+    if not names:
+        return None
+    written, optimized = _run_all(path, names, batch), _run_all(path, names, batch, optimize=True)
+    for node, name in zip(quantizers, names):
+        if written[name].dtype != np.int8:
+            continue
+        steps = np.abs(written[name].astype(np.int32) - optimized[name].astype(np.int32))
+        fraction = float(np.mean(steps >= 2))
+        if fraction > max_fraction:
+            source = producers.get(node.input[0])
+            return {"tensor": node.input[0], "node": source.name if source else node.input[0],
+                    "op": source.op_type if source else "graph input", "fraction": fraction,
+                    "max_steps": int(steps.max())}
     return None

@@ -5,7 +5,8 @@ reference outputs).
 
 Sensitivity: for each layer a Q/DQ recipe would quantize, the model's output error when only
 that layer is quantized. Fallback: keep the most sensitive layers in FP32, one more at a time,
-until the whole quantized model meets its tolerance (as Intel Neural Compressor does).
+until the whole quantized model meets its tolerance (as Intel Neural Compressor does). Both judge
+the recipe on its graph's semantics, so a runtime's kernel artefact never moves a layer to FP32.
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from typing import Any
 
 import onnx
 
-from harness.judge.compare import Comparison, compare, concat
-from harness.precision.qdq import QDQ
+from harness.judge.compare import Comparison, compare
+from harness.judge.semantics import evaluate_semantics
 from harness.judge.tolerances import Tolerance
+from harness.precision.qdq import QDQ
 
 
 @dataclass(frozen=True)
@@ -27,14 +29,11 @@ class LayerSensitivity:
     snr_db: float
 
 
-def _evaluate(store: Any, model: str, recipe: QDQ, tolerance: Tolerance) -> Comparison:
-    from harness.backends.onnxrt import OnnxRuntimeRunner
-
-    path = store.precision_onnx(model, recipe)
-    with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=recipe.fmt.name == "int8") as runner:
-        candidate = concat([runner.infer(batch) for batch in store.eval_batches(model)])
+def evaluate_recipe(store: Any, model: str, recipe: QDQ, tolerance: Tolerance) -> Comparison:
+    """The recipe's graph, evaluated as written (never a runtime's kernels), against FP32."""
+    semantics = evaluate_semantics(store.precision_onnx(model, recipe), store.eval_batches(model))
     spec = store.models.get(model)
-    return compare(store.reference(model), candidate, tolerance, spec.task == "classification")
+    return compare(store.reference(model), semantics, tolerance, spec.task == "classification")
 
 
 def layer_sensitivity(store: Any, model: str, recipe: QDQ) -> list[LayerSensitivity]:
@@ -43,7 +42,7 @@ def layer_sensitivity(store: Any, model: str, recipe: QDQ) -> list[LayerSensitiv
     output = store.models.get(model).outputs[0]
     rows = []
     for node in recipe.quantized_nodes(graph):
-        metrics = _evaluate(store, model, recipe.with_options(only=(node.name,)), Tolerance()).metrics[output]
+        metrics = evaluate_recipe(store, model, recipe.with_options(only=(node.name,)), Tolerance()).metrics[output]
         rows.append(LayerSensitivity(node.name, node.op_type, metrics["cosine"], metrics["snr_db"]))
     return sorted(rows, key=lambda row: row.snr_db)
 
@@ -58,9 +57,9 @@ def fallback_until_within(store: Any, model: str, recipe: QDQ, tolerance: Tolera
     ranking = [row.layer for row in layer_sensitivity(store, model, recipe)]
     kept: list[str] = []
     current = recipe
-    result = _evaluate(store, model, current, tolerance)
+    result = evaluate_recipe(store, model, current, tolerance)
     while not result.passed and ranking and (max_layers is None or len(kept) < max_layers):
         kept.append(ranking.pop(0))
         current = recipe.with_options(exclude=(*recipe.options.exclude, *kept))
-        result = _evaluate(store, model, current, tolerance)
+        result = evaluate_recipe(store, model, current, tolerance)
     return current, kept, result

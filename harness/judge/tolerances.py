@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import yaml
 
 from harness.errors import HarnessError
+from harness.judge.intervals import samples_to_resolve
 
 DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "fixtures" / "tolerances.yaml"
 
@@ -22,6 +23,7 @@ class Tolerance:
     max_norm_err: float | None = None
     min_top1: float | None = None
     max_accuracy_drop: float | None = None
+    max_flip_fraction: float | None = None  # runtime fidelity (harness.judge.fidelity); quantized precisions
 
     def to_dict(self) -> dict[str, float]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -55,6 +57,15 @@ class ToleranceTable:
         for model, per_precision in self.models.items():
             out += [(f"models.{model}.{p}", b) for p, b in per_precision.items()]
         return out
+
+    def samples_to_resolve(self, model: str, spec_overrides: Mapping[str, Mapping[str, float]],
+                           labelled: bool) -> int:
+        """The fewest evaluation samples on which every top-1 bound of ``model`` (and, for a labelled
+        set, every accuracy-drop bound), in any precision, allows at least one sample's change."""
+        precisions = {*self.defaults, *spec_overrides, *self.models.get(model, {})}
+        bounds = [self.resolve(model, p, spec_overrides) for p in precisions]
+        return max([samples_to_resolve(b.min_top1, b.max_accuracy_drop if labelled else None) for b in bounds],
+                   default=1)
 
     def resolve(self, model: str, precision: str, spec_overrides: Mapping[str, Mapping[str, float]]) -> Tolerance:
         """Defaults, then the model spec's own bounds, then this table's per-model bounds."""

@@ -16,6 +16,7 @@ class Recipe:
 
     name: str = ""
     calibrated: bool = False
+    quantized: bool = False  # values rounded to a quantization grid: judged as recipe and runtime apart
     calibrator: Any = None  # a Calibrator for calibrated recipes
     runtime: Mapping[str, Any] = {}
 

@@ -65,6 +65,7 @@ def _reduction_axis(node: onnx.NodeProto, rank: int) -> int:
 
 class NVFP4Weights(Recipe):
     name = "fp4"
+    quantized = True
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "block": BLOCK, "scale": "e4m3 per block, fp32 per tensor", "activations": None}

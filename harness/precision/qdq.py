@@ -74,6 +74,7 @@ class QDQ(Recipe):
     """Post-training quantization to ``fmt`` with calibrated activation ranges."""
 
     calibrated = True
+    quantized = True
 
     def __init__(self, fmt: QuantFormat, options: QDQOptions | None = None):
         self.fmt = fmt

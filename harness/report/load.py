@@ -70,3 +70,25 @@ def case_margin(case: dict[str, Any]) -> float | None:
 def primary_metrics(case: dict[str, Any]) -> dict[str, Any]:
     """The metrics of the case's first output."""
     return next(iter(case.get("metrics", {}).get("metrics", {}).values()), {})
+
+
+def verdicts(case: dict[str, Any]) -> dict[str, Any]:
+    """The recipe and runtime-fidelity verdicts of a quantized case, and the case's headline
+    confidence interval (accuracy drop where labelled, else top-1 agreement), for tables."""
+    metrics = case.get("metrics", {})
+    recipe, fidelity = metrics.get("recipe"), metrics.get("fidelity")
+    out: dict[str, Any] = {"recipe": None, "recipe_snr_db": None, "fidelity": None, "flip_fraction": None,
+                           "interval": None}
+    if recipe:
+        out["recipe"] = "ok" if recipe.get("passed") else "FAIL"
+        out["recipe_snr_db"] = primary_metrics({"metrics": recipe}).get("snr_db")
+    if fidelity and fidelity.get("outputs"):
+        out["fidelity"] = "ok" if fidelity.get("passed") else "FAIL"
+        out["flip_fraction"] = max(o["flip_fraction"] for o in fidelity["outputs"])
+    task, intervals = metrics.get("task"), primary_metrics(case).get("intervals", {})
+    if task and "intervals" in task:
+        low, high = (task["intervals"]["accuracy_drop_points"][k] for k in ("low", "high"))
+        out["interval"] = f"Δacc [{-high:+.2f}, {-low:+.2f}]"
+    elif "top1_agreement" in intervals:
+        out["interval"] = f"top1 [{intervals['top1_agreement']['low']:.2f}, {intervals['top1_agreement']['high']:.2f}]"
+    return out

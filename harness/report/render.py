@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from harness.judge.compare import HISTOGRAM_EDGES
-from harness.report.load import case_margin, primary_metrics
+from harness.report.load import case_margin, primary_metrics, verdicts
 
 ORDER = ["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]
 
@@ -37,15 +37,20 @@ def markdown(record: dict[str, Any]) -> str:
     lines = [f"# Accuracy run {record['started']}", "",
              f"{summary} in {record['duration_s']:.0f} s on {env.get('host', '?')} "
              f"({gpu.get('name', 'no GPU')}{', compute capability ' + gpu['compute_capability'] if gpu else ''})", "",
-             "| model | precision | backend | cosine | SNR dB | Δacc (points) | speedup | result |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | precision | backend | cosine | SNR dB | Δacc (points) | 95% interval | recipe (SNR dB) "
+             "| runtime fidelity (flips) | speedup | result |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     speedups = _speedups(record)
     for case in record["cases"]:
         if case["status"] == "skipped":
             continue
         m, task = primary_metrics(case), case.get("metrics", {}).get("task", {})
+        verdict = verdicts(case)
         cells = [_num(m.get("cosine"), ".5f"), _num(m.get("snr_db"), ".1f"),
-                 _num(-task["accuracy_drop_points"] if task else None, "+.2f"), _num(speedups.get(case["id"]), ".2f", "×")]
+                 _num(-task["accuracy_drop_points"] if task else None, "+.2f"), verdict["interval"] or "–",
+                 f"{verdict['recipe']} ({_num(verdict['recipe_snr_db'], '.1f')})" if verdict["recipe"] else "–",
+                 f"{verdict['fidelity']} ({100 * verdict['flip_fraction']:.2g}%)" if verdict["fidelity"] else "–",
+                 _num(speedups.get(case["id"]), ".2f", "×")]
         lines.append(f"| {case['model']} | {case['precision']} | {case['backend']} | {' | '.join(cells)} | "
                      f"{'**' + case['status'] + '**' if case['status'] != 'passed' else 'passed'} |")
     failures = [c for c in record["cases"] if c["status"] in ("failed", "error")]
@@ -69,6 +74,7 @@ def html_page(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
               ("Trend over the history of runs", _plot_trend([*history, record]))]
     body = [f"<h1>Accuracy run {html.escape(record['started'])}</h1>",
             f"<p>{html.escape(markdown(record).splitlines()[2])}</p>",
+            f"<p>Runner class: {html.escape(str(record['environment'].get('runner_class', 'unknown')))}</p>",
             "<h2>Accuracy matrix</h2>", _matrix(record),
             '<p class="legend">Cell colour: margin to the tolerance (green: over half the budget left; '
             "amber: less; red: failed; grey: skipped). Text: SNR in dB against the FP32 reference.</p>"]
@@ -82,7 +88,7 @@ def html_page(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
             body.append(f'<p class="legend">{html.escape(notes[title])}</p>')
         body.append(f'<img alt="{html.escape(title)}" src="data:image/png;base64,{png}">' if png else
                     '<p class="empty">No data in this run for this chart.</p>')
-    body += [_failures(record), _skips(record)]
+    body += [_verdicts(record), _failures(record), _skips(record)]
     style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"
              "td,th{border:1px solid #999;padding:3px 6px;font-size:12px;text-align:center}"
              ".ok{background:#8fd18f}.thin{background:#f5d76e}.bad{background:#f08080}.skip{background:#ddd}"
@@ -121,6 +127,21 @@ def _matrix(record: dict[str, Any]) -> str:
     return f'<table class="matrix"><tr><th>model</th>{head}</tr>{"".join(rows)}</table>{note}'
 
 
+def _verdicts(record: dict[str, Any]) -> str:
+    """The Markdown summary's per-case table (intervals, recipe and runtime verdicts) as HTML."""
+    rows = [line for line in markdown(record).splitlines() if line.startswith("| ") and "---" not in line]
+    if len(rows) < 2:
+        return ""
+    cells = [[html.escape(c.strip().strip("*")) for c in row.strip("|").split("|")] for row in rows]
+    head = "".join(f"<th>{c}</th>" for c in cells[0])
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in cells[1:])
+    return ("<h2>Cases: confidence intervals, recipe and runtime verdicts</h2>"
+            '<p class="legend">Recipe: the precision graph evaluated as written (Q/DQ semantics, the same on every '
+            "CPU) against FP32. Runtime fidelity: the runtime's outputs against those semantics, as the fraction "
+            "of rounding decisions that would have to flip to explain the difference.</p>"
+            f"<table><tr>{head}</tr>{body}</table>")
+
+
 def _failures(record: dict[str, Any]) -> str:
     failures = [c for c in record["cases"] if c["status"] in ("failed", "error")]
     if not failures:
@@ -129,7 +150,7 @@ def _failures(record: dict[str, Any]) -> str:
     for case in failures:
         divergence = case.get("metrics", {}).get("first_divergence")
         where = (f"<br>first diverging layer: <code>{html.escape(divergence['node'])}</code> ({divergence['op']}), "
-                 f"cosine {divergence['cosine']:.5f}" if divergence else "")
+                 f"{html.escape(divergence.get('summary', ''))}" if divergence else "")
         items.append(f"<li><b>{html.escape(case['id'])}</b><pre>{html.escape(case['message'])}</pre>{where}</li>")
     return f"<h2>Failures</h2><ul>{''.join(items)}</ul>"
 

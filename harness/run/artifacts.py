@@ -8,6 +8,7 @@ compute each reference once.
 from __future__ import annotations
 
 import functools
+import math
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Hashable
@@ -19,6 +20,9 @@ from harness.cache import Cache, content_hash, source_fingerprint
 from harness.errors import CalibrationError
 from harness.export import export_onnx, load_onnx
 from harness.judge.compare import concat
+from harness.judge.mutations import Mutation
+from harness.judge.semantics import evaluate_semantics
+from harness.judge.tolerances import ToleranceTable
 from harness.models import ModelSpec
 from harness.models.spec import Batch
 from harness.precision import Recipe, get_recipe
@@ -26,7 +30,7 @@ from harness.precision.calibrate import calibrate
 from harness.precision.calibrators import Calibrator
 from harness.registry import Registry
 
-EVAL_BATCHES = 4
+EVAL_BATCHES = 4  # synthetic evaluation batches, at least; more where the bounds need more samples
 CALIBRATION_BATCHES = 4
 EVAL_SEED, CALIBRATION_SEED = 1, 2
 MEMO_SIZE = 4  # torch modules and reference outputs kept per process (ResNet-101 is large)
@@ -52,9 +56,32 @@ class ArtifactStore:
     """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners."""
 
     def __init__(self, cache: Cache, models: Registry[ModelSpec], backend: Callable[[str], Backend],
-                 calibrator: Calibrator | None = None):
+                 tolerances: ToleranceTable, calibrator: Calibrator | None = None):
         self.cache, self.models, self.backend, self.calibrator = cache, models, backend, calibrator
+        self.tolerances = tolerances
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
+        self._semantics = _Memo(MEMO_SIZE)
+        self.mutation: Mutation | None = None
+
+    def mutated(self, mutation: Mutation) -> "ArtifactStore":
+        """A store whose artifacts carry a planted defect; torch modules and FP32 reference outputs
+        (which no defect touches) are shared with this one."""
+        other = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.calibrator)
+        other._modules, other._references, other.mutation = self._modules, self._references, mutation
+        return other
+
+    def _plant(self, stage: str, path: Path, precision: str | None = None) -> Path:
+        """``path`` with the store's defect planted, if it acts at ``stage`` (and on ``precision``)."""
+        mutation = self.mutation
+        if mutation is None or mutation.stage != stage or (precision and precision not in mutation.precisions):
+            return path
+        import onnx
+
+        source = path.read_bytes()
+        key = content_hash("mutant", source, mutation.key(), source_fingerprint("harness.judge.mutations"))
+        return self.cache.get_or_create("mutant", key, ".onnx",
+                                        lambda: mutation.graph(onnx.load_from_string(source)).SerializeToString(),
+                                        {"mutation": mutation.name})
 
     def module(self, model: str) -> Any:
         """The torch module, built under the spec's seed so every build has the same weights."""
@@ -73,8 +100,8 @@ class ArtifactStore:
             spec = self.models.get(model)
             if spec.onnx_path is not None:
                 load_onnx(spec.onnx_path)
-                return spec.onnx_path
-            return export_onnx(spec, self.module(model), self.cache)
+                return self._plant("fp32", spec.onnx_path)
+            return self._plant("fp32", export_onnx(spec, self.module(model), self.cache))
 
         return self._fp32.get(model, make)
 
@@ -98,9 +125,10 @@ class ArtifactStore:
         """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges)."""
         source_bytes, graph, ranges = self._fp32_and_ranges(model, recipe)
         key = content_hash("precision", source_bytes, recipe.params(), ranges, source_fingerprint("harness.precision"))
-        return self.cache.get_or_create("precision", key, ".onnx",
+        path = self.cache.get_or_create("precision", key, ".onnx",
                                         lambda: recipe.apply(graph, ranges).SerializeToString(),
                                         {"model": model, **recipe.params()})
+        return self._plant("precision", path, recipe.name)
 
     def calibration_batches(self, model: str) -> list[Batch]:
         spec = self.models.get(model)
@@ -109,17 +137,25 @@ class ArtifactStore:
                 f"model {model!r} has no calibration set: give it one in the manifest "
                 "(calibration: module:callable) or set calibration: synthetic to calibrate on generated inputs")
         if spec.calibration == "synthetic":
-            return spec.sample_batches(CALIBRATION_BATCHES, CALIBRATION_SEED)
-        batches = spec.calibration()  # type: ignore[operator]
+            batches = spec.sample_batches(CALIBRATION_BATCHES, CALIBRATION_SEED)
+        else:
+            batches = spec.calibration()  # type: ignore[operator]
         if not batches:
             raise CalibrationError(f"model {model!r}: its calibration callable returned no batches")
+        if self.mutation is not None and self.mutation.stage == "calibration":
+            return self.mutation.batches(batches)
         return batches
 
     def eval_batches(self, model: str) -> list[Batch]:
+        """The labelled set if the model has one, else synthetic batches, enough of them for every
+        top-1 and accuracy bound of the model to be resolvable (one sample within each bound)."""
         spec = self.models.get(model)
         if spec.eval_data is not None:
             return spec.eval_data().inputs
-        return spec.sample_batches(EVAL_BATCHES, EVAL_SEED)
+        per_batch = spec.inputs[0].shape[0]
+        needed = self.tolerances.samples_to_resolve(model, spec.tolerances, labelled=False) \
+            if spec.task == "classification" else 1
+        return spec.sample_batches(max(EVAL_BATCHES, math.ceil(needed / per_batch)), EVAL_SEED)
 
     def reference(self, model: str) -> dict[str, np.ndarray]:
         """FP32 reference outputs: the torch module (on CUDA when present, TF32 off), or ONNX Runtime
@@ -130,6 +166,14 @@ class ArtifactStore:
                 return concat([runner.infer(batch) for batch in self.eval_batches(model)])
 
         return self._references.get(model, compute)
+
+    def semantics(self, model: str, precision: str) -> dict[str, np.ndarray]:
+        """The outputs of ``precision``'s graph evaluated as written (:mod:`harness.judge.semantics`)."""
+        def evaluate() -> dict[str, np.ndarray]:
+            path = self.precision_onnx(model, self.recipe(precision, "emulated"))
+            return evaluate_semantics(path, self.eval_batches(model))
+
+        return self._semantics.get((model, precision), evaluate)
 
     def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
         """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""

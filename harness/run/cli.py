@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
     run.add_argument("--report-dir", type=Path, default=Path("reports"))
     run.add_argument("--calibration", help="INT8/FP8 calibration: max (default), entropy, percentile, mse")
+    run.add_argument("--baseline", type=Path, help="also judge every case against this run record (gate rules)")
+    run.add_argument("--policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
     _common(run)
     sensitivity = commands.add_parser("sensitivity", help="per-layer quantization error, and FP32 fallback")
     sensitivity.add_argument("model")
@@ -62,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 rate to compare with")
     bench.add_argument("--out", type=Path, help="also write the figures as JSON here")
     _common(bench)
+    mutate = commands.add_parser("mutate", help="plant the defect catalogue into models; report what each check "
+                                                "catches and the false alarms of clean reruns")
+    mutate.add_argument("--models", type=_csv, help="comma-separated (default: every built-in not marked slow)")
+    mutate.add_argument("--catalogue", type=Path, help="defect catalogue (default: fixtures/mutations.yaml)")
+    mutate.add_argument("--reruns", type=int, default=10, help="clean reruns on a cold cache, for false alarms")
+    mutate.add_argument("--policy", type=Path, help="gate policy (default: fixtures/gate.yaml)")
+    mutate.add_argument("--min-power", type=float, default=0.95, help="exit 1 below this fraction caught")
+    mutate.add_argument("--out", type=Path, help="also write every planted defect and verdict as JSON here")
+    _common(mutate)
     _common(commands.add_parser("models", help="list registered models"))
     commands.add_parser("env", help="print GPU, packages and the precision support matrix")
     return parser
@@ -71,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
-                    "gate": _gate, "nightly": _nightly, "bench": _bench}
+                    "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -90,7 +101,8 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
     from harness.report.record import build_record, write_record
 
     started = time.time()
-    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration, timing=args.time)
+    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration, timing=args.time,
+                        baseline=getattr(args, "baseline", None), policy=getattr(args, "policy", None))
     cases = pipeline.cases(args.models, args.precisions, args.backends)
     results = []
     with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress:
@@ -145,18 +157,25 @@ def _nightly(args: argparse.Namespace) -> int:
 
 
 def format_table(cases: list[dict]) -> str:
-    """One line per case: the headline metrics of its first output, and task accuracy if any."""
+    """One line per case: the headline metrics of its first output, task accuracy if any, the
+    recipe's SNR on its graph's semantics and the runtime's fidelity (quantized cases), and the
+    95% interval of the accuracy drop or top-1 agreement."""
+    from harness.report.load import verdicts
+
     header = f"{'model':<18} {'precision':<9} {'backend':<12} {'cosine':>8} {'snr_db':>7} {'top1':>6} " \
-             f"{'acc':>6} {'Δacc':>6}  result"
+             f"{'acc':>6} {'Δacc':>6} {'recipe':>11} {'flips':>6}  {'95% interval':<22} result"
     lines = [header, "-" * len(header)]
     for case in cases:
         metrics = next(iter(case["metrics"].get("metrics", {}).values()), {})
-        task = case["metrics"].get("task", {})
+        task, verdict = case["metrics"].get("task", {}), verdicts(case)
+        recipe = f"{verdict['recipe']} {_fmt(verdict['recipe_snr_db'], '.1f', 5)}" if verdict["recipe"] else "-"
+        flips = f"{100 * verdict['flip_fraction']:.2g}%" if verdict["flip_fraction"] is not None else "-"
         cells = [_fmt(metrics.get("cosine"), ".5f", 8), _fmt(metrics.get("snr_db"), ".1f", 7),
                  _fmt(metrics.get("top1_agreement"), ".3f", 6), _fmt(task.get("accuracy"), ".3f", 6),
-                 _fmt(-task["accuracy_drop_points"] if task else None, "+.2f", 6)]
+                 _fmt(-task["accuracy_drop_points"] if task else None, "+.2f", 6), recipe.rjust(11), flips.rjust(6),
+                 (verdict["interval"] or "-").ljust(22)]
         outcome = case["status"] if case["status"] != "skipped" else f"skipped: {case['message']}"
-        lines.append(f"{case['model']:<18} {case['precision']:<9} {case['backend']:<12} {' '.join(cells)}  {outcome}")
+        lines.append(f"{case['model']:<18} {case['precision']:<9} {case['backend']:<12} {' '.join(cells)} {outcome}")
     return "\n".join(lines)
 
 
@@ -209,6 +228,35 @@ def _bench(args: argparse.Namespace) -> int:
     if args.out:
         atomic_write_bytes(args.out, json.dumps(figures, indent=1).encode())
     return 0
+
+
+def _mutate(args: argparse.Namespace) -> int:
+    from harness.judge.mutations import load_catalogue
+    from harness.run.mutate import MIN_ACCURACY_COST, MIN_SNR_COST_DB, run_campaign
+    from harness.run.pipeline import Pipeline
+
+    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    models = args.models or [n for n in pipeline.models.names() if not pipeline.models.get(n).slow]
+    campaign = run_campaign(pipeline, models, load_catalogue(args.catalogue), args.reruns, policy=args.policy,
+                            fresh_pipeline=lambda cache: Pipeline(cache, manifest=args.manifest))
+    print(f"runner class: {pipeline.caps.runner_class}; significant = costs ≥ {MIN_SNR_COST_DB:g} dB SNR or "
+          f"≥ {MIN_ACCURACY_COST:g} point of accuracy (on the graph's semantics)")
+    print(f"{'defect kind':<26} {'planted':>7} {'signif.':>7} {'tolerance':>9} {'baseline':>9} {'any':>6}   "
+          "(fraction of significant caught; of all planted in brackets)")
+    for row in campaign.table():
+        cells = [f"{_fmt(row[c], '.2f', 4)} ({row[c + '_all']:.2f})" for c in ("tolerance", "baseline", "any")]
+        print(f"{row['kind']:<26} {row['planted']:>7} {row['significant']:>7} {' '.join(cells)}")
+    power, alone = campaign.power(), campaign.power("tolerance")
+    print(f"\ncaught: {_fmt(power, '.3f', 5)} of significant defects by the tolerance table or the baseline "
+          f"rules; {_fmt(alone, '.3f', 5)} by the tolerance table alone")
+    print(f"false alarms: {len(campaign.false_alarms)} in {campaign.clean_reruns} clean rerun(s) of "
+          f"{len(models)} model(s)" + "".join(f"\n  {line}" for line in campaign.false_alarms))
+    for item in campaign.planted:
+        if item.significant and "any" not in item.caught_by:
+            print(f"missed: {item.defect} on {item.model}-{item.precision} (SNR cost {item.snr_cost_db:.1f} dB)")
+    if args.out:
+        atomic_write_bytes(args.out, json.dumps(campaign.to_dict(), indent=1, default=str).encode())
+    return 0 if (power is None or power >= args.min_power) and not campaign.false_alarms else 1
 
 
 def _models(args: argparse.Namespace) -> int:

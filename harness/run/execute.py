@@ -1,32 +1,47 @@
 """Running one case: load the backend's runner over the case's artifacts, run the evaluation set,
-judge the outputs against the FP32 reference, and turn every failure into data with a message
-that names the case."""
+judge the outputs, and turn every failure into data with a message that names the case.
+
+A quantized case gets two verdicts besides the runtime's own outputs against FP32:
+- *recipe accuracy*: the precision graph's semantics (:mod:`harness.judge.semantics`) against
+  FP32 under the tolerance table: what the recipe means, the same on every CPU;
+- *runtime fidelity*: the runtime's outputs against those semantics, under a bound derived
+  from the graph's quantization noise (:mod:`harness.judge.fidelity`).
+A failure says which one failed: "the recipe regressed" or "runtime diverges from the graph".
+"""
 from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
+import onnx
 
 from harness.backends import Backend
 from harness.errors import HarnessError, UnsupportedError
-from harness.judge.compare import Comparison, accuracy_check, compare, concat
-from harness.judge.diagnose import first_divergence
+from harness.judge.compare import Comparison, compare, concat, task_accuracy
+from harness.judge.diagnose import first_divergence, first_runtime_divergence
+from harness.judge.fidelity import Fidelity, judge_fidelity
+from harness.judge.semantics import EVALUATOR
 from harness.judge.tolerances import Tolerance, ToleranceTable
 from harness.models import ModelSpec
 from harness.perf.bench import time_call
+from harness.precision.graph import quantized_layers
 from harness.run.artifacts import ArtifactStore
 from harness.run.cases import Case, CaseResult, Status
 
+NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 8-bit products in 16-bit "
+                "intermediates, which saturate; TensorRT accumulates in INT32")
+
 
 class CaseExecutor:
-    """Runs cases over an :class:`ArtifactStore`; ``timing`` also measures each case's latency."""
+    """Runs cases over an :class:`ArtifactStore`; ``device`` names where runtimes run (for messages);
+    ``timing`` also measures each case's latency."""
 
     def __init__(self, store: ArtifactStore, tolerances: ToleranceTable, backend: Callable[[str], Backend],
-                 timing: bool = False):
-        self.store, self.tolerances, self.backend, self.timing = store, tolerances, backend, timing
+                 device: str, timing: bool = False):
+        self.store, self.tolerances, self.backend = store, tolerances, backend
+        self.device, self.timing = device, timing
 
     def run(self, case: Case) -> CaseResult:
         """Run one case; bad input becomes an ``error`` result whose message names the problem."""
@@ -60,40 +75,83 @@ class CaseExecutor:
             start = time.perf_counter()
             candidate = concat([runner.infer(batch) for batch in batches])
             timings["run_s"] = time.perf_counter() - start
-            built = runner.describe()
+            built, runtime = runner.describe(), runner.label()
             if self.timing:
-                batch = batches[0]
-                items = len(next(iter(batch.values())))
-                latency = time_call(lambda: runner.infer(batch), items=items).to_dict()
-        comparison = compare(reference, candidate, tolerance, spec.task == "classification")
-        metrics: dict[str, Any] = comparison.to_dict()
+                items = len(next(iter(batches[0].values())))
+                latency = time_call(lambda: runner.infer(batches[0]), items=items).to_dict()
+        runtime_cmp = self._judge(spec, reference, candidate, tolerance)
+        metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime}
         if built:
             metrics["engine"] = built
         if self.timing:
             metrics["latency"] = latency
-        if spec.eval_data is not None:
-            _task_accuracy(spec, reference, candidate, tolerance, comparison, metrics)
-        status: Status = "passed" if comparison.passed else "failed"
-        message = "" if comparison.passed else f"{case.id} vs FP32 reference:\n{comparison.explain()}"
-        if not comparison.passed and case.backend == "onnxruntime" and spec.build is not None:
-            divergence = first_divergence(store.fp32_onnx(case.model), artifacts.onnx_path(),
-                                          batches[0], tolerance.min_cosine or 0.999)
-            if divergence:
-                metrics["first_divergence"] = divergence
-                message += (f"\nfirst diverging layer: {divergence['node']} ({divergence['op']}) output "
-                            f"{divergence['tensor']!r}, cosine {divergence['cosine']:.6f} < {divergence['bound']:g}")
+        recipe_cmp = fidelity = None
+        if artifacts.recipe.quantized:
+            start = time.perf_counter()
+            semantics = store.semantics(case.model, case.precision)
+            timings["semantics_s"] = time.perf_counter() - start
+            recipe_cmp = self._judge(spec, reference, semantics, tolerance)
+            fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.device, tolerance.max_flip_fraction)
+            coverage = quantized_layers(onnx.load(str(store.precision_onnx(case.model, store.recipe(case.precision, "emulated")))))
+            metrics["recipe"] = {**recipe_cmp.to_dict(), "evaluator": EVALUATOR, "passed": recipe_cmp.passed,
+                                 "coverage": coverage}
+            metrics["fidelity"] = fidelity.to_dict()
+        passed = runtime_cmp.passed and (recipe_cmp is None or recipe_cmp.passed) and (fidelity is None or fidelity.passed)
+        status: Status = "passed" if passed else "failed"
+        message = "" if passed else self._explain(case, artifacts, runtime_cmp, recipe_cmp, fidelity, tolerance, metrics)
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
 
+    def _judge(self, spec: ModelSpec, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
+               tolerance: Tolerance) -> Comparison:
+        """Outputs against the FP32 reference, and task accuracy where the model has labels."""
+        comparison = compare(reference, outputs, tolerance, spec.task == "classification")
+        if spec.eval_data is not None:
+            labels = spec.eval_data().labels
+            output = spec.outputs[0]
+            comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
+                                                       outputs[output].argmax(-1) == labels, tolerance, comparison)
+        return comparison
 
-def _task_accuracy(spec: ModelSpec, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-                   tolerance: Tolerance, comparison: Comparison, metrics: dict[str, Any]) -> None:
-    labels = spec.eval_data().labels  # type: ignore[misc]
-    output = spec.outputs[0]
-    ref_acc = float(np.mean(reference[output].argmax(-1) == labels))
-    cand_acc = float(np.mean(candidate[output].argmax(-1) == labels))
-    metrics["task"] = {"reference_accuracy": ref_acc, "accuracy": cand_acc,
-                       "accuracy_drop_points": 100.0 * (ref_acc - cand_acc)}
-    check = accuracy_check(ref_acc, cand_acc, tolerance)
-    if check is not None:
-        comparison.checks.append(check)
-        metrics["checks"] = [*metrics["checks"], {**asdict(check), "passed": check.passed}]
+    def _explain(self, case: Case, artifacts: Any, runtime_cmp: Comparison, recipe_cmp: Comparison | None,
+                 fidelity: Fidelity | None, tolerance: Tolerance, metrics: dict[str, Any]) -> str:
+        """Which verdict failed, in words a person can act on, with where the divergence starts."""
+        store = self.store
+        first_batch = store.eval_batches(case.model)[0]
+        if recipe_cmp is not None and not recipe_cmp.passed:
+            lines = [f"{case.id}: the recipe regressed: its graph's semantics ({EVALUATOR}) vs FP32 reference:",
+                     recipe_cmp.explain()]
+            divergence = self._semantic_divergence(case, artifacts, first_batch, tolerance)
+        elif fidelity is not None and not fidelity.passed:
+            lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
+                     "(judged on the graph's semantics): this is the runtime, not the recipe"]
+            if "integer kernels" in fidelity.runtime and "VNNI" in self.device:
+                lines.append(f"note: {NO_VNNI_HINT}")
+            divergence = None
+            if case.backend == "onnxruntime":
+                divergence = first_runtime_divergence(artifacts.onnx_path(), first_batch, fidelity.outputs[0].bound)
+                if divergence:
+                    metrics["first_runtime_divergence"] = divergence
+                    lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
+                                 f"output {divergence['tensor']!r} differs from the graph's by ≥ 2 steps on "
+                                 f"{100 * divergence['fraction']:.3g}% of elements (at most {divergence['max_steps']})")
+            return "\n".join(lines)
+        else:
+            lines = [f"{case.id} vs FP32 reference:", runtime_cmp.explain()]
+            if recipe_cmp is not None:
+                lines.append("(the recipe and the runtime's fidelity each pass their bounds; together they exceed "
+                             "the tolerance)")
+            divergence = self._semantic_divergence(case, artifacts, first_batch, tolerance)
+        if divergence:
+            metrics["first_divergence"] = divergence
+            lines.append(f"first diverging layer: {divergence['node']} ({divergence['op']}) output "
+                         f"{divergence['tensor']!r}, {divergence['summary']}")
+        return "\n".join(lines)
+
+    def _semantic_divergence(self, case: Case, artifacts: Any, batch: Any, tolerance: Tolerance) -> dict | None:
+        """The first layer of the precision graph, evaluated as written, that leaves the FP32 graph."""
+        if self.store.models.get(case.model).build is None:
+            return None
+        if case.backend != "onnxruntime" and not artifacts.recipe.quantized:
+            return None  # a backend's own float kernels are not what the emulated graph describes
+        emulated = self.store.precision_onnx(case.model, self.store.recipe(case.precision, "emulated"))
+        return first_divergence(self.store.fp32_onnx(case.model), emulated, batch, tolerance.min_cosine or 0.999)

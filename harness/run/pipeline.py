@@ -6,17 +6,22 @@ The CLI and the pytest plugin both enumerate with :meth:`Pipeline.cases` and run
 """
 from __future__ import annotations
 
+import copy
 import functools
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from harness.backends import Backend, backend_registry
 from harness.cache import Cache
 from harness.capabilities import Capabilities, detect
+from harness.judge.mutations import Mutation
 from harness.judge.tolerances import ToleranceTable
 from harness.models import ModelSpec, model_registry
 from harness.precision.calibrators import Calibrator
 from harness.registry import Registry
+from harness.report.gate import judge_case, load_policy, rules_for, runner_class, runner_class_note
+from harness.report.load import load_record
 from harness.run.artifacts import ArtifactStore
 from harness.run.cases import Case, CaseResult, enumerate_cases
 from harness.run.execute import CaseExecutor
@@ -25,16 +30,31 @@ __all__ = ["Case", "CaseResult", "Pipeline"]
 
 
 class Pipeline:
+    """``baseline`` (a run record) makes every case also answer to the gate's rules against the
+    same case in that record (``policy``: the gate policy file), so a pre-merge run catches what
+    the release gate would."""
+
     def __init__(self, cache_dir: Path, tolerances: Path | None = None, manifest: Path | None = None,
-                 capabilities: Capabilities | None = None, calibration: str | None = None, timing: bool = False):
+                 capabilities: Capabilities | None = None, calibration: str | None = None, timing: bool = False,
+                 baseline: Path | None = None, policy: Path | None = None):
         self.cache = Cache(cache_dir)
         self.tolerances = ToleranceTable.load(tolerances)
         self.models: Registry[ModelSpec] = model_registry(manifest)
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
-        self.store = ArtifactStore(self.cache, self.models, self.backend,
+        self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
                                    Calibrator(calibration) if calibration else None)
-        self.executor = CaseExecutor(self.store, self.tolerances, self.backend, timing)
+        self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps.device, timing)
+        self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
+            if baseline is not None else None
+
+    def mutated(self, mutation: Mutation) -> "Pipeline":
+        """This pipeline with a planted defect in its artifacts (everything else shared)."""
+        other = copy.copy(self)
+        other.store = self.store.mutated(mutation)
+        other.executor = CaseExecutor(other.store, self.tolerances, self.backend, self.caps.device,
+                                      self.executor.timing)
+        return other
 
     def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
               backends: list[str] | None = None) -> list[Case]:
@@ -64,4 +84,32 @@ class Pipeline:
         before = Counter(self.cache.stats)
         result = self.executor.run(case)
         result.cache = dict(Counter(self.cache.stats) - before)  # this case's cache hits and misses
+        if self.baseline is not None:
+            self.baseline.judge(result)
         return result
+
+
+class BaselineJudge:
+    """One case against the same case of a baseline run, under the release gate's rules."""
+
+    def __init__(self, record: dict[str, Any], path: Path, policy: dict[str, Any], current_class: str):
+        self.cases = {case["id"]: case for case in record["cases"]}
+        self.path, self.policy = path, policy
+        self.note = runner_class_note(runner_class(record), current_class)
+
+    def judge(self, result: CaseResult) -> None:
+        """Fail ``result`` (keeping its own verdicts' message) on a regression against the baseline."""
+        old = self.cases.get(result.case.id)
+        if old is None or result.status not in ("passed", "failed"):
+            result.metrics["baseline"] = {"path": str(self.path), "found": old is not None}
+            return
+        regressions, improvements = judge_case(result.case.id, old, result.to_dict(),
+                                               rules_for(self.policy, result.case.precision), self.note is None)
+        result.metrics["baseline"] = {"path": str(self.path), "found": True, "regressions": regressions,
+                                      "improvements": improvements, "note": self.note}
+        if regressions:
+            result.status = "failed"
+            lines = [f"{result.case.id}: regressed against baseline {self.path}:", *regressions]
+            if self.note:
+                lines.append(f"({self.note})")
+            result.message = "\n".join(filter(None, [result.message, *lines]))

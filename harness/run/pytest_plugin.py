@@ -53,6 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--cache-dir", type=Path, default=Path(".harness_cache"),
                     help="artifact cache shared by runs and xdist workers (default: .harness_cache/)")
     group.addoption("--calibration", help="calibration method for INT8/FP8: max (default), entropy, percentile, mse")
+    group.addoption("--baseline", type=Path, help="run record to judge every case against under the gate's rules "
+                                                  "(default: the ini option harness_baseline, if set)")
+    group.addoption("--gate-policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
+    parser.addini("harness_baseline", "default run record for --baseline", default="")
 
 
 def pin_worker_gpu(worker: str | None, gpu_count: int) -> str | None:
@@ -100,9 +104,12 @@ def pipeline(config: pytest.Config) -> Any:
     if _pipeline_key not in config.stash:
         from harness.run.pipeline import Pipeline
 
+        baseline = config.getoption("baseline") or (Path(config.getini("harness_baseline"))
+                                                    if config.getini("harness_baseline") else None)
         config.stash[_pipeline_key] = Pipeline(
             cache_dir=config.getoption("cache_dir"), tolerances=config.getoption("tolerances"),
-            manifest=config.getoption("manifest"), calibration=config.getoption("calibration"))
+            manifest=config.getoption("manifest"), calibration=config.getoption("calibration"),
+            baseline=baseline, policy=config.getoption("gate_policy"))
     return config.stash[_pipeline_key]
 
 

@@ -1,0 +1,149 @@
+"""Recipe accuracy apart from runtime fidelity, the runner class, baselines, and bounds the
+evaluation sets can resolve."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.judge.fidelity import judge_fidelity
+from harness.judge.mutations import Mutation
+from harness.models import BUILTIN
+from harness.precision import get_recipe
+from harness.report.gate import gate, load_policy
+from harness.run.cases import Case
+from harness.run.pipeline import Pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.int8
+@pytest.mark.onnxruntime
+def test_a_quantized_case_has_a_recipe_verdict_and_a_fidelity_verdict(harness_pipeline):
+    result = harness_pipeline.run(Case("digits-cnn", "int8", "onnxruntime"))
+    metrics = result.metrics
+    assert result.status == "passed", result.message
+    assert metrics["recipe"]["passed"] and "Q/DQ as written" in metrics["recipe"]["evaluator"]
+    fidelity = metrics["fidelity"]
+    assert fidelity["passed"] and "onnxruntime" in fidelity["runtime"] and fidelity["device"]
+    assert 0 <= fidelity["outputs"][0]["flip_fraction"] <= fidelity["outputs"][0]["bound"]
+    assert metrics["recipe"]["coverage"] == {"layers": 4, "quantized": 4}
+    drop = metrics["task"]["intervals"]["accuracy_drop_points"]
+    assert drop["low"] <= metrics["task"]["accuracy_drop_points"] <= drop["high"]
+    assert "cosine" in metrics["metrics"]["logits"]["intervals"]
+
+
+def test_the_record_names_the_cpu_its_instruction_sets_and_the_runner_class(harness_pipeline):
+    env = harness_pipeline.caps.to_dict()
+    assert env["cpu"]["logical_cpus"] >= 1 and env["cpu"]["isa_class"] in env["runner_class"]
+    assert ("avx2" in env["cpu"]["isa"]) == ("avx2" in open("/proc/cpuinfo").read())
+
+
+@pytest.mark.int8
+def test_a_defect_in_the_graph_is_blamed_on_the_recipe(harness_pipeline):
+    mutant = harness_pipeline.mutated(Mutation("clipped_range", "first", {"factor": 0.05}))
+    result = mutant.run(Case("cnn", "int8", "onnxruntime"))
+    assert result.status == "failed" and "the recipe regressed" in result.message
+    assert not result.metrics["recipe"]["passed"] and result.metrics["fidelity"]["passed"]
+    assert "first diverging layer" in result.message
+
+
+AVX2_CHILD = """
+import sys, numpy as np, onnxruntime as ort
+path, feeds, out, precision = sys.argv[1:5]
+options = ort.SessionOptions()
+options.add_session_config_entry("session.x64quantprecision", precision)
+session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+data = np.load(feeds)
+runs = [session.run(None, {session.get_inputs()[0].name: data[k]}) for k in sorted(data.files)]
+np.save(out, np.concatenate([r[0] for r in runs]))
+"""
+
+
+@pytest.mark.int8
+@pytest.mark.skipif(shutil.which("qemu-x86_64") is None,
+                    reason="emulating an AVX2-only CPU needs qemu-user (apt-get install qemu-user; .ci/run does)")
+def test_integer_kernels_of_an_avx2_only_cpu_fail_fidelity_and_the_recipe_does_not(harness_pipeline, tmp_path):
+    """Real ONNX Runtime on an emulated Haswell (AVX2, no VNNI): its default U8S8 kernels saturate
+    and leave the graph; the harness's setting (U8U8) does not; the recipe verdict is the same."""
+    store = harness_pipeline.store
+    model = "transformer-block"
+    path = store.precision_onnx(model, get_recipe("int8"))
+    np.savez(tmp_path / "feeds.npz", **{f"{i:03d}": b["tokens"] for i, b in enumerate(store.eval_batches(model))})
+    reference, semantics = store.reference(model), store.semantics(model, "int8")
+    verdicts = {}
+    for precision in ("0", "1"):
+        out = tmp_path / f"out{precision}.npy"
+        subprocess.run(["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-c", AVX2_CHILD, str(path),
+                        str(tmp_path / "feeds.npz"), str(out), precision], check=True, capture_output=True, timeout=900)
+        verdicts[precision] = judge_fidelity(reference, semantics, {"hidden": np.load(out)},
+                                             f"onnxruntime x64quantprecision={precision}", "QEMU Haswell (avx2, no VNNI)")
+    assert not verdicts["0"].passed and "runtime diverges from the graph" in verdicts["0"].explain()
+    assert verdicts["1"].passed
+    recipe = harness_pipeline.run(Case(model, "int8", "onnxruntime")).metrics["recipe"]
+    assert recipe["passed"]
+
+
+def _record(pipeline: Pipeline, cases: list[Case], path: Path, runner_class: str | None = None) -> Path:
+    from harness.report.record import build_record
+
+    record = build_record([pipeline.run(c).to_dict() for c in cases], pipeline.caps, 0.0)
+    if runner_class:
+        record["environment"]["runner_class"] = runner_class
+    path.write_text(json.dumps(record, default=str))
+    return path
+
+
+@pytest.mark.int8
+def test_pytest_baseline_catches_what_the_tolerance_table_lets_through(harness_pipeline, tmp_path):
+    """A DQ scale 1.25× its Q's costs digits-cnn ~28 dB of SNR yet passes every absolute bound;
+    against a baseline record it fails, in the case itself."""
+    case = Case("digits-cnn", "int8", "onnxruntime")
+    baseline = _record(harness_pipeline, [case], tmp_path / "base.json")
+    defect = Mutation("qdq_mismatch", "middle", {"factor": 1.25})
+    assert harness_pipeline.mutated(defect).run(case).status == "passed"  # the table alone misses it
+    judged = Pipeline(harness_pipeline.cache.root, baseline=baseline).mutated(defect)
+    result = judged.run(case)
+    assert result.status == "failed" and "regressed against baseline" in result.message
+    assert any("recipe SNR" in line for line in result.metrics["baseline"]["regressions"])
+
+
+@pytest.mark.int8
+def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(harness_pipeline, tmp_path):
+    case = Case("cnn", "int8", "onnxruntime")
+    record = json.loads(_record(harness_pipeline, [case], tmp_path / "base.json").read_text())
+    record["cases"][0]["metrics"]["recipe"]["metrics"]["logits"]["snr_db"] += 10  # the baseline was better
+    (tmp_path / "base.json").write_text(json.dumps(record))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_accuracy.py",
+                          "--models", "cnn", "--precisions", "int8", "--backends", "onnxruntime",
+                          "--baseline", str(tmp_path / "base.json"), "--report-dir", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "regressed against baseline" in run.stdout and "recipe SNR" in run.stdout
+
+
+@pytest.mark.int8
+def test_gate_compares_runtimes_only_within_a_runner_class(harness_pipeline, tmp_path):
+    case = Case("cnn", "int8", "onnxruntime")
+    base = json.loads(_record(harness_pipeline, [case], tmp_path / "a.json", "x86_64 avx2; no GPU").read_text())
+    current = json.loads(json.dumps(base))
+    current["environment"]["runner_class"] = "x86_64 avx512_vnni; no GPU"
+    current["cases"][0]["metrics"]["metrics"]["logits"]["snr_db"] -= 10  # the runtime differs on another CPU
+    result = gate(base, current, load_policy(None))
+    assert result.exit_code == 0 and "not compared across runner classes" in result.notes[0]
+    current["cases"][0]["metrics"]["recipe"]["metrics"]["logits"]["snr_db"] -= 10  # the recipe itself got worse
+    assert gate(base, current, load_policy(None)).exit_code == 1
+
+
+@pytest.mark.parametrize("spec", BUILTIN, ids=lambda s: s.name)
+def test_builtin_evaluation_sets_resolve_every_bound(spec, harness_pipeline):
+    """No bound of the tolerance table is finer than the built-ins' evaluation sets can resolve."""
+    batches = harness_pipeline.store.eval_batches(spec.name)
+    samples = sum(len(next(iter(b.values()))) for b in batches)
+    labelled = spec.eval_data is not None
+    if spec.task != "classification" and not labelled:
+        return
+    assert samples >= harness_pipeline.tolerances.samples_to_resolve(spec.name, spec.tolerances, labelled)
