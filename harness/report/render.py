@@ -47,7 +47,7 @@ def markdown(record: dict[str, Any]) -> str:
         m, task = primary_metrics(case), case.get("metrics", {}).get("task", {})
         verdict = verdicts(case)
         cells = [_num(m.get("cosine"), ".5f"), _num(m.get("snr_db"), ".1f"),
-                 _num(-task["accuracy_drop_points"] if task else None, "+.2f"), verdict["interval"] or "–",
+                 _num(0.0 - task["accuracy_drop_points"] if task else None, "+.2f"), verdict["interval"] or "–",
                  f"{verdict['recipe']} ({_num(verdict['recipe_snr_db'], '.1f')})" if verdict["recipe"] else "–",
                  f"{verdict['fidelity']} ({100 * verdict['flip_fraction']:.2g}%)" if verdict["fidelity"] else "–",
                  _num(speedups.get(case["id"]), ".2f", "×")]

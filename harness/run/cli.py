@@ -172,7 +172,7 @@ def format_table(cases: list[dict]) -> str:
         flips = f"{100 * verdict['flip_fraction']:.2g}%" if verdict["flip_fraction"] is not None else "-"
         cells = [_fmt(metrics.get("cosine"), ".5f", 8), _fmt(metrics.get("snr_db"), ".1f", 7),
                  _fmt(metrics.get("top1_agreement"), ".3f", 6), _fmt(task.get("accuracy"), ".3f", 6),
-                 _fmt(-task["accuracy_drop_points"] if task else None, "+.2f", 6), recipe.rjust(11), flips.rjust(6),
+                 _fmt(0.0 - task["accuracy_drop_points"] if task else None, "+.2f", 6), recipe.rjust(11), flips.rjust(6),
                  (verdict["interval"] or "-").ljust(22)]
         outcome = case["status"] if case["status"] != "skipped" else f"skipped: {case['message']}"
         lines.append(f"{case['model']:<18} {case['precision']:<9} {case['backend']:<12} {' '.join(cells)} {outcome}")
