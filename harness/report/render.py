@@ -205,8 +205,15 @@ def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
     def draw(ax: Any) -> bool:
         if not cases:
             return False
-        deltas = [-c["metrics"]["task"]["accuracy_drop_points"] for c in cases]
+        deltas = [0.0 - c["metrics"]["task"]["accuracy_drop_points"] for c in cases]
         ax.bar(range(len(cases)), deltas, color=["#c0392b" if d < 0 else "#27ae60" for d in deltas])
+        spans = [c["metrics"]["task"].get("intervals", {}).get("accuracy_drop_points") for c in cases]
+        if all(spans):  # 95% interval of the change: −high … −low of the drop's
+            errors = [[max(0.0, d - (-s["high"])) for d, s in zip(deltas, spans)],
+                      [max(0.0, -s["low"] - d) for d, s in zip(deltas, spans)]]
+            ax.errorbar(range(len(cases)), deltas, yerr=errors, fmt="none", ecolor="black", capsize=3,
+                        label="95% interval")
+            ax.legend(fontsize=7)
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(cases)), [c["id"] for c in cases], rotation=45, ha="right", fontsize=7)
         ax.set_ylabel("accuracy change (points)")
