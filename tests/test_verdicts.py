@@ -83,6 +83,14 @@ def test_integer_kernels_of_an_avx2_only_cpu_fail_fidelity_and_the_recipe_does_n
                                              f"onnxruntime x64quantprecision={precision}", "QEMU Haswell (avx2, no VNNI)")
     assert not verdicts["0"].passed and "runtime diverges from the graph" in verdicts["0"].explain()
     assert verdicts["1"].passed
+    np.savez(tmp_path / "batch.npz", **store.eval_batches(model)[0])
+    locate = ("import json, sys, numpy as np; from harness.judge.diagnose import first_runtime_divergence as find; "
+              "print(json.dumps(find(sys.argv[1], dict(np.load(sys.argv[2])), 1 / 12)))")
+    found = subprocess.run(["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-c", locate, str(path),
+                            str(tmp_path / "batch.npz")], cwd=REPO, check=True, capture_output=True, text=True,
+                           timeout=900)
+    divergence = json.loads(found.stdout.strip().splitlines()[-1])
+    assert divergence is not None and divergence["node"].startswith("/attn/") and divergence["max_steps"] >= 2
     recipe = harness_pipeline.run(Case(model, "int8", "onnxruntime")).metrics["recipe"]
     assert recipe["passed"]
 

@@ -98,7 +98,8 @@ class CaseExecutor:
             metrics["fidelity"] = fidelity.to_dict()
         passed = runtime_cmp.passed and (recipe_cmp is None or recipe_cmp.passed) and (fidelity is None or fidelity.passed)
         status: Status = "passed" if passed else "failed"
-        message = "" if passed else self._explain(case, artifacts, runtime_cmp, recipe_cmp, fidelity, tolerance, metrics)
+        message = "" if passed else self._explain(case, artifacts, runner, runtime_cmp, recipe_cmp, fidelity,
+                                                  tolerance, metrics)
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
 
     def _judge(self, spec: ModelSpec, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
@@ -112,7 +113,7 @@ class CaseExecutor:
                                                        outputs[output].argmax(-1) == labels, tolerance, comparison)
         return comparison
 
-    def _explain(self, case: Case, artifacts: Any, runtime_cmp: Comparison, recipe_cmp: Comparison | None,
+    def _explain(self, case: Case, artifacts: Any, runner: Any, runtime_cmp: Comparison, recipe_cmp: Comparison | None,
                  fidelity: Fidelity | None, tolerance: Tolerance, metrics: dict[str, Any]) -> str:
         """Which verdict failed, in words a person can act on, with where the divergence starts."""
         store = self.store
@@ -124,11 +125,12 @@ class CaseExecutor:
         elif fidelity is not None and not fidelity.passed:
             lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
                      "(judged on the graph's semantics): this is the runtime, not the recipe"]
-            if "integer kernels" in fidelity.runtime and "VNNI" in self.device:
+            if "integer kernels" in fidelity.runtime and "no VNNI" in self.device:
                 lines.append(f"note: {NO_VNNI_HINT}")
             divergence = None
             if case.backend == "onnxruntime":
-                divergence = first_runtime_divergence(artifacts.onnx_path(), first_batch, fidelity.outputs[0].bound)
+                divergence = first_runtime_divergence(artifacts.onnx_path(), first_batch, fidelity.outputs[0].bound,
+                                                      getattr(runner, "config", None))
                 if divergence:
                     metrics["first_runtime_divergence"] = divergence
                     lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
