@@ -58,20 +58,39 @@ class CPU:
 
 
 def detect_cpu() -> CPU:
-    """Model and instruction sets from /proc/cpuinfo (Linux), else the platform's name only."""
-    model, flags = platform.processor() or platform.machine(), set()
+    """Model name from /proc/cpuinfo; instruction sets as this process can execute them (NumPy's own
+    CPUID probe, right under emulators and containers whose /proc/cpuinfo shows the host), with
+    /proc/cpuinfo for the flags NumPy does not probe (AMX, AVX-VNNI)."""
+    model, listed = platform.processor() or platform.machine(), set()
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
             key, _, value = line.partition(":")
             if key.strip() == "model name" and value.strip():
                 model = value.strip()
             elif key.strip() == "flags":
-                flags = set(value.split())
+                listed = set(value.split())
                 break
     except OSError:
         pass
+    probed = _numpy_cpu_features()
+    flags = {flag for flag in ISA_FLAGS if probed.get(_NUMPY_NAMES.get(flag, ""), flag in listed)}
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return CPU(model, tuple(f for f in ISA_FLAGS if f in flags), os.cpu_count() or 1, usable)
+
+
+_NUMPY_NAMES = {"avx2": "AVX2", "avx512f": "AVX512F", "avx512_vnni": "AVX512VNNI", "avx512_bf16": "AVX512BF16",
+                "avx512_fp16": "AVX512FP16", "f16c": "F16C", "fma": "FMA3"}
+
+
+def _numpy_cpu_features() -> dict[str, bool]:
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__  # NumPy ≥ 2
+    except ImportError:
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__  # type: ignore[no-redef]
+        except ImportError:
+            return {}
+    return dict(__cpu_features__)
 
 
 @dataclass(frozen=True)

@@ -88,19 +88,28 @@ class CaseExecutor:
         recipe_cmp = fidelity = None
         if artifacts.recipe.quantized:
             start = time.perf_counter()
-            semantics = store.semantics(case.model, case.precision)
+            recipe_cmp, fidelity = self._recipe_and_fidelity(case, spec, reference, candidate, runtime, tolerance,
+                                                             metrics)
             timings["semantics_s"] = time.perf_counter() - start
-            recipe_cmp = self._judge(spec, reference, semantics, tolerance)
-            fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.device, tolerance.max_flip_fraction)
-            coverage = quantized_layers(onnx.load(str(store.precision_onnx(case.model, store.recipe(case.precision, "emulated")))))
-            metrics["recipe"] = {**recipe_cmp.to_dict(), "evaluator": EVALUATOR, "passed": recipe_cmp.passed,
-                                 "coverage": coverage}
-            metrics["fidelity"] = fidelity.to_dict()
         passed = runtime_cmp.passed and (recipe_cmp is None or recipe_cmp.passed) and (fidelity is None or fidelity.passed)
         status: Status = "passed" if passed else "failed"
         message = "" if passed else self._explain(case, artifacts, runner, runtime_cmp, recipe_cmp, fidelity,
                                                   tolerance, metrics)
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
+
+    def _recipe_and_fidelity(self, case: Case, spec: ModelSpec, reference: dict[str, np.ndarray],
+                             candidate: dict[str, np.ndarray], runtime: str, tolerance: Tolerance,
+                             metrics: dict[str, Any]) -> tuple[Comparison, Fidelity]:
+        """The recipe judged on its graph's semantics, and the runtime judged against them."""
+        store = self.store
+        semantics = store.semantics(case.model, case.precision)
+        recipe = self._judge(spec, reference, semantics, tolerance)
+        fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.device, tolerance.max_flip_fraction)
+        graph = onnx.load(str(store.precision_onnx(case.model, store.recipe(case.precision, "emulated"))))
+        metrics["recipe"] = {**recipe.to_dict(), "evaluator": EVALUATOR, "passed": recipe.passed,
+                             "coverage": quantized_layers(graph)}
+        metrics["fidelity"] = fidelity.to_dict()
+        return recipe, fidelity
 
     def _judge(self, spec: ModelSpec, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
                tolerance: Tolerance) -> Comparison:
@@ -123,20 +132,7 @@ class CaseExecutor:
                      recipe_cmp.explain()]
             divergence = self._semantic_divergence(case, artifacts, first_batch, tolerance)
         elif fidelity is not None and not fidelity.passed:
-            lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
-                     "(judged on the graph's semantics): this is the runtime, not the recipe"]
-            if "integer kernels" in fidelity.runtime and "no VNNI" in self.device:
-                lines.append(f"note: {NO_VNNI_HINT}")
-            divergence = None
-            if case.backend == "onnxruntime":
-                divergence = first_runtime_divergence(artifacts.onnx_path(), first_batch, fidelity.outputs[0].bound,
-                                                      getattr(runner, "config", None))
-                if divergence:
-                    metrics["first_runtime_divergence"] = divergence
-                    lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
-                                 f"output {divergence['tensor']!r} differs from the graph's by ≥ 2 steps on "
-                                 f"{100 * divergence['fraction']:.3g}% of elements (at most {divergence['max_steps']})")
-            return "\n".join(lines)
+            return self._blame_runtime(case, artifacts, runner, fidelity, first_batch, metrics)
         else:
             lines = [f"{case.id} vs FP32 reference:", runtime_cmp.explain()]
             if recipe_cmp is not None:
@@ -147,6 +143,23 @@ class CaseExecutor:
             metrics["first_divergence"] = divergence
             lines.append(f"first diverging layer: {divergence['node']} ({divergence['op']}) output "
                          f"{divergence['tensor']!r}, {divergence['summary']}")
+        return "\n".join(lines)
+
+    def _blame_runtime(self, case: Case, artifacts: Any, runner: Any, fidelity: Fidelity, batch: Any,
+                       metrics: dict[str, Any]) -> str:
+        """A runtime that left the graph: which, where it ran, and (ONNX Runtime) where it starts."""
+        lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
+                 "(judged on the graph's semantics): this is the runtime, not the recipe"]
+        if "integer kernels" in fidelity.runtime and "no VNNI" in self.device:
+            lines.append(f"note: {NO_VNNI_HINT}")
+        if case.backend == "onnxruntime":
+            divergence = first_runtime_divergence(artifacts.onnx_path(), batch, fidelity.outputs[0].bound,
+                                                  getattr(runner, "config", None))
+            if divergence:
+                metrics["first_runtime_divergence"] = divergence
+                lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
+                             f"output {divergence['tensor']!r} differs from the graph's by ≥ 2 steps on "
+                             f"{100 * divergence['fraction']:.3g}% of elements (at most {divergence['max_steps']})")
         return "\n".join(lines)
 
     def _semantic_divergence(self, case: Case, artifacts: Any, batch: Any, tolerance: Tolerance) -> dict | None:
