@@ -35,3 +35,39 @@ def test_duplicate_model_name_is_refused(tmp_path):
                         "    inputs: [{name: input, shape: [1, 3, 8, 8]}]\n    outputs: [y]\n")
     with pytest.raises(HarnessError, match="model .cnn. is registered twice"):
         Pipeline(tmp_path / "cache", manifest=manifest)
+
+
+def _user_quantized_manifest(harness_pipeline, tmp_path, ort_quantize_static, **options) -> Pipeline:
+    """An ONNX-only model whose INT8 graph the user made with ONNX Runtime's own quantizer."""
+    import shutil
+
+    store = harness_pipeline.store
+    shutil.copy(store.fp32_onnx("cnn"), tmp_path / "net.onnx")
+    ort_quantize_static(tmp_path / "net.onnx", tmp_path / "net-int8.onnx", store.calibration_batches("cnn"),
+                        per_channel=True, **options)
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: user-quantized\n    onnx: net.onnx\n    quantized: {int8: net-int8.onnx}\n"
+        "    inputs: [{name: input, shape: [4, 3, 32, 32]}]\n    outputs: [logits]\n    task: classification\n")
+    return Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+
+
+@pytest.mark.int8
+def test_a_users_own_quantized_onnx_is_judged_like_a_recipe(harness_pipeline, tmp_path, ort_quantize_static):
+    pipeline = _user_quantized_manifest(harness_pipeline, tmp_path, ort_quantize_static)
+    result = pipeline.run(Case("user-quantized", "int8", "onnxruntime"))
+    assert result.status == "passed", result.message
+    recipe = result.metrics["recipe"]
+    assert recipe["user_graph"].endswith("net-int8.onnx") and recipe["passed"]
+    assert recipe["coverage"]["quantized"] == recipe["coverage"]["layers"] == 3
+    assert result.metrics["fidelity"]["passed"]
+    ours = harness_pipeline.run(Case("cnn", "int8", "onnxruntime")).metrics["recipe"]["metrics"]["logits"]["snr_db"]
+    theirs = recipe["metrics"]["logits"]["snr_db"]
+    assert abs(ours - theirs) < 20  # both real INT8 graphs of one network: the same order of error
+
+
+@pytest.mark.int8
+def test_a_corrupt_user_quantized_onnx_is_named(harness_pipeline, tmp_path, ort_quantize_static):
+    pipeline = _user_quantized_manifest(harness_pipeline, tmp_path, ort_quantize_static)
+    (tmp_path / "net-int8.onnx").write_bytes(b"not a model")
+    result = pipeline.run(Case("user-quantized", "int8", "onnxruntime"))
+    assert result.status == "error" and "net-int8.onnx" in result.message

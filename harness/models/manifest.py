@@ -17,7 +17,7 @@ from harness.models.spec import InputSpec, ModelSpec
 from harness.registry import import_object
 
 ENTRY_POINT_GROUP = "quant_harness.models"
-_FIELDS = {"name", "build", "onnx", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow",
+_FIELDS = {"name", "build", "onnx", "quantized", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow",
            "unsupported_ops"}
 
 
@@ -46,6 +46,7 @@ def _entry(entry: dict[str, Any], path: Path, root: Path) -> ModelSpec:
             outputs=list(entry["outputs"]),
             build=import_object(entry["build"]) if "build" in entry else None,  # type: ignore[arg-type]
             onnx_path=root / entry["onnx"] if "onnx" in entry else None,
+            quantized={precision: root / path for precision, path in (entry.get("quantized") or {}).items()},
             task=entry.get("task", "regression"),
             calibration=calibration if calibration in (None, "synthetic") else import_object(calibration),
             eval_data=import_object(entry["eval"]) if "eval" in entry else None,  # type: ignore[arg-type]

@@ -46,6 +46,8 @@ class ModelSpec:
     """A model the harness can export, quantize, run and judge.
 
     Exactly one of ``build`` (a torch module factory) and ``onnx_path`` (a user ONNX file) is set.
+    ``quantized`` names, per precision, a graph the user quantized elsewhere (Model Optimizer, ONNX
+    Runtime, Brevitas…): it replaces the harness's recipe for that precision and is judged the same way.
     ``calibration`` must be given explicitly for quantized precisions: a callable returning
     batches, or ``"synthetic"`` to calibrate on inputs drawn from the input specs (an explicit
     choice, since INT8 without real data is only as good as that data).
@@ -61,6 +63,7 @@ class ModelSpec:
     eval_data: Callable[[], LabeledData] | None = None
     tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     unsupported_ops: Mapping[str, Sequence[str]] = field(default_factory=dict)  # backend → op types
+    quantized: Mapping[str, Path] = field(default_factory=dict)  # precision → the user's own quantized ONNX
     slow: bool = False
     seed: int = 0
 

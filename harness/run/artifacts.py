@@ -122,7 +122,12 @@ class ArtifactStore:
         return source_bytes, graph, ranges
 
     def precision_onnx(self, model: str, recipe: Recipe) -> Path:
-        """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges)."""
+        """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges), or the
+        user's own quantized graph where the model spec names one for this precision."""
+        user_graph = self.models.get(model).quantized.get(recipe.name)
+        if user_graph is not None:
+            load_onnx(user_graph)  # a missing or corrupt file is named
+            return self._plant("precision", user_graph, recipe.name)
         source_bytes, graph, ranges = self._fp32_and_ranges(model, recipe)
         key = content_hash("precision", source_bytes, recipe.params(), ranges, source_fingerprint("harness.precision"))
         path = self.cache.get_or_create("precision", key, ".onnx",

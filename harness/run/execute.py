@@ -108,6 +108,8 @@ class CaseExecutor:
         graph = onnx.load(str(store.precision_onnx(case.model, store.recipe(case.precision, "emulated"))))
         metrics["recipe"] = {**recipe.to_dict(), "evaluator": EVALUATOR, "passed": recipe.passed,
                              "coverage": quantized_layers(graph)}
+        if case.precision in spec.quantized:
+            metrics["recipe"]["user_graph"] = str(spec.quantized[case.precision])
         metrics["fidelity"] = fidelity.to_dict()
         return recipe, fidelity
 
