@@ -22,12 +22,14 @@ SCHEMA_VERSION = 1
 
 
 def build_record(cases: Iterable[dict[str, Any]], caps: Capabilities, started: float,
-                 cache_stats: dict[str, int] | None = None) -> dict[str, Any]:
+                 cache_stats: dict[str, int] | None = None, shard: dict[str, int] | None = None) -> dict[str, Any]:
     cases = list(cases)
     counts: dict[str, int] = {}
     for case in cases:
         counts[case["status"]] = counts.get(case["status"], 0) + 1
+    extra = {"shard": shard} if shard else {}
     return {
+        **extra,
         "schema_version": SCHEMA_VERSION,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": round(time.time() - started, 3),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
+from harness.errors import HarnessError
 from harness.precision import get_recipe
 
 Status = Literal["passed", "failed", "skipped", "error"]
@@ -55,6 +56,31 @@ def enumerate_cases(model_names: Iterable[str], backend_names: Iterable[str],
                 if precision in available:
                     out.append(Case(model, precision, backend))
     return out
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Part ``index`` of ``count`` of a run (1-based): every count-th case, so shards are balanced and
+    interleaving them in index order gives back the unsharded order (:mod:`harness.report.merge`)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise HarnessError(f"--shard {text!r}: expected i/n, e.g. 2/4") from None
+        if not 1 <= index <= count:
+            raise HarnessError(f"--shard {text!r}: i must be between 1 and n")
+        return cls(index, count)
+
+    def select(self, cases: list[Case]) -> list[Case]:
+        return cases[self.index - 1::self.count]
+
+    def to_dict(self) -> dict[str, int]:
+        return {"index": self.index, "count": self.count}
 
 
 def precision_rank(name: str) -> int:

@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
     run.add_argument("--report-dir", type=Path, default=Path("reports"))
     run.add_argument("--calibration", help="INT8/FP8 calibration: max (default), entropy, percentile, mse")
+    run.add_argument("--shard", help="run part i of n of the matrix (i/n); merge the records with 'merge'")
     run.add_argument("--baseline", type=Path, help="also judge every case against this run record (gate rules)")
     run.add_argument("--policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
     _common(run)
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--baseline", type=Path, required=True)
     gate.add_argument("--current", type=Path, required=True)
     gate.add_argument("--policy", type=Path, help="gate policy (default: fixtures/gate.yaml)")
+    merge = commands.add_parser("merge", help="combine shard records (run --shard i/n) into one run record")
+    merge.add_argument("shards", type=Path, nargs="+")
+    merge.add_argument("--out", type=Path, required=True)
     nightly = commands.add_parser("nightly", help="timed run of the full matrix + report, under reports/nightly/<time>/")
     nightly.add_argument("--root", type=Path, default=Path("reports/nightly"))
     _common(nightly)
@@ -82,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
-                    "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate}
+                    "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate,
+                    "merge": _merge}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -97,20 +102,25 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
     """The main job: every case, a table on stdout, a record on disk; (exit code, record path)."""
     from tqdm import tqdm
 
-    from harness.run.pipeline import Pipeline
     from harness.report.record import build_record, write_record
+    from harness.run.cases import Shard
+    from harness.run.pipeline import Pipeline
 
     started = time.time()
     pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration, timing=args.time,
                         baseline=getattr(args, "baseline", None), policy=getattr(args, "policy", None))
     cases = pipeline.cases(args.models, args.precisions, args.backends)
+    shard = Shard.parse(args.shard) if getattr(args, "shard", None) else None
+    if shard is not None:
+        cases = shard.select(cases)
     results = []
     with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress:
         for case in progress:
             progress.set_postfix_str(case.id)
             results.append(pipeline.run(case))
     print(format_table([r.to_dict() for r in results]))
-    record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats))
+    record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats),
+                          shard.to_dict() if shard else None)
     path = write_record(record, args.report_dir)
     summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
     print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}")
@@ -227,6 +237,17 @@ def _bench(args: argparse.Namespace) -> int:
     print("fp8 linear stack:", json.dumps(figures["fp8_linear"]))
     if args.out:
         atomic_write_bytes(args.out, json.dumps(figures, indent=1).encode())
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from harness.report.load import load_record
+    from harness.report.merge import merge_records
+
+    merged = merge_records([load_record(path) for path in args.shards], [str(p) for p in args.shards])
+    atomic_write_bytes(args.out, json.dumps(merged, indent=1, default=str).encode())
+    summary = ", ".join(f"{count} {status}" for status, count in sorted(merged["summary"].items()))
+    print(f"merged {len(args.shards)} shard(s): {len(merged['cases'])} cases ({summary}) → {args.out}")
     return 0
 
 

@@ -55,6 +55,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--calibration", help="calibration method for INT8/FP8: max (default), entropy, percentile, mse")
     group.addoption("--baseline", type=Path, help="run record to judge every case against under the gate's rules "
                                                   "(default: the ini option harness_baseline, if set)")
+    group.addoption("--shard", help="run part i of n of the accuracy matrix (i/n); 'python -m harness merge' "
+                                    "combines the records")
     group.addoption("--gate-policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
     parser.addini("harness_baseline", "default run record for --baseline", default="")
 
@@ -125,6 +127,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     pipe = pipeline(config)
     cases = pipe.cases(_csv(config.getoption("models")), _csv(config.getoption("precisions")),
                        _csv(config.getoption("backends")))
+    if config.getoption("shard"):
+        from harness.run.cases import Shard
+
+        cases = Shard.parse(config.getoption("shard")).select(cases)
     params = []
     for case in cases:
         marks = [getattr(pytest.mark, case.precision), getattr(pytest.mark, case.backend)]
@@ -177,7 +183,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from harness.capabilities import detect
     from harness.report.record import build_record, write_record
 
-    record = build_record(results, detect(), config.stash[_started_key])
+    shard = config.getoption("shard")
+    if shard:
+        from harness.run.cases import Shard
+
+        shard = Shard.parse(shard).to_dict()
+    record = build_record(results, detect(), config.stash[_started_key], shard=shard or None)
     path = write_record(record, config.getoption("report_dir"))
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
