@@ -100,3 +100,33 @@ def test_warm_up_continues_until_two_windows_agree():
     delays = iter([0.06, 0.04, 0.03, 0.02, 0.012, 0.008] + [0.005] * 100)
     calls = warm_up(lambda: time.sleep(next(delays)), window=3)
     assert calls >= 12  # two settling windows, then two steady windows that agree
+
+
+def test_compare_timings_needs_both_a_ratio_and_significance(tmp_path):
+    """Real saved runs: a clean rerun is 'same', a run slowed by 20 ms a round is 'regressed'."""
+    import json
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "benchmark",
+            "tests/test_benchmarks.py", "-k", "inference and cnn-fp32-onnxruntime-b1", "--benchmark-save-data"]
+
+    def save(name: str, slowdown: str) -> Path:
+        env = {**os.environ, "HARNESS_BENCH_SLOWDOWN_MS": slowdown}
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([*base, f"--benchmark-json={out}"], capture_output=True, text=True, cwd=root, env=env,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-1500:]
+        return out
+
+    first, again, slowed = save("first", "0"), save("again", "0"), save("slowed", "20")
+    compare = [sys.executable, "-m", "harness", "compare-timings", "--ratio", "1.5"]  # a busy CI host drifts
+    same = subprocess.run([*compare, str(first), str(again)], capture_output=True, text=True, cwd=root)
+    assert same.returncode == 0 and "0 regression(s) of 1 benchmark(s) (needs ×1.5" in same.stdout, same.stdout
+    worse = subprocess.run([*compare, str(first), str(slowed)], capture_output=True, text=True, cwd=root)
+    assert worse.returncode == 1 and "regressed" in worse.stdout, worse.stdout
+    document = json.loads(first.read_text())
+    del document["benchmarks"][0]["stats"]["data"]
+    (tmp_path / "bare.json").write_text(json.dumps(document))
+    bare = subprocess.run([*compare, str(tmp_path / "bare.json"), str(first)], capture_output=True, text=True, cwd=root)
+    assert bare.returncode == 2 and "--benchmark-save-data" in bare.stderr

@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--baseline", type=Path, required=True)
     gate.add_argument("--current", type=Path, required=True)
     gate.add_argument("--policy", type=Path, help="gate policy (default: fixtures/gate.yaml)")
+    timings = commands.add_parser("compare-timings", help="two saved pytest-benchmark runs: Mann-Whitney U and a "
+                                                         "ratio per benchmark; exit 1 on a regression")
+    timings.add_argument("base", type=Path)
+    timings.add_argument("current", type=Path)
+    timings.add_argument("--ratio", type=float, default=1.1, help="median ratio that counts (default 1.1)")
+    timings.add_argument("--alpha", type=float, default=0.002, help="Mann-Whitney p-value needed (default 0.002)")
     merge = commands.add_parser("merge", help="combine shard records (run --shard i/n) into one run record")
     merge.add_argument("shards", type=Path, nargs="+")
     merge.add_argument("--out", type=Path, required=True)
@@ -87,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
                     "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate,
-                    "merge": _merge}
+                    "merge": _merge, "compare-timings": _compare_timings}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -238,6 +244,21 @@ def _bench(args: argparse.Namespace) -> int:
     if args.out:
         atomic_write_bytes(args.out, json.dumps(figures, indent=1).encode())
     return 0
+
+
+def _compare_timings(args: argparse.Namespace) -> int:
+    from harness.perf.timing_compare import compare_files
+
+    result = compare_files(args.base, args.current, args.ratio, args.alpha)
+    for change in result["changes"]:
+        print(change.describe())
+    for label in ("only_in_base", "only_in_current"):
+        for name in result[label]:
+            print(f"{label.replace('_', ' ')}: {name}")
+    regressed = [c for c in result["changes"] if c.verdict == "regressed"]
+    print(f"{len(regressed)} regression(s) of {len(result['changes'])} benchmark(s) "
+          f"(needs ×{args.ratio:g} and p < {args.alpha:g})")
+    return 1 if regressed else 0
 
 
 def _merge(args: argparse.Namespace) -> int:
