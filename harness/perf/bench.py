@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
@@ -60,7 +61,17 @@ def _summary(samples_ms: np.ndarray, items: int) -> Timing:
 
 def time_call(call: Callable[[], Any], items: int = 1, warmup: int = WARMUP, repeats: int = REPEATS,
               synchronize: Callable[[], None] | None = None) -> Timing:
-    """Time ``call`` ``repeats`` times after warming up in windows of ``warmup`` calls until stable."""
+    """Time ``call`` ``repeats`` times after warming up in windows of ``warmup`` calls until stable.
+
+    ``HARNESS_BENCH_SLOWDOWN_MS`` adds a sleep to every call: a known slowdown, to prove that the
+    gates and the history analysis see it."""
+    delay = float(os.environ.get("HARNESS_BENCH_SLOWDOWN_MS", "0") or 0) / 1e3
+    if delay > 0:
+        inner = call
+
+        def call() -> Any:
+            time.sleep(delay)
+            return inner()
     sync = synchronize or (lambda: None)
     warm_up(call, warmup, sync)
     samples = np.empty(repeats)

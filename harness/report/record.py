@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,6 +20,7 @@ from harness.cache import atomic_write_bytes
 from harness.capabilities import Capabilities
 
 SCHEMA_VERSION = 1
+HISTORY_DB = "history.sqlite"  # beside the records: every run is appended (harness.report.history)
 
 
 def build_record(cases: Iterable[dict[str, Any]], caps: Capabilities, started: float,
@@ -31,6 +33,7 @@ def build_record(cases: Iterable[dict[str, Any]], caps: Capabilities, started: f
     return {
         **extra,
         "schema_version": SCHEMA_VERSION,
+        "run_id": uuid.uuid4().hex,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": round(time.time() - started, 3),
         "command": sys.argv,
@@ -61,6 +64,9 @@ def _toolchain() -> dict[str, str | None]:
 def write_record(record: dict[str, Any], report_dir: Path) -> Path:
     """Write atomically to ``report_dir/run-<time>-<pid>.json`` and return the path."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = report_dir / f"run-{stamp}-{os.getpid()}.json"
+    path = report_dir / f"run-{stamp}-{os.getpid()}-{record.get('run_id', '')[:8]}.json"
     atomic_write_bytes(path, json.dumps(record, indent=1, default=str).encode())
+    from harness.report.history import append
+
+    append(report_dir / HISTORY_DB, record)
     return path

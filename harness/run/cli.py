@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     timings.add_argument("current", type=Path)
     timings.add_argument("--ratio", type=float, default=1.1, help="median ratio that counts (default 1.1)")
     timings.add_argument("--alpha", type=float, default=0.002, help="Mann-Whitney p-value needed (default 0.002)")
+    history = commands.add_parser("history", help="judge every case's metric series over the run history; "
+                                                  "exit 1 on a regression, 2 on bad input")
+    history.add_argument("--db", type=Path, default=Path("reports/history.sqlite"))
+    history.add_argument("--profile", default="nightly", choices=["nightly", "premerge"])
+    history.add_argument("--policy", type=Path, help="history policy (default: fixtures/history.yaml)")
+    history.add_argument("--all", action="store_true", help="also list stable series")
     merge = commands.add_parser("merge", help="combine shard records (run --shard i/n) into one run record")
     merge.add_argument("shards", type=Path, nargs="+")
     merge.add_argument("--out", type=Path, required=True)
@@ -93,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
                     "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate,
-                    "merge": _merge, "compare-timings": _compare_timings}
+                    "merge": _merge, "compare-timings": _compare_timings, "history": _history}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -259,6 +265,23 @@ def _compare_timings(args: argparse.Namespace) -> int:
     print(f"{len(regressed)} regression(s) of {len(result['changes'])} benchmark(s) "
           f"(needs ×{args.ratio:g} and p < {args.alpha:g})")
     return 1 if regressed else 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    import time as clock
+    from collections import Counter
+
+    from harness.report.history import judge_history, load_policies
+
+    start = clock.perf_counter()
+    verdicts = judge_history(args.db, load_policies(args.policy, args.profile))
+    for verdict in verdicts:
+        if args.all or verdict.verdict.state not in ("stable", "insufficient data"):
+            print(verdict.describe())
+    counts = Counter(v.verdict.state for v in verdicts)
+    print(f"{len(verdicts)} series ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}) "
+          f"judged in {clock.perf_counter() - start:.1f} s, profile {args.profile}")
+    return 1 if counts["regression"] else 0
 
 
 def _merge(args: argparse.Namespace) -> int:
