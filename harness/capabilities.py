@@ -56,6 +56,11 @@ class CPU:
     def isa_class(self) -> str:
         return next((flag for flag in ISA_CLASSES if flag in self.isa), "baseline")
 
+    @property
+    def has_vnni(self) -> bool:
+        """8-bit dot products accumulate in 32 bits (AVX-512 VNNI, AVX-VNNI, or AMX)."""
+        return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(self.isa))
+
 
 def detect_cpu() -> CPU:
     """Model name from /proc/cpuinfo; instruction sets as this process can execute them (NumPy's own
@@ -111,9 +116,8 @@ class Capabilities:
         """The CPU (and GPU) in words, for messages that name where a runtime ran."""
         if self.cpu is None:
             return platform.machine()
-        missing = [f for f in ("avx512_vnni", "avx_vnni") if f not in self.cpu.isa]
         isa = ", ".join(self.cpu.isa[:4]) or "no AVX2"
-        vnni = "" if len(missing) < 2 else ", no VNNI"
+        vnni = "" if self.cpu.has_vnni else ", no VNNI"
         return f"{self.cpu.model} ({isa}{vnni})" + (f" + {self.gpu.name}" if self.gpu else "")
 
     def has(self, package: str) -> bool:

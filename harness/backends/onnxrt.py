@@ -98,7 +98,7 @@ def integer_kernel_config() -> dict[str, str]:
         raise ValueError(f"HARNESS_ORT_X64_QUANT_PRECISION must be auto, 0 or 1, not {choice!r}")
     cpu = detect().cpu
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    lacks_vnni = x86 and cpu is not None and not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(cpu.isa)
+    lacks_vnni = x86 and cpu is not None and not cpu.has_vnni
     if choice == "1" or (choice == "auto" and lacks_vnni):
         return {"session.x64quantprecision": "1"}
     return {}

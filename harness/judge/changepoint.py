@@ -15,8 +15,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,9 +52,6 @@ class Verdict:
     state: str  # stable | suspicious | regression | improvement | insufficient data
     steps: tuple[Step, ...]
     detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "detail": self.detail, "steps": [asdict(s) for s in self.steps]}
 
 
 def _split_t(values: np.ndarray, min_segment: int) -> np.ndarray:

@@ -71,10 +71,6 @@ class Comparison:
             lines.append(f"{output}: worst elements {worst}")
         return "\n".join(lines)
 
-    def add(self, check: Check | None) -> None:
-        if check is not None:
-            self.checks.append(check)
-
     def note(self, text: str) -> None:
         """Keep ``text`` in the result and warn with it (pytest lists warnings in its summary)."""
         if text and text not in self.notes:
@@ -127,21 +123,27 @@ def task_accuracy(reference_correct: np.ndarray, candidate_correct: np.ndarray, 
     if tolerance.max_accuracy_drop is not None:
         bound = resolve_drop_bound(tolerance.max_accuracy_drop, n, "max_accuracy_drop")
         result.note(bound.warning)
-        result.add(Check("task", "accuracy drop (points)", task["accuracy_drop_points"], bound.used, False))
+        result.checks.append(Check("task", "accuracy drop (points)", task["accuracy_drop_points"], bound.used, False))
     return task
+
+
+def cosine(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """Cosine similarity in float64 (1 for two all-zero tensors, 0 for one), clipped to [-1, 1]."""
+    r, c = np.asarray(reference, np.float64).ravel(), np.asarray(candidate, np.float64).ravel()
+    denom = np.linalg.norm(r) * np.linalg.norm(c)
+    return float(np.array_equal(r, c)) if denom == 0 else float(np.clip(np.dot(r, c) / denom, -1.0, 1.0))
 
 
 def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str, Any]:
     r, c = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
     diff = np.abs(c - r)
-    denom = np.linalg.norm(r) * np.linalg.norm(c)
     peak = np.max(np.abs(r)) if r.size else 0.0
     noise = np.sum((c - r) ** 2)
     metrics = {
         "max_abs_err": float(np.max(diff)) if diff.size else 0.0,
         "mean_abs_err": float(np.mean(diff)) if diff.size else 0.0,
         "max_norm_err": float(np.max(diff) / peak) if peak > 0 else float(np.max(diff, initial=0.0)),
-        "cosine": float(np.array_equal(r, c)) if denom == 0 else float(np.clip(np.dot(r, c) / denom, -1.0, 1.0)),
+        "cosine": cosine(r, c),
         "snr_db": float("inf") if noise == 0 else float(10 * np.log10(np.sum(r ** 2) / noise)),
         "nonfinite": float(np.count_nonzero(~np.isfinite(c) & np.isfinite(r))),
         "error_histogram": np.histogram(np.nan_to_num(diff / peak if peak > 0 else diff, nan=np.inf),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from harness.judge.compare import cosine
 from harness.models.spec import Batch
 from harness.precision.graph import float_tensors
 
@@ -56,11 +57,10 @@ def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_co
         if nonfinite:
             return {"tensor": name, "node": node.name, "op": node.op_type, "nonfinite": nonfinite,
                     "bound": min_cosine, "summary": f"{nonfinite} non-finite value(s) where FP32 has finite ones"}
-        denom = np.linalg.norm(r) * np.linalg.norm(c)
-        cosine = float(np.dot(r, c) / denom) if denom > 0 else float(np.array_equal(r, c))
-        if not cosine >= min_cosine:
-            return {"tensor": name, "node": node.name, "op": node.op_type, "cosine": cosine, "bound": min_cosine,
-                    "summary": f"cosine {cosine:.6f} < {min_cosine:g}"}
+        similarity = cosine(r, c)
+        if not similarity >= min_cosine:
+            return {"tensor": name, "node": node.name, "op": node.op_type, "cosine": similarity, "bound": min_cosine,
+                    "summary": f"cosine {similarity:.6f} < {min_cosine:g}"}
     return None
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.judge.compare import cosine
+
 DEFAULT_MAX_FLIP_FRACTION = 1.0 / 12.0
 FLOAT_FLOOR = 1e-5  # relative RMS: float32 sums over thousands of terms, in another order
 
@@ -90,10 +92,7 @@ def judge_fidelity(reference: dict[str, np.ndarray], semantics: dict[str, np.nda
         deviation = _rms(got - sem64)
         noise = _rms(sem64 - reference[name].astype(np.float64))
         flips = deviation ** 2 / (12 * noise ** 2) if noise > 0 else (0.0 if deviation == 0 else float("inf"))
-        denom = np.linalg.norm(sem64) * np.linalg.norm(got)
-        cosine = float(np.clip(np.dot(sem64.ravel(), got.ravel()) / denom, -1, 1)) if denom > 0 else \
-            float(np.array_equal(sem64, got))
-        outputs.append(OutputFidelity(name, deviation, noise, _rms(sem64), float(flips), bound, cosine))
+        outputs.append(OutputFidelity(name, deviation, noise, _rms(sem64), float(flips), bound, cosine(sem64, got)))
     return Fidelity(runtime, device, outputs)
 
 

@@ -89,9 +89,8 @@ def bootstrap_cosine_snr(reference: np.ndarray, candidate: np.ndarray, confidenc
 
 @dataclass(frozen=True)
 class Resolution:
-    """A bound as given, the bound used, and why they differ (empty when they do not)."""
+    """The bound used, and why it differs from the one given (empty when it does not)."""
 
-    given: float
     used: float
     warning: str = ""
 
@@ -100,9 +99,9 @@ def resolve_drop_bound(bound_points: float, n: int, what: str) -> Resolution:
     """A maximum accuracy drop (points) on ``n`` samples: at least one sample's worth, unless 0."""
     quantum = 100.0 / n
     if bound_points <= 0 or bound_points >= quantum:
-        return Resolution(bound_points, bound_points)
+        return Resolution(bound_points)
     needed = math.ceil(100.0 / bound_points)
-    return Resolution(bound_points, quantum,
+    return Resolution(quantum,
                       f"{what}: a {bound_points:g}-point bound is finer than {n} samples resolve (one sample = "
                       f"{quantum:.3g} points): widened to {quantum:.3g}; {needed} samples would resolve it")
 
@@ -111,10 +110,10 @@ def resolve_agreement_bound(bound: float, n: int, what: str) -> Resolution:
     """A minimum agreement fraction on ``n`` samples: it allows at least one sample, unless exactly 1."""
     allowance = 1.0 - bound
     if allowance <= 0 or allowance >= 1.0 / n - 1e-12:
-        return Resolution(bound, bound)
+        return Resolution(bound)
     needed = math.ceil(1.0 / allowance - 1e-9)
     used = 1.0 - 1.0 / n
-    return Resolution(bound, used,
+    return Resolution(used,
                       f"{what}: a bound of {bound:g} is finer than {n} samples resolve (one sample = {1 / n:.3g}): "
                       f"widened to {used:.4g}; {needed} samples would resolve it")
 

@@ -21,12 +21,10 @@ from onnx import numpy_helper
 
 from harness.errors import HarnessError
 from harness.models.spec import Batch
-from harness.precision.qdq import FP8_E4M3, INT8, QuantFormat
+from harness.precision.qdq import FP8_E4M3, INT8, WEIGHTED_OPS, QuantFormat
 from harness.registry import Registry
 
 DEFAULT_CATALOGUE = Path(__file__).resolve().parents[2] / "fixtures" / "mutations.yaml"
-SITES = ("first", "middle", "last")
-WEIGHTED = ("Conv", "Gemm", "MatMul")
 HOMOGENEOUS = ("Relu", "MaxPool", "Flatten", "Reshape")  # f(a·x) = a·f(x) for a > 0
 NO_SITE = "no candidate site"
 
@@ -124,6 +122,16 @@ def _weight_dqs(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in weights]
 
 
+def _dequantized_weight(dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> np.ndarray:
+    """A weight DequantizeLinear's output, computed: stored values × per-tensor or per-axis scale."""
+    values = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float32)
+    scale = numpy_helper.to_array(inits[dq.input[1]])
+    shape = [1] * values.ndim
+    if scale.size > 1:
+        shape[next((a.i for a in dq.attribute if a.name == "axis"), 1)] = -1
+    return values * scale.reshape(shape)
+
+
 @operator("qdq_mismatch", "precision")
 def qdq_mismatch(model: onnx.ModelProto, site: str, factor: float = 1.25) -> None:
     """One activation's DequantizeLinear no longer uses its QuantizeLinear's scale."""
@@ -167,10 +175,7 @@ def per_tensor_weights(model: onnx.ModelProto, site: str) -> None:
         if scale.size < 2 or quantized.data_type not in fmt_of:
             continue
         fmt = fmt_of[quantized.data_type]
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        shape = [1] * len(quantized.dims)
-        shape[axis] = -1
-        values = numpy_helper.to_array(quantized).astype(np.float32) * scale.reshape(shape)
+        values = _dequantized_weight(node, inits)
         one = np.float32(max(np.abs(values).max(), 1e-12) / fmt.qmax)
         _set(model, node.input[0], fmt.quantize(values / one))
         _set(model, node.input[1], np.full_like(scale, one))
@@ -200,7 +205,7 @@ def layer_unquantized(model: onnx.ModelProto, site: str) -> None:
     """One weighted layer silently left in float: its inputs bypass their Q/DQ pairs."""
     producers = {out: n for n in model.graph.node for out in n.output}
     inits = _inits(model)
-    quantized = [n for n in model.graph.node if n.op_type in WEIGHTED
+    quantized = [n for n in model.graph.node if n.op_type in WEIGHTED_OPS
                  and any(producers.get(i) is not None and producers[i].op_type == "DequantizeLinear" for i in n.input)]
     node = _pick(quantized, site)
     for index, name in enumerate(list(node.input)):
@@ -208,14 +213,8 @@ def layer_unquantized(model: onnx.ModelProto, site: str) -> None:
         if dq is None or dq.op_type != "DequantizeLinear":
             continue
         if dq.input[0] in inits:  # a weight: store it dequantized, in float
-            values = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float32)
-            scale = numpy_helper.to_array(inits[dq.input[1]])
-            axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-            shape = [1] * values.ndim
-            if scale.size > 1:
-                shape[axis] = -1
             float_name = f"{dq.input[0]}_float"
-            model.graph.initializer.append(numpy_helper.from_array(values * scale.reshape(shape), float_name))
+            model.graph.initializer.append(numpy_helper.from_array(_dequantized_weight(dq, inits), float_name))
             node.input[index] = float_name
         else:  # an activation: read the tensor before its QuantizeLinear
             node.input[index] = producers[dq.input[0]].input[0]

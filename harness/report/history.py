@@ -118,9 +118,13 @@ def load_policies(path: Path | None, profile: str) -> dict[str, Policy]:
     try:
         document = yaml.safe_load(path.read_text()) or {}
         section = document["profiles"][profile]
-        return {kind: Policy(**{**section.get("defaults", {}), **values}) for kind, values in section["kinds"].items()}
+        policies = {kind: Policy(**{**section.get("defaults", {}), **values}) for kind, values in section["kinds"].items()}
     except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
         raise HarnessError(f"history policy {path}, profile {profile!r}: {exc}") from exc
+    missing = sorted({kind for _, kind in METRICS.values()} - set(policies))
+    if missing:
+        raise HarnessError(f"history policy {path}, profile {profile!r}: no thresholds for metric kind(s) {missing}")
+    return policies
 
 
 def judge_history(db: Path, policies: dict[str, Policy]) -> list[SeriesVerdict]:

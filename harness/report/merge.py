@@ -11,7 +11,7 @@ from itertools import zip_longest
 from typing import Any, Sequence
 
 from harness.report.load import RecordError
-from harness.report.record import SCHEMA_VERSION
+from harness.report.record import SCHEMA_VERSION, summarize
 
 
 def merge_records(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def merge_records(records: Sequence[dict[str, Any]], names: Sequence[str]) -> di
         "command": ["harness", "merge", *names],
         "environment": records[0]["environment"],
         "merged_from": [{"file": name, **r["shard"], "started": r["started"]} for r, name in ordered],
-        "summary": dict(Counter(case["status"] for case in cases)),
+        "summary": summarize(cases),
         "cache": dict(cache),
         "cases": cases,
     }

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -26,9 +27,6 @@ HISTORY_DB = "history.sqlite"  # beside the records: every run is appended (harn
 def build_record(cases: Iterable[dict[str, Any]], caps: Capabilities, started: float,
                  cache_stats: dict[str, int] | None = None, shard: dict[str, int] | None = None) -> dict[str, Any]:
     cases = list(cases)
-    counts: dict[str, int] = {}
-    for case in cases:
-        counts[case["status"]] = counts.get(case["status"], 0) + 1
     extra = {"shard": shard} if shard else {}
     return {
         **extra,
@@ -39,10 +37,15 @@ def build_record(cases: Iterable[dict[str, Any]], caps: Capabilities, started: f
         "command": sys.argv,
         "environment": {**caps.to_dict(), **_toolchain(), "python": platform.python_version(),
                         "platform": platform.platform()},
-        "summary": counts,
+        "summary": summarize(cases),
         "cache": dict(cache_stats or {}),
         "cases": cases,
     }
+
+
+def summarize(cases: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How many cases ended in each status."""
+    return dict(Counter(case["status"] for case in cases))
 
 
 def _toolchain() -> dict[str, str | None]:

@@ -28,6 +28,7 @@ from harness.models.spec import Batch
 from harness.precision import Recipe, get_recipe
 from harness.precision.calibrate import calibrate
 from harness.precision.calibrators import Calibrator
+from harness.precision.graph import quantized_layers
 from harness.registry import Registry
 
 EVAL_BATCHES = 4  # synthetic evaluation batches, at least; more where the bounds need more samples
@@ -60,7 +61,7 @@ class ArtifactStore:
         self.cache, self.models, self.backend, self.calibrator = cache, models, backend, calibrator
         self.tolerances = tolerances
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
-        self._semantics = _Memo(MEMO_SIZE)
+        self._semantics, self._coverage = _Memo(MEMO_SIZE), _Memo()
         self.mutation: Mutation | None = None
 
     def mutated(self, mutation: Mutation) -> "ArtifactStore":
@@ -179,6 +180,15 @@ class ArtifactStore:
             return evaluate_semantics(path, self.eval_batches(model))
 
         return self._semantics.get((model, precision), evaluate)
+
+    def coverage(self, model: str, precision: str) -> dict[str, int]:
+        """How many of ``precision``'s weighted layers take a dequantized weight (:func:`quantized_layers`)."""
+        def count() -> dict[str, int]:
+            import onnx
+
+            return quantized_layers(onnx.load(str(self.precision_onnx(model, self.recipe(precision, "emulated")))))
+
+        return self._coverage.get((model, precision), count)
 
     def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
         """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""

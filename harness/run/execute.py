@@ -15,9 +15,10 @@ import traceback
 from typing import Any, Callable
 
 import numpy as np
-import onnx
 
-from harness.backends import Backend
+from harness.backends import Backend, Runner
+from harness.backends.onnxrt import OnnxRuntimeRunner
+from harness.capabilities import Capabilities
 from harness.errors import HarnessError, UnsupportedError
 from harness.judge.compare import Comparison, compare, concat, task_accuracy
 from harness.judge.diagnose import first_divergence, first_runtime_divergence
@@ -25,8 +26,8 @@ from harness.judge.fidelity import Fidelity, judge_fidelity
 from harness.judge.semantics import EVALUATOR
 from harness.judge.tolerances import Tolerance, ToleranceTable
 from harness.models import ModelSpec
+from harness.models.spec import Batch
 from harness.perf.bench import time_call
-from harness.precision.graph import quantized_layers
 from harness.run.artifacts import ArtifactStore
 from harness.run.cases import Case, CaseResult, Status
 
@@ -35,13 +36,13 @@ NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 
 
 
 class CaseExecutor:
-    """Runs cases over an :class:`ArtifactStore`; ``device`` names where runtimes run (for messages);
+    """Runs cases over an :class:`ArtifactStore`; ``caps`` says where runtimes run (for messages);
     ``timing`` also measures each case's latency."""
 
     def __init__(self, store: ArtifactStore, tolerances: ToleranceTable, backend: Callable[[str], Backend],
-                 device: str, timing: bool = False):
+                 caps: Capabilities, timing: bool = False):
         self.store, self.tolerances, self.backend = store, tolerances, backend
-        self.device, self.timing = device, timing
+        self.caps, self.timing = caps, timing
 
     def run(self, case: Case) -> CaseResult:
         """Run one case; bad input becomes an ``error`` result whose message names the problem."""
@@ -93,8 +94,8 @@ class CaseExecutor:
             timings["semantics_s"] = time.perf_counter() - start
         passed = runtime_cmp.passed and (recipe_cmp is None or recipe_cmp.passed) and (fidelity is None or fidelity.passed)
         status: Status = "passed" if passed else "failed"
-        message = "" if passed else self._explain(case, artifacts, runner, runtime_cmp, recipe_cmp, fidelity,
-                                                  tolerance, metrics)
+        message = "" if passed else self._explain(case, artifacts, runner, batches[0], runtime_cmp, recipe_cmp,
+                                                  fidelity, tolerance, metrics)
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
 
     def _recipe_and_fidelity(self, case: Case, spec: ModelSpec, reference: dict[str, np.ndarray],
@@ -104,10 +105,10 @@ class CaseExecutor:
         store = self.store
         semantics = store.semantics(case.model, case.precision)
         recipe = self._judge(spec, reference, semantics, tolerance)
-        fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.device, tolerance.max_flip_fraction)
-        graph = onnx.load(str(store.precision_onnx(case.model, store.recipe(case.precision, "emulated"))))
+        fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.caps.device,
+                                  tolerance.max_flip_fraction)
         metrics["recipe"] = {**recipe.to_dict(), "evaluator": EVALUATOR, "passed": recipe.passed,
-                             "coverage": quantized_layers(graph)}
+                             "coverage": store.coverage(case.model, case.precision)}
         if case.precision in spec.quantized:
             metrics["recipe"]["user_graph"] = str(spec.quantized[case.precision])
         metrics["fidelity"] = fidelity.to_dict()
@@ -121,14 +122,13 @@ class CaseExecutor:
             labels = spec.eval_data().labels
             output = spec.outputs[0]
             comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
-                                                       outputs[output].argmax(-1) == labels, tolerance, comparison)
+                                            outputs[output].argmax(-1) == labels, tolerance, comparison)
         return comparison
 
-    def _explain(self, case: Case, artifacts: Any, runner: Any, runtime_cmp: Comparison, recipe_cmp: Comparison | None,
-                 fidelity: Fidelity | None, tolerance: Tolerance, metrics: dict[str, Any]) -> str:
+    def _explain(self, case: Case, artifacts: Any, runner: Runner, first_batch: Batch, runtime_cmp: Comparison,
+                 recipe_cmp: Comparison | None, fidelity: Fidelity | None, tolerance: Tolerance,
+                 metrics: dict[str, Any]) -> str:
         """Which verdict failed, in words a person can act on, with where the divergence starts."""
-        store = self.store
-        first_batch = store.eval_batches(case.model)[0]
         if recipe_cmp is not None and not recipe_cmp.passed:
             lines = [f"{case.id}: the recipe regressed: its graph's semantics ({EVALUATOR}) vs FP32 reference:",
                      recipe_cmp.explain()]
@@ -147,16 +147,17 @@ class CaseExecutor:
                          f"{divergence['tensor']!r}, {divergence['summary']}")
         return "\n".join(lines)
 
-    def _blame_runtime(self, case: Case, artifacts: Any, runner: Any, fidelity: Fidelity, batch: Any,
+    def _blame_runtime(self, case: Case, artifacts: Any, runner: Runner, fidelity: Fidelity, batch: Batch,
                        metrics: dict[str, Any]) -> str:
         """A runtime that left the graph: which, where it ran, and (ONNX Runtime) where it starts."""
         lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
                  "(judged on the graph's semantics): this is the runtime, not the recipe"]
-        if "integer kernels" in fidelity.runtime and "no VNNI" in self.device:
-            lines.append(f"note: {NO_VNNI_HINT}")
-        if case.backend == "onnxruntime":
+        if isinstance(runner, OnnxRuntimeRunner) and runner.optimize:
+            cpu = self.caps.cpu
+            if cpu is not None and not cpu.has_vnni and "session.x64quantprecision" not in runner.config:
+                lines.append(f"note: {NO_VNNI_HINT}")
             divergence = first_runtime_divergence(artifacts.onnx_path(), batch, fidelity.outputs[0].bound,
-                                                  getattr(runner, "config", None))
+                                                  runner.config)
             if divergence:
                 metrics["first_runtime_divergence"] = divergence
                 lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "

@@ -136,13 +136,9 @@ def _costs(old: dict[str, Any], new: dict[str, Any]) -> tuple[float, float | Non
     old_view, new_view = view(old), view(new)
     old_m = next(iter(old_view.get("metrics", {}).values()), {})
     new_m = next(iter(new_view.get("metrics", {}).values()), {})
-    if "snr_db" not in new_m or "snr_db" not in old_m:
-        snr_cost = float("inf")  # the output is gone or misshapen
-    else:
-        snr_cost = old_m["snr_db"] - new_m["snr_db"] if math.isfinite(new_m["snr_db"]) or new_m["snr_db"] > 0 \
-            else float("inf")
-        if math.isnan(new_m["snr_db"]) or new_m.get("nonfinite", 0) > 0:
-            snr_cost = float("inf")
+    new_snr = new_m.get("snr_db", math.nan)
+    lost = "snr_db" not in old_m or math.isnan(new_snr) or new_snr == -math.inf or new_m.get("nonfinite", 0) > 0
+    snr_cost = math.inf if lost else old_m["snr_db"] - new_snr  # lost: gone, misshapen or non-finite output
     old_task, new_task = old_view.get("task"), new_view.get("task")
     accuracy_cost = 100 * (old_task["accuracy"] - new_task["accuracy"]) if old_task and new_task else None
     return snr_cost, accuracy_cost

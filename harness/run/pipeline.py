@@ -44,7 +44,7 @@ class Pipeline:
         self.caps = capabilities or detect()
         self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
                                    Calibrator(calibration) if calibration else None)
-        self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps.device, timing)
+        self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
         self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
             if baseline is not None else None
 
@@ -52,8 +52,8 @@ class Pipeline:
         """This pipeline with a planted defect in its artifacts (everything else shared)."""
         other = copy.copy(self)
         other.store = self.store.mutated(mutation)
-        other.executor = CaseExecutor(other.store, self.tolerances, self.backend, self.caps.device,
-                                      self.executor.timing)
+        other.executor = copy.copy(self.executor)
+        other.executor.store = other.store
         return other
 
     def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
