@@ -48,30 +48,23 @@ def test_calibration_time_onnxruntime(benchmark, harness_pipeline, method, tmp_p
     assert (tmp_path / "out.onnx").stat().st_size > 0
 
 
-SLOWDOWN = "HARNESS_BENCH_SLOWDOWN_MS"  # documented: adds a sleep to each timed call, to prove the compare gate
 CASES = [(m, p, b) for m in ("cnn", "resnet18", "resnet50") for p in ("fp32", "int8") for b in (1, 32)]
 
 
 @pytest.mark.parametrize("model, precision, batch", CASES, ids=[f"{m}-{p}-onnxruntime-b{b}" for m, p, b in CASES])
 def test_inference(benchmark, harness_pipeline, model, precision, batch):
-    import os
-    import time
-
     from harness.backends.onnxrt import OnnxRuntimeRunner
     from harness.capabilities import detect
+    from harness.perf.bench import with_slowdown
 
     spec = harness_pipeline.models.get(model)
     path = harness_pipeline.store.precision_onnx(model, get_recipe(precision))
     feeds = spec.sample_batches(3, seed=5, batch=batch)  # rotated, so no single input stays cached
-    delay = float(os.environ.get(SLOWDOWN, "0")) / 1e3
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=True) as runner:
         assert all(np.isfinite(v).all() for v in runner.infer(feeds[0]).values())  # checked once
         rotation = iter(range(10 ** 9))
 
-        def call():
-            runner.infer(feeds[next(rotation) % len(feeds)])
-            if delay:
-                time.sleep(delay)
+        call = with_slowdown(lambda: runner.infer(feeds[next(rotation) % len(feeds)]))
 
         benchmark.group = f"{model} b{batch}"
         benchmark.extra_info.update(model=model, precision=precision, backend="onnxruntime", batch=batch,

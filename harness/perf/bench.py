@@ -59,19 +59,27 @@ def _summary(samples_ms: np.ndarray, items: int) -> Timing:
                   float(samples_ms.min()), len(samples_ms), items / (median / 1e3))
 
 
+SLOWDOWN = "HARNESS_BENCH_SLOWDOWN_MS"
+
+
+def with_slowdown(call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` with a sleep of ``HARNESS_BENCH_SLOWDOWN_MS`` before each call, if set: a known slowdown,
+    to prove that the benchmark gates and the history analysis see it."""
+    delay = float(os.environ.get(SLOWDOWN, "0") or 0) / 1e3
+    if delay <= 0:
+        return call
+
+    def slowed() -> Any:
+        time.sleep(delay)
+        return call()
+
+    return slowed
+
+
 def time_call(call: Callable[[], Any], items: int = 1, warmup: int = WARMUP, repeats: int = REPEATS,
               synchronize: Callable[[], None] | None = None) -> Timing:
-    """Time ``call`` ``repeats`` times after warming up in windows of ``warmup`` calls until stable.
-
-    ``HARNESS_BENCH_SLOWDOWN_MS`` adds a sleep to every call: a known slowdown, to prove that the
-    gates and the history analysis see it."""
-    delay = float(os.environ.get("HARNESS_BENCH_SLOWDOWN_MS", "0") or 0) / 1e3
-    if delay > 0:
-        inner = call
-
-        def call() -> Any:
-            time.sleep(delay)
-            return inner()
+    """Time ``call`` ``repeats`` times after warming up in windows of ``warmup`` calls until stable."""
+    call = with_slowdown(call)
     sync = synchronize or (lambda: None)
     warm_up(call, warmup, sync)
     samples = np.empty(repeats)
