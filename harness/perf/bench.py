@@ -2,7 +2,8 @@
 
 - ``time_call``: any callable; ``synchronize`` runs inside the timed region, so asynchronous GPU
   work is never timed as a launch only. Used for per-case latency (host arrays in and out, so
-  host↔device copies included).
+  host↔device copies included). It keeps what a few timed calls returned, so the outputs of
+  the timed configuration can be judged too (:mod:`harness.judge.timed`).
 - ``time_cuda``: compute only, with CUDA events around the call on the current stream, inputs
   rotated among several device buffers so caches do not flatter the result.
 - ``interleaved_ratio``: two variants timed alternately, round after round, so drift and noise
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -48,15 +49,25 @@ class Timing:
     min_ms: float
     repeats: int
     items_per_s: float
+    # what some timed calls returned (MLPerf TEST01): checked against the accuracy pass, never serialised
+    sampled: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "sampled"}
 
 
-def _summary(samples_ms: np.ndarray, items: int) -> Timing:
+def _summary(samples_ms: np.ndarray, items: int, sampled: tuple[Any, ...] = ()) -> Timing:
     median = float(np.median(samples_ms))
     return Timing(median, float(np.percentile(samples_ms, 90)), float(np.percentile(samples_ms, 99)),
-                  float(samples_ms.min()), len(samples_ms), items / (median / 1e3))
+                  float(samples_ms.min()), len(samples_ms), items / (median / 1e3), sampled)
+
+
+SAMPLED = 3  # timed calls whose outputs are kept: the first, the middle and the last
+
+
+def sample_positions(repeats: int, count: int = SAMPLED) -> set[int]:
+    """Evenly spread positions in a timed loop (first and last included) whose outputs are kept."""
+    return {int(round(i)) for i in np.linspace(0, repeats - 1, min(count, repeats))} if count > 0 else set()
 
 
 SLOWDOWN = "HARNESS_BENCH_SLOWDOWN_MS"
@@ -77,27 +88,34 @@ def with_slowdown(call: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def time_call(call: Callable[[], Any], items: int = 1, warmup: int = WARMUP, repeats: int = REPEATS,
-              synchronize: Callable[[], None] | None = None) -> Timing:
-    """Time ``call`` ``repeats`` times after warming up in windows of ``warmup`` calls until stable."""
+              synchronize: Callable[[], None] | None = None, sampled: int = SAMPLED) -> Timing:
+    """Time ``call`` ``repeats`` times after warming up in windows of ``warmup`` calls until stable.
+
+    The results of ``sampled`` of the timed calls are kept (a reference: no copy inside the timed
+    region) in ``Timing.sampled``, so a caller can check that what ran fast is what was judged."""
     call = with_slowdown(call)
     sync = synchronize or (lambda: None)
     warm_up(call, warmup, sync)
     samples = np.empty(repeats)
+    keep, kept = sample_positions(repeats, sampled), []
     for i in range(repeats):
         start = time.perf_counter()
-        call()
+        result = call()
         sync()
         samples[i] = (time.perf_counter() - start) * 1e3
-    return _summary(samples, items)
+        if i in keep:
+            kept.append(result)
+    return _summary(samples, items, tuple(kept))
 
 
 def time_cuda(fn: Callable[[Any], Any], inputs: Sequence[Any], items: int, warmup: int = 10,
-              repeats: int = 50, graph: bool = False) -> Timing:
+              repeats: int = 50, graph: bool = False, sampled: int = SAMPLED) -> Timing:
     """Device time of ``fn(x)`` with CUDA events, rotating through ``inputs`` (device tensors).
 
     With ``graph``, one CUDA graph per input is captured and replayed, which removes the launch
-    gaps that dominate small batches.
-    """
+    gaps that dominate small batches. ``Timing.sampled`` holds the outputs of ``sampled`` timed
+    calls on ``inputs[0]`` (a replayed graph's output copied after the call's end event, so the
+    copy is not timed)."""
     import torch
 
     for i in range(warmup):
@@ -105,24 +123,34 @@ def time_cuda(fn: Callable[[Any], Any], inputs: Sequence[Any], items: int, warmu
     torch.cuda.synchronize()
     run: Callable[[int], Any] = lambda i: fn(inputs[i % len(inputs)])  # noqa: E731
     if graph:
-        graphs = []
+        graphs, static = [], []
         for x in inputs:
             captured = torch.cuda.CUDAGraph()
             with torch.cuda.graph(captured):
-                fn(x)
+                static.append(fn(x))
             graphs.append(captured)
-        run = lambda i: graphs[i % len(graphs)].replay()  # noqa: E731
+
+        def replay(i: int) -> Any:
+            graphs[i % len(graphs)].replay()
+            return static[i % len(graphs)]
+
+        run = replay
         for i in range(len(graphs)):
             run(i)
         torch.cuda.synchronize()
+    rotation = len(inputs)
+    keep = {rotation * j for j in sample_positions(-(-repeats // rotation), sampled)}
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    kept = []
     for i in range(repeats):
         starts[i].record()
-        run(i)
+        out = run(i)
         ends[i].record()
+        if i in keep:
+            kept.append(out.clone() if graph else out)
     torch.cuda.synchronize()
-    return _summary(np.array([s.elapsed_time(e) for s, e in zip(starts, ends)]), items)
+    return _summary(np.array([s.elapsed_time(e) for s, e in zip(starts, ends)]), items, tuple(kept))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from harness.perf.bench import Ratio, Timing, interleaved_ratio, time_call, time
 
 DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 ROTATE = 3  # input buffers cycled through
+MIN_COSINE = 0.9  # against FP32: below it the configuration is broken, not fast
 
 
 def model_flops(module: Any, x: Any) -> int:
@@ -34,9 +35,13 @@ def _prepared(module: Any, precision: str, shape: tuple[int, ...]) -> tuple[Any,
 
 
 def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...], graph: bool = False) -> Timing:
-    """Compute-only time of the module in ``precision``, its output checked once against FP32 on the
-    same input first, so a broken configuration cannot look fast."""
+    """Compute-only time of the module in ``precision``, its output checked against FP32 on the same
+    input first, and outputs sampled inside the timed loop checked against that output (MLPerf
+    TEST01), so a broken configuration cannot look fast."""
     import torch
+
+    from harness.judge.timed import judge_timed_outputs
+    from harness.judge.tolerances import Tolerance
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     model32, inputs32 = _prepared(module, "fp32", shape)
@@ -47,9 +52,15 @@ def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...], graph
     with torch.no_grad():
         out = model(inputs[0]).double()
         cosine = float(torch.nn.functional.cosine_similarity(out.flatten(), reference.flatten(), dim=0))
-        if not cosine >= 0.9:  # NaN fails too
+        if not cosine >= MIN_COSINE:  # NaN fails too
             raise RuntimeError(f"{precision}: output cosine {cosine:.3f} against FP32: not timing a broken model")
-        return time_cuda(lambda x: model(x), inputs, items=shape[0], graph=graph)
+        timing = time_cuda(lambda x: model(x), inputs, items=shape[0], graph=graph)
+    host = lambda t: {"output": t.double().cpu().numpy()}  # noqa: E731
+    timed = judge_timed_outputs(host(out), [host(t) for t in timing.sampled], host(reference),
+                                Tolerance(min_cosine=MIN_COSINE))
+    if not timed.passed:
+        raise RuntimeError(f"{precision}{' (CUDA graph)' if graph else ''}: {timed.explain()}")
+    return timing
 
 
 def fp8_linear_stack(layers: int = 8, width: int = 8192, tokens: int = 8192) -> dict[str, Any]:

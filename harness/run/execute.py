@@ -24,6 +24,7 @@ from harness.judge.compare import Comparison, compare, concat, task_accuracy
 from harness.judge.diagnose import first_divergence, first_runtime_divergence
 from harness.judge.fidelity import Fidelity, judge_fidelity
 from harness.judge.semantics import EVALUATOR
+from harness.judge.timed import judge_timed_outputs
 from harness.judge.tolerances import Tolerance, ToleranceTable
 from harness.models import ModelSpec
 from harness.models.spec import Batch
@@ -79,13 +80,18 @@ class CaseExecutor:
             built, runtime = runner.describe(), runner.label()
             if self.timing:
                 items = len(next(iter(batches[0].values())))
-                latency = time_call(lambda: runner.infer(batches[0]), items=items).to_dict()
+                latency = time_call(lambda: runner.infer(batches[0]), items=items)
         runtime_cmp = self._judge(spec, reference, candidate, tolerance)
         metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime}
         if built:
             metrics["engine"] = built
+        timed = None
         if self.timing:
-            metrics["latency"] = latency
+            metrics["latency"] = latency.to_dict()
+            first = {name: values[:items] for name, values in reference.items()}
+            timed = judge_timed_outputs({name: values[:items] for name, values in candidate.items()},
+                                        latency.sampled, first, tolerance, spec.task == "classification")
+            metrics["timed_outputs"] = timed.to_dict()
         recipe_cmp = fidelity = None
         if artifacts.recipe.quantized:
             start = time.perf_counter()
@@ -93,9 +99,11 @@ class CaseExecutor:
                                                              metrics)
             timings["semantics_s"] = time.perf_counter() - start
         passed = runtime_cmp.passed and (recipe_cmp is None or recipe_cmp.passed) and (fidelity is None or fidelity.passed)
-        status: Status = "passed" if passed else "failed"
         message = "" if passed else self._explain(case, artifacts, runner, batches[0], runtime_cmp, recipe_cmp,
                                                   fidelity, tolerance, metrics)
+        if timed is not None and not timed.passed:
+            passed, message = False, "\n".join(filter(None, [message, f"{case.id}: {timed.explain()}"]))
+        status: Status = "passed" if passed else "failed"
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
 
     def _recipe_and_fidelity(self, case: Case, spec: ModelSpec, reference: dict[str, np.ndarray],
