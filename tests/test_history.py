@@ -1,5 +1,7 @@
 """Regression policy over history: planted steps found at their run, no alarm on noise, one bad run
 suspicious and two a regression; a real 20-run history on this machine."""
+import json
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,50 @@ def test_a_real_history_with_a_slowdown_and_an_accuracy_change(tmp_path, monkeyp
     assert recipe.state in ("regression", "improvement") and recipe.steps[-1].index == 11
     assert verdicts[("mlp-fp32-onnxruntime", "snr_db")].state == "stable"
     assert main(["history", "--db", str(tmp_path / "history.sqlite")]) == 1
+    latest = max(tmp_path.glob("run-*.json"), key=lambda path: json.loads(path.read_text())["started"])
+    assert main(["report", str(latest)]) == 0  # the run's page carries its runner class's history
+    page = latest.with_suffix(".html").read_text()
+    changes = page[page.index("What changed since the last good run"):]
+    changes = changes[:changes.index("</table>")]
+    assert "<td>regression</td><td>mlp-fp32-onnxruntime</td><td>latency_ms</td>" in changes
+    assert "<td>mlp-int8-onnxruntime</td><td>recipe_snr_db</td>" in changes
+    assert "<td>mlp-fp32-onnxruntime</td><td>snr_db</td>" not in changes
+
+
+def _record(run: int, latency: float, runner_class: str, torch_version: str) -> dict:
+    case = {"id": "cnn-fp32-onnxruntime", "status": "passed",
+            "metrics": {"latency": {"median_ms": latency, "items_per_s": 8 / latency}}}
+    return {"run_id": f"{runner_class}-{run}", "started": f"2026-10-{run:02d}T02:00:00",
+            "environment": {"runner_class": runner_class, "git_commit": f"{run:02d}" + "c" * 38,
+                            "packages": {"torch": torch_version, "numpy": "2.3.0"}},
+            "cases": [case]}
+
+
+def test_the_history_page_shows_what_changed_since_the_last_good_run(tmp_path):
+    """Two runner classes, 28 nights; on one of them latency steps up 15% from night 20, when torch
+    changed: the page's table names night 19 as the last good run, the commits and the torch change,
+    and the chart of that series is labelled with its runner class; the other class stays stable."""
+    from harness.report.history import append
+    from harness.report.history_page import history_section
+
+    rng = np.random.default_rng(5)
+    db = tmp_path / "history.sqlite"
+    for run in range(1, 29):
+        slow = run >= 20
+        append(db, _record(run, 10 * (1.15 if slow else 1) * (1 + 0.01 * rng.standard_normal()), "x86_64-avx512-vnni",
+                           "2.14.1" if slow else "2.14.0"))
+        append(db, _record(run, 20 * (1 + 0.01 * rng.standard_normal()), "x86_64-avx2", "2.14.0"))
+    verdicts = judge_history(db, load_policies(None, "nightly"))
+    states = {(v.runner_class, v.metric): v.verdict.state for v in verdicts}
+    assert states[("x86_64-avx512-vnni", "latency_ms")] == "regression"
+    assert states[("x86_64-avx2", "latency_ms")] == "stable"
+    section = history_section(db, verdicts)
+    table = section[section.index("What changed since the last good run"):section.index("</table>")]
+    assert "2026-10-19T02:00 (19cccccccc)" in table and "2026-10-28T02:00 (28cccccccc)" in table
+    assert "torch 2.14.0→2.14.1" in table and "numpy" not in table
+    assert table.count("<tr class=") == 2  # latency and throughput of the slowed class, nothing else
+    assert section.count("<img") == 2 and "2 stable series not drawn" in section
+    only_avx2 = history_section(db, verdicts, runner_class="x86_64-avx2")
+    assert "Nothing: no series" in only_avx2 and "<img" not in only_avx2
+    assert main(["history", "--db", str(db), "--page", str(tmp_path / "history.html"), "--all"]) == 1
+    assert (tmp_path / "history.html").read_text().count("<img") == 4

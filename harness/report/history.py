@@ -6,6 +6,7 @@ is an indexed query even at 1,000 runs × 500 cases. Series never mix runner cla
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -68,48 +69,81 @@ def append(db: Path, record: dict[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
-class SeriesVerdict:
+class Series:
+    """One case's metric on one runner class, oldest run first."""
+
     runner_class: str
     case_id: str
     metric: str
-    runs: int
-    verdict: Verdict
+    values: tuple[float, ...]
+    run_ids: tuple[str, ...]
+    started: tuple[str, ...]
     commits: tuple[str | None, ...]
 
+    def last(self, n: int) -> "Series":
+        return Series(self.runner_class, self.case_id, self.metric, self.values[-n:], self.run_ids[-n:],
+                      self.started[-n:], self.commits[-n:])
+
+
+@dataclass(frozen=True)
+class SeriesVerdict:
+    series: Series  # the runs judged (the policy's window): the verdict's step indexes point into it
+    verdict: Verdict
+
+    @property
+    def runner_class(self) -> str:
+        return self.series.runner_class
+
+    @property
+    def case_id(self) -> str:
+        return self.series.case_id
+
+    @property
+    def metric(self) -> str:
+        return self.series.metric
+
+    @property
+    def last_good(self) -> int | None:
+        """Index of the newest run before the change this verdict is about (a step, or a suspicious last run)."""
+        if self.verdict.state in ("regression", "improvement") and self.verdict.steps:
+            return self.verdict.steps[-1].index - 1
+        if self.verdict.state == "suspicious" and len(self.series.values) > 1:
+            return len(self.series.values) - 2
+        return None
+
     def describe(self) -> str:
-        text = f"{self.verdict.state:<17} {self.case_id} {self.metric} [{self.runner_class}], {self.runs} runs"
+        text = f"{self.verdict.state:<17} {self.case_id} {self.metric} [{self.runner_class}], " \
+               f"{len(self.series.values)} runs"
         if self.verdict.steps and self.verdict.state in ("regression", "improvement"):
-            index = self.verdict.steps[-1].index
-            commit = self.commits[index] if index < len(self.commits) else None
+            commit = self.series.commits[self.verdict.steps[-1].index]
             text += f": {self.verdict.detail}" + (f", first at commit {commit[:12]}" if commit else "")
         elif self.verdict.detail:
             text += f": {self.verdict.detail}"
         return text
 
 
-def series(db: Path) -> Iterator[tuple[str, str, str, list[float], list[str | None]]]:
-    """(runner class, case, metric, values oldest first, commits) for every series in ``db``."""
+def series(db: Path) -> Iterator[Series]:
+    """Every series in ``db``."""
     if not db.is_file():
         raise HarnessError(f"history database not found: {db}")
     try:
         with sqlite3.connect(db) as connection:
             rows = connection.execute(
-                "SELECT r.runner_class, p.case_id, p.metric, p.value, r.git_commit FROM points p "
+                "SELECT r.runner_class, p.case_id, p.metric, p.value, r.run_id, r.started, r.git_commit FROM points p "
                 "JOIN runs r USING (run_id) ORDER BY r.runner_class, p.case_id, p.metric, r.started, r.rowid").fetchall()
     except sqlite3.DatabaseError as exc:
         raise HarnessError(f"{db} is not a readable history database: {exc}") from exc
-    current: tuple[str, str, str] | None = None
-    values: list[float] = []
-    commits: list[str | None] = []
-    for runner_class, case_id, metric, value, commit in rows:
-        if (runner_class, case_id, metric) != current:
-            if current is not None:
-                yield (*current, values, commits)
-            current, values, commits = (runner_class, case_id, metric), [], []
-        values.append(value)
-        commits.append(commit)
-    if current is not None:
-        yield (*current, values, commits)
+    for key, group in itertools.groupby(rows, key=lambda row: row[:3]):
+        columns = list(zip(*group))
+        yield Series(*key, tuple(columns[3]), tuple(columns[4]), tuple(columns[5]), tuple(columns[6]))
+
+
+def run_packages(db: Path, run_ids: list[str]) -> dict[str, dict[str, str]]:
+    """The package versions each run recorded."""
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute(f"SELECT run_id, packages FROM runs WHERE run_id IN ({','.join('?' * len(run_ids))})",
+                                  run_ids).fetchall()
+    return {run_id: json.loads(packages or "{}") for run_id, packages in rows}
 
 
 def load_policies(path: Path | None, profile: str) -> dict[str, Policy]:
@@ -129,12 +163,11 @@ def load_policies(path: Path | None, profile: str) -> dict[str, Policy]:
 
 def judge_history(db: Path, policies: dict[str, Policy]) -> list[SeriesVerdict]:
     out = []
-    for runner_class, case_id, metric, values, commits in series(db):
-        if metric not in METRICS:
+    for whole in series(db):
+        if whole.metric not in METRICS:
             continue
-        higher, kind = METRICS[metric]
+        higher, kind = METRICS[whole.metric]
         policy = policies[kind]
-        window = commits[-policy.window:]
-        out.append(SeriesVerdict(runner_class, case_id, metric, len(values),
-                                 classify(np.array(values), policy, higher), tuple(window)))
+        judged = whole.last(policy.window)
+        out.append(SeriesVerdict(judged, classify(np.array(judged.values), policy, higher)))
     return out

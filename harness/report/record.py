@@ -64,12 +64,13 @@ def _toolchain() -> dict[str, str | None]:
             "git_commit": output("git", "rev-parse", "HEAD")}
 
 
-def write_record(record: dict[str, Any], report_dir: Path) -> Path:
-    """Write atomically to ``report_dir/run-<time>-<pid>.json`` and return the path."""
+def write_record(record: dict[str, Any], report_dir: Path, history: Path | None = None) -> Path:
+    """Write atomically to ``report_dir/run-<time>-<pid>.json``, append it to the run history
+    (``history``, default ``report_dir/history.sqlite``) and return the path."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = report_dir / f"run-{stamp}-{os.getpid()}-{record.get('run_id', '')[:8]}.json"
     atomic_write_bytes(path, json.dumps(record, indent=1, default=str).encode())
     from harness.report.history import append
 
-    append(report_dir / HISTORY_DB, record)
+    append(history or report_dir / HISTORY_DB, record)
     return path

@@ -7,7 +7,7 @@ import base64
 import html
 import io
 from collections import Counter, defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -66,7 +66,21 @@ def _num(value: float | None, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def html_page(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"
+         "td,th{border:1px solid #999;padding:3px 6px;font-size:12px;text-align:center}"
+         ".ok{background:#8fd18f}.thin{background:#f5d76e}.bad{background:#f08080}.skip{background:#ddd}"
+         "img{max-width:100%}.legend,.empty{color:#555}.charts{display:flex;flex-wrap:wrap;gap:8px}"
+         ".charts img{width:560px}")
+
+
+def page(title: str, body: list[str]) -> str:
+    """A self-contained HTML page (styles inline, charts embedded)."""
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")
+
+
+def html_page(record: dict[str, Any], history: list[dict[str, Any]], sections: Sequence[str] = ()) -> str:
+    """The run's page; ``sections``: more HTML at its end (the history's verdicts and trends)."""
     charts = [("Output accuracy per case", _plot_snr(record)),
               ("Task-accuracy change vs FP32", _plot_accuracy_delta(record)),
               ("Speedup over FP32 (same model and backend)", _plot_speedup(record)),
@@ -88,13 +102,8 @@ def html_page(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
             body.append(f'<p class="legend">{html.escape(notes[title])}</p>')
         body.append(f'<img alt="{html.escape(title)}" src="data:image/png;base64,{png}">' if png else
                     '<p class="empty">No data in this run for this chart.</p>')
-    body += [_verdicts(record), _failures(record), _skips(record)]
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"
-             "td,th{border:1px solid #999;padding:3px 6px;font-size:12px;text-align:center}"
-             ".ok{background:#8fd18f}.thin{background:#f5d76e}.bad{background:#f08080}.skip{background:#ddd}"
-             "img{max-width:100%}.legend,.empty{color:#555}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Accuracy run</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
+    body += [_verdicts(record), _failures(record), _skips(record), *sections]
+    return page("Accuracy run", body)
 
 
 def _matrix(record: dict[str, Any]) -> str:
@@ -162,7 +171,7 @@ def _skips(record: dict[str, Any]) -> str:
     return f"<h2>Skipped cases</h2><table><tr><th>cases</th><th>reason</th></tr>{rows}</table>" if rows else ""
 
 
-def _figure(draw: Callable[[Any], bool], width: float = 11, height: float = 4) -> str | None:
+def figure(draw: Callable[[Any], bool], width: float = 11, height: float = 4) -> str | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,7 +205,7 @@ def _plot_snr(record: dict[str, Any]) -> str | None:
         ax.set_ylabel("SNR vs FP32 (dB)")
         return True
 
-    return _figure(draw, height=5)
+    return figure(draw, height=5)
 
 
 def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
@@ -219,7 +228,7 @@ def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
         ax.set_ylabel("accuracy change (points)")
         return True
 
-    return _figure(draw)
+    return figure(draw)
 
 
 def _plot_speedup(record: dict[str, Any]) -> str | None:
@@ -235,7 +244,7 @@ def _plot_speedup(record: dict[str, Any]) -> str | None:
         ax.set_ylabel("× FP32 throughput (median latency ratio)")
         return True
 
-    return _figure(draw, height=5)
+    return figure(draw, height=5)
 
 
 def _plot_histograms(record: dict[str, Any]) -> str | None:
@@ -258,7 +267,7 @@ def _plot_histograms(record: dict[str, Any]) -> str | None:
         ax.legend()
         return True
 
-    return _figure(draw)
+    return figure(draw)
 
 
 def _plot_trend(records: list[dict[str, Any]]) -> str | None:
@@ -282,4 +291,4 @@ def _plot_trend(records: list[dict[str, Any]]) -> str | None:
         ax.legend()
         return True
 
-    return _figure(draw)
+    return figure(draw)

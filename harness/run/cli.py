@@ -6,6 +6,7 @@ line, ``error: …``, with exit code 2; failing cases give exit code 1.
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import sys
 import time
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", help="run part i of n of the matrix (i/n); merge the records with 'merge'")
     run.add_argument("--baseline", type=Path, help="also judge every case against this run record (gate rules)")
     run.add_argument("--policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
+    run.add_argument("--history-db", type=Path, help="run history the record is appended to "
+                                                     "(default: history.sqlite in --report-dir)")
     _common(run)
     sensitivity = commands.add_parser("sensitivity", help="per-layer quantization error, and FP32 fallback")
     sensitivity.add_argument("model")
@@ -51,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("record", type=Path)
     report.add_argument("--history", type=Path, help="folder of earlier run records, for trends")
     report.add_argument("--out", type=Path, help="where RUN.md and RUN.html go (default: beside the record)")
+    report.add_argument("--history-db", type=Path, help="run history whose change points for this runner class the "
+                                                        "page shows (default: history.sqlite beside the record)")
+    report.add_argument("--profile", default="nightly", choices=["nightly", "premerge"], help="history policy profile")
     gate = commands.add_parser("gate", help="compare a run with a baseline; exit 1 on a regression, 2 on bad input")
     gate.add_argument("--baseline", type=Path, required=True)
     gate.add_argument("--current", type=Path, required=True)
@@ -66,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--db", type=Path, default=Path("reports/history.sqlite"))
     history.add_argument("--profile", default="nightly", choices=["nightly", "premerge"])
     history.add_argument("--policy", type=Path, help="history policy (default: fixtures/history.yaml)")
-    history.add_argument("--all", action="store_true", help="also list stable series")
+    history.add_argument("--all", action="store_true", help="also list (and with --page, draw) stable series")
+    history.add_argument("--page", type=Path, help="also write an HTML page: what changed since the last good run, "
+                                                   "and a trend chart per flagged series with its change points")
     merge = commands.add_parser("merge", help="combine shard records (run --shard i/n) into one run record")
     merge.add_argument("shards", type=Path, nargs="+")
     merge.add_argument("--out", type=Path, required=True)
@@ -133,7 +141,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
     print(format_table([r.to_dict() for r in results]))
     record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats),
                           shard.to_dict() if shard else None)
-    path = write_record(record, args.report_dir)
+    path = write_record(record, args.report_dir, getattr(args, "history_db", None))
     summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
     print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}")
     for result in results:
@@ -144,6 +152,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
 
 def _report(args: argparse.Namespace) -> int:
     from harness.report.load import history, load_record
+    from harness.report.record import HISTORY_DB
     from harness.report.render import html_page, markdown
 
     record = load_record(args.record)
@@ -152,8 +161,18 @@ def _report(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(record)
     atomic_write_bytes(out / f"{args.record.stem}.md", text.encode())
+    db = getattr(args, "history_db", None) or args.record.parent / HISTORY_DB
+    sections = []
+    if db.is_file():
+        from harness.report.history import judge_history, load_policies
+        from harness.report.history_page import history_section
+
+        profile = getattr(args, "profile", "nightly")
+        verdicts = judge_history(db, load_policies(None, profile))
+        sections.append(history_section(db, verdicts, record["environment"].get("runner_class", "unknown"),
+                                        profile=profile))
     page = out / f"{args.record.stem}.html"
-    atomic_write_bytes(page, html_page(record, past).encode())
+    atomic_write_bytes(page, html_page(record, past, sections).encode())
     print(text)
     print(f"page: {page}")
     return 0
@@ -170,11 +189,15 @@ def _gate(args: argparse.Namespace) -> int:
 
 def _nightly(args: argparse.Namespace) -> int:
     """Timed full matrix into reports/nightly/<time>/, then the page with the history's trends."""
+    from harness.report.record import HISTORY_DB
+
     folder = args.root / time.strftime("%Y%m%d-%H%M%S")
+    db = args.root / HISTORY_DB  # one history for every nightly run, beside their folders
     run_args = argparse.Namespace(cache_dir=args.cache_dir, tolerances=None, manifest=args.manifest, models=None,
-                                  precisions=None, backends=None, calibration=None, time=True, report_dir=folder)
+                                  precisions=None, backends=None, calibration=None, time=True, report_dir=folder,
+                                  history_db=db)
     code, record = run_matrix(run_args)
-    _report(argparse.Namespace(record=record, history=args.root, out=folder))
+    _report(argparse.Namespace(record=record, history=args.root, out=folder, history_db=db, profile="nightly"))
     return code
 
 
@@ -281,6 +304,14 @@ def _history(args: argparse.Namespace) -> int:
     counts = Counter(v.verdict.state for v in verdicts)
     print(f"{len(verdicts)} series ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}) "
           f"judged in {clock.perf_counter() - start:.1f} s, profile {args.profile}")
+    if args.page:
+        from harness.report.history_page import history_section
+        from harness.report.render import page
+
+        body = [f"<h1>Run history {html.escape(str(args.db))}</h1>",
+                history_section(args.db, verdicts, draw_all=args.all, profile=args.profile)]
+        atomic_write_bytes(args.page, page("Run history", body).encode())
+        print(f"page: {args.page}")
     return 1 if counts["regression"] else 0
 
 
