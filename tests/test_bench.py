@@ -44,8 +44,11 @@ def test_bench_without_a_gpu_says_so():
 
 
 def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
-    """`--benchmark-autosave` twice, then `--benchmark-compare-fail=median:50%` passes; a run slowed
-    by HARNESS_BENCH_SLOWDOWN_MS fails it."""
+    """`--benchmark-autosave` twice, then `--benchmark-compare-fail=median:300%` passes; a run slowed
+    by HARNESS_BENCH_SLOWDOWN_MS fails it. The planted 20 ms is ~400x the call (about 45 us here), so
+    a 4x threshold detects it while a shared 2-core runner's noise (beyond 1.5x between runs twice
+    in about 60 reruns, failing the 50% threshold this test had) cannot trip it: this proves pytest-benchmark's
+    comparison path; judging small changes is compare-timings' job (Mann-Whitney over every round)."""
     import os
 
     root = Path(__file__).resolve().parent.parent
@@ -61,9 +64,9 @@ def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
         saved = run("--benchmark-autosave")
         assert saved.returncode == 0, saved.stdout[-1500:]
     assert len(list(tmp_path.rglob("*.json"))) == 2
-    same = run("--benchmark-compare", "--benchmark-compare-fail=median:50%")
+    same = run("--benchmark-compare", "--benchmark-compare-fail=median:300%")
     assert same.returncode == 0, same.stdout[-1500:]
-    slowed = run("--benchmark-compare", "--benchmark-compare-fail=median:50%", slowdown="20")
+    slowed = run("--benchmark-compare", "--benchmark-compare-fail=median:300%", slowdown="20")
     assert slowed.returncode != 0
     assert "Performance has regressed" in slowed.stdout + slowed.stderr
 
