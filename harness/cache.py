@@ -53,6 +53,21 @@ def _feed(digest: "hashlib._Hash", part: Any) -> None:
         digest.update(("j" + json.dumps(part, sort_keys=True, default=str)).encode())
 
 
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read once per process while its size and mtime stay the same."""
+    stat = Path(path).stat()
+    return _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 @functools.lru_cache(maxsize=None)
 def source_fingerprint(*modules: str) -> str:
     """Hash of the source files of ``modules`` (a package means every .py file in it).
@@ -142,7 +157,7 @@ class Cache:
             return False
         try:
             expected = json.loads(sidecar.read_text())["sha256"]
-            actual = hashlib.sha256(path.read_bytes()).hexdigest()
+            actual = file_sha256(path)
         except (OSError, ValueError, KeyError, TypeError):
             expected, actual = "", "unreadable"
         if expected == actual:

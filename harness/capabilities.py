@@ -13,6 +13,7 @@ import importlib.util
 import os
 import platform
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from importlib.metadata import PackageNotFoundError, version
 
 # Minimum compute capability per precision on NVIDIA GPUs (TensorRT's support matrix).
@@ -55,6 +56,11 @@ class CPU:
     @property
     def isa_class(self) -> str:
         return next((flag for flag in ISA_CLASSES if flag in self.isa), "baseline")
+
+    @property
+    def identity(self) -> list[Any]:
+        """What decides a CPU kernel's numbers here: part of the key of cached runtime outputs."""
+        return [self.model, list(self.isa), self.usable_cpus]
 
     @property
     def has_vnni(self) -> bool:
@@ -169,11 +175,19 @@ def package_version(name: str) -> str | None:
         return "unknown" if importlib.util.find_spec(module) is not None else None
 
 
+def nvidia_driver_present() -> bool:
+    """An NVIDIA driver is loaded (Linux) or its tool is on PATH: only then can torch see a GPU, so
+    only then is torch imported to ask (a second of imports a CPU-only run does not pay)."""
+    import shutil
+
+    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+
+
 @functools.lru_cache(maxsize=1)
 def detect() -> Capabilities:
     """Probe once per process: the first CUDA device through torch, if torch has CUDA."""
     gpu = None
-    if package_version("torch") is not None:
+    if package_version("torch") is not None and nvidia_driver_present():
         import torch
 
         if torch.cuda.is_available():

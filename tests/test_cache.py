@@ -71,3 +71,30 @@ def test_concurrent_workers_build_an_artifact_once(tmp_path):
     assert len(set(paths)) == 1
     assert counter.read_text() == "x"
     assert Path(paths[0]).read_bytes() == b"shared artifact"
+
+
+def test_a_warm_run_reads_every_artifact_and_imports_no_torch(tmp_path):
+    """The second `harness run` of the same matrix finds the export, precision graphs, reference,
+    semantics and runtime outputs by content key: it builds no module (so, on a CPU-only machine,
+    never imports torch, for quantized cases: FP32's elementwise check goes through Polygraphy's
+    comparator, which imports torch to ask whether arrays are tensors) and prints the same table."""
+    import json
+    import subprocess
+    import sys
+
+    from harness.capabilities import nvidia_driver_present
+
+    script = ("import runpy, sys; sys.argv = ['harness'] + sys.argv[1:]\n"
+              "try:\n    runpy.run_module('harness', run_name='__main__')\nexcept SystemExit as exit:\n"
+              "    print('TORCH_IMPORTED' if 'torch' in sys.modules else 'NO_TORCH'); raise\n")
+    command = [sys.executable, "-c", script, "run", "--models", "cnn,digits-cnn", "--precisions", "int8,fp8",
+               "--backends", "onnxruntime", "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path)]
+    cold, warm = (subprocess.run(command, capture_output=True, text=True, timeout=600) for _ in range(2))
+    assert cold.returncode == warm.returncode == 0, warm.stderr[-2000:]
+    table = lambda out: [line for line in out.splitlines() if "onnxruntime" in line]  # noqa: E731
+    assert table(warm.stdout) == table(cold.stdout) and len(table(warm.stdout)) == 4
+    records = sorted((json.loads(p.read_text()) for p in tmp_path.glob("run-*.json")), key=lambda r: r["started"])
+    misses = {k: v for k, v in records[-1]["cache"].items() if k.endswith(".miss")}
+    assert misses == {} and records[-1]["cache"]["outputs.hit"] >= 4
+    if not nvidia_driver_present():
+        assert "NO_TORCH" in warm.stdout and "TORCH_IMPORTED" in cold.stdout

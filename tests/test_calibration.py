@@ -95,9 +95,11 @@ def test_cache_hit_runs_no_forward_pass_and_gives_identical_bytes(tmp_path):
     second_pipeline = _pipeline_with_fresh_cache(tmp_path)  # a new session, same cache
     middle = FORWARD_PASSES[graph_name]
     second = second_pipeline.store.precision_onnx("cnn", recipe).read_bytes()
-    assert FORWARD_PASSES[graph_name] == middle
     assert second == first
-    assert second_pipeline.cache.stats["calibration.hit"] == 1
+    assert second_pipeline.cache.stats["precision.hit"] == 1  # the graph is found without its ranges
+    assert second_pipeline.store.ranges("cnn", recipe)  # the ranges (TensorRT's implicit INT8) are cached too
+    assert FORWARD_PASSES[graph_name] == middle
+    assert second_pipeline.cache.stats["calibration.hit"] == 1 and not second_pipeline.cache.stats["calibration.miss"]
 
 
 @pytest.mark.int8
@@ -114,29 +116,51 @@ def test_changed_method_sample_or_weight_recalibrates(tmp_path):
         batches[0] = {k: v.copy() for k, v in batches[0].items()}
         batches[0]["input"][0, 0] += 0.5
         return batches
-    pipeline.store.calibration_batches = one_sample_changed
-    pipeline.store.precision_onnx("mlp", get_recipe("int8"))
-    assert misses() == 3
-    pipeline.store.calibration_batches = original
-    import torch
+    resampled = _pipeline_with_fresh_cache(tmp_path)  # a new process's store, same cache
+    resampled.store.calibration_batches = one_sample_changed
+    resampled.store.precision_onnx("mlp", get_recipe("int8"))
+    assert resampled.cache.stats["calibration.miss"] == 1
 
-    changed = _pipeline_with_fresh_cache(tmp_path)  # same cache, a module whose weight then changes
-    with torch.no_grad():
-        changed.store.module("mlp")[0].weight[0, 0] += 0.25
-    changed.store.precision_onnx("mlp", get_recipe("int8"))
-    assert changed.cache.stats["calibration.miss"] == 1
+
+@pytest.mark.int8
+def test_a_changed_build_file_recalibrates_and_an_unchanged_one_builds_nothing(tmp_path):
+    """A manifest model declares the file its build reads: the warm run finds its export, ranges and
+    precision graph without building it; a changed file is a new model, exported and calibrated anew."""
+    (tmp_path / "scaled_by_file.py").write_text(
+        "from pathlib import Path\nimport torch\n\n\ndef build():\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n"
+        "    with torch.no_grad():\n"
+        "        model[0].weight.mul_(float(Path(__file__).with_name('scale.txt').read_text()))\n"
+        "    return model\n")
+    (tmp_path / "scale.txt").write_text("1.0")
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: scaled\n    build: scaled_by_file:build\n    build_files: [scale.txt]\n"
+        "    inputs: [{name: x, shape: [4, 8]}]\n    outputs: [y]\n    calibration: synthetic\n")
+
+    def pipeline() -> Pipeline:
+        return Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+
+    first = pipeline()
+    first_graph = first.store.precision_onnx("scaled", get_recipe("int8"))
+    warm = pipeline()
+    assert warm.store.precision_onnx("scaled", get_recipe("int8")) == first_graph
+    assert not warm.store._modules.items and not warm.cache.stats["calibration.miss"]
+    (tmp_path / "scale.txt").write_text("3.0")
+    changed = pipeline()
+    assert changed.store.precision_onnx("scaled", get_recipe("int8")) != first_graph
+    assert changed.cache.stats["onnx.miss"] == 1 and changed.cache.stats["calibration.miss"] == 1
 
 
 @pytest.mark.int8
 def test_corrupt_calibration_cache_is_detected_and_rebuilt(tmp_path):
     pipeline = _pipeline_with_fresh_cache(tmp_path)
-    first = pipeline.store.precision_onnx("cnn", get_recipe("int8")).read_bytes()
+    first = pipeline.store.ranges("cnn", get_recipe("int8"))
     [entry] = (tmp_path / "cache" / "calibration").rglob("*.json.json")
     data = entry.with_name(entry.name[: -len(".json")])
     data.write_text(data.read_text()[:40])  # truncated mid-file
     fresh = _pipeline_with_fresh_cache(tmp_path)
     with pytest.warns(UserWarning, match="does not match its checksum"):
-        rebuilt = fresh.store.precision_onnx("cnn", get_recipe("int8")).read_bytes()
+        rebuilt = fresh.store.ranges("cnn", get_recipe("int8"))
     assert rebuilt == first
     assert fresh.cache.stats["calibration.corrupt"] == 1 and data.with_name(data.name + ".corrupt").exists()
 

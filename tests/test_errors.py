@@ -70,7 +70,7 @@ def test_user_onnx_model_that_is_corrupt_errors_the_case(tmp_path):
 
 def test_quantizing_without_calibration_set_is_refused(tmp_path):
     (tmp_path / "models.yaml").write_text(
-        "models:\n  - name: uncalibrated\n    build: harness.models.synthetic:ResidualBlock\n"
+        "models:\n  - name: uncalibrated\n    build: harness.models.nets:ResidualBlock\n"
         "    inputs: [{name: input, shape: [2, 3, 16, 16]}]\n    outputs: [logits]\n")
     pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
     result = pipeline.run(Case("uncalibrated", "int8", "onnxruntime"))

@@ -88,3 +88,10 @@ class Backend:
     def load(self, artifacts: Artifacts) -> Runner:
         """A runner for the case; math modes such as TF32 come from ``artifacts.recipe.runtime``."""
         raise NotImplementedError
+
+    def outputs_key(self, artifacts: Artifacts, caps: Capabilities) -> list[Any] | None:
+        """Everything that decides this backend's outputs for ``artifacts`` on this machine (the
+        runtime's version and settings, the exact model, the CPU), so they can be cached and a warm
+        run reads them instead of running; None (the default) always runs: GPU kernels, engines
+        built by autotuning, anything whose numbers this list could not pin down."""
+        return None

@@ -13,9 +13,11 @@ runner; ``HARNESS_ORT_X64_QUANT_PRECISION=0`` judges ONNX Runtime's defaults as 
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 
 import numpy as np
@@ -23,14 +25,20 @@ import onnx
 from onnx import TensorProto
 
 from harness.backends.base import Artifacts, Backend, Runner
-from harness.capabilities import Capabilities, detect
+from harness.cache import file_sha256
+from harness.capabilities import Capabilities, detect, package_version
 from harness.models.spec import Batch, ModelSpec
 
 _FLOAT8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
 
 
 def _has_float8(path: Path) -> bool:
-    model = onnx.load(str(path), load_external_data=False)
+    return _float8_in(str(path), file_sha256(path))
+
+
+@functools.lru_cache(maxsize=256)
+def _float8_in(path: str, sha256: str) -> bool:
+    model = onnx.load(path, load_external_data=False)
     return any(init.data_type in _FLOAT8 for init in model.graph.initializer)
 
 
@@ -89,6 +97,15 @@ class OnnxRuntimeBackend(Backend):
             tf32 = int(bool(artifacts.recipe.runtime.get("tf32")))
             providers = [("CUDAExecutionProvider", {"use_tf32": tf32}), *providers]  # type: ignore[list-item]
         return OnnxRuntimeRunner(path, providers, optimize=not _has_float8(path), config=integer_kernel_config())
+
+    def outputs_key(self, artifacts: Artifacts, caps: Capabilities) -> list[Any] | None:
+        """On the CPU provider: the graph's bytes, ONNX Runtime's version, optimisation level and
+        session settings, and the CPU (model, instruction sets, usable cores) decide the outputs."""
+        if _cuda_provider() or caps.cpu is None:
+            return None
+        path = artifacts.onnx_path()
+        return ["onnxruntime", package_version("onnxruntime"), file_sha256(path), not _has_float8(path),
+                integer_kernel_config(), caps.cpu.identity]
 
 
 def integer_kernel_config() -> dict[str, str]:

@@ -67,6 +67,14 @@ class TorchBackend(Backend):
             return caps.gpu_requirement(precision)
         return None
 
+    def outputs_key(self, artifacts: Artifacts, caps: Capabilities) -> list[Any] | None:
+        """On a CPU-only machine (FP32 only there): the module's build key, torch's version and the
+        CPU decide the outputs; a module without a build key, or a GPU, always runs."""
+        build_key = artifacts.spec.build_key()
+        if caps.gpu is not None or caps.cpu is None or build_key is None:
+            return None
+        return ["torch", caps.packages.get("torch"), build_key, artifacts.recipe.name, caps.cpu.identity]
+
     def load(self, artifacts: Artifacts) -> Runner:
         import torch
 

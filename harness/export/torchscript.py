@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import onnx
 
@@ -38,22 +39,34 @@ def torch_model_hash(module: "object") -> str:
 
 
 def export_onnx(spec: ModelSpec, module: "object", cache: Cache, opset: int | None = None) -> Path:
-    """The cached FP32 ONNX export of ``module``; the torch model is checked against its spec first."""
-    import torch
+    """The cached FP32 ONNX export of ``module``, keyed by its weights; the torch model is checked
+    against its spec first."""
+    return export_built(spec, "weights:" + torch_model_hash(module), lambda: module, cache, opset)
+
+
+def export_built(spec: ModelSpec, identity: str, module: Callable[[], "object"], cache: Cache,
+                 opset: int | None = None) -> Path:
+    """The cached FP32 ONNX export of the module ``identity`` names (its weights' hash, or a spec's
+    build key): ``module`` is called only on a cache miss, so a warm run never builds it."""
+    from harness.capabilities import package_version
 
     opset = opset or DEFAULT_OPSET
-    sample = spec.sample_batches(1, seed=0)[0]
-    args = tuple(torch.from_numpy(sample[i.name]) for i in spec.inputs)
-    _check_inputs(spec, module, args)
-    key = content_hash("onnx-export", torch_model_hash(module), [repr(i) for i in spec.inputs],
-                       list(spec.outputs), opset, torch.__version__, source_fingerprint("harness.export"))
+    torch_version = package_version("torch")
+    key = content_hash("onnx-export", identity, [repr(i) for i in spec.inputs], list(spec.outputs), opset,
+                       torch_version, source_fingerprint("harness.export"))
 
     def produce() -> bytes:
+        import torch
+
+        built = module()
+        sample = spec.sample_batches(1, seed=0)[0]
+        args = tuple(torch.from_numpy(sample[i.name]) for i in spec.inputs)
+        _check_inputs(spec, built, args)
         buffer = io.BytesIO()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript exporter deprecation notices
             torch.onnx.export(
-                module, args, buffer, input_names=[i.name for i in spec.inputs],
+                built, args, buffer, input_names=[i.name for i in spec.inputs],
                 output_names=list(spec.outputs), opset_version=opset, dynamo=False,
                 dynamic_axes={i.name: dict(i.dynamic_axes) for i in spec.inputs},
             )
@@ -62,7 +75,7 @@ def export_onnx(spec: ModelSpec, module: "object", cache: Cache, opset: int | No
         return buffer.getvalue()
 
     return cache.get_or_create("onnx", key, ".onnx", produce,
-                               {"model": spec.name, "opset": opset, "torch": torch.__version__})
+                               {"model": spec.name, "opset": opset, "torch": torch_version, "identity": identity})
 
 
 def _check_inputs(spec: ModelSpec, module: "object", args: tuple) -> None:

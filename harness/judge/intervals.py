@@ -32,13 +32,13 @@ class Interval:
 
 def proportion_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
     """Exact (Clopper–Pearson) interval for a proportion ``successes / n``."""
-    from scipy.stats import beta
+    from scipy.special import betaincinv  # the beta distribution's quantile, without scipy.stats' imports
 
     if n <= 0:
         return Interval(0.0, 1.0, confidence)
     alpha = 1.0 - confidence
-    low = 0.0 if successes == 0 else float(beta.ppf(alpha / 2, successes, n - successes + 1))
-    high = 1.0 if successes == n else float(beta.ppf(1 - alpha / 2, successes + 1, n - successes))
+    low = 0.0 if successes == 0 else float(betaincinv(successes, n - successes + 1, alpha / 2))
+    high = 1.0 if successes == n else float(betaincinv(successes + 1, n - successes, 1 - alpha / 2))
     return Interval(low, high, confidence)
 
 

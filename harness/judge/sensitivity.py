@@ -16,7 +16,6 @@ from typing import Any
 import onnx
 
 from harness.judge.compare import Comparison, compare
-from harness.judge.semantics import evaluate_semantics
 from harness.judge.tolerances import Tolerance
 from harness.precision.qdq import QDQ
 
@@ -31,17 +30,22 @@ class LayerSensitivity:
 
 def evaluate_recipe(store: Any, model: str, recipe: QDQ, tolerance: Tolerance) -> Comparison:
     """The recipe's graph, evaluated as written (never a runtime's kernels), against FP32."""
-    semantics = evaluate_semantics(store.precision_onnx(model, recipe), store.eval_batches(model))
+    semantics = store.graph_semantics(model, store.precision_onnx(model, recipe))
     spec = store.models.get(model)
     return compare(store.reference(model), semantics, tolerance, spec.task == "classification")
 
 
-def layer_sensitivity(store: Any, model: str, recipe: QDQ) -> list[LayerSensitivity]:
-    """Most sensitive first (lowest SNR of the first output)."""
+def layer_sensitivity(store: Any, model: str, recipe: QDQ, progress: bool = True) -> list[LayerSensitivity]:
+    """Most sensitive first (lowest SNR of the first output). One calibration pass serves every
+    layer (:meth:`QDQ.calibration_recipe`) and each layer's evaluation is cached by its graph, so
+    a rerun reads; ``progress`` shows a bar on a terminal."""
+    from tqdm import tqdm
+
     graph = onnx.load(str(store.fp32_onnx(model)))
     output = store.models.get(model).outputs[0]
     rows = []
-    for node in recipe.quantized_nodes(graph):
+    for node in tqdm(recipe.quantized_nodes(graph), desc=f"sensitivity {model}", unit="layer", leave=False,
+                     disable=None if progress else True):
         metrics = evaluate_recipe(store, model, recipe.with_options(only=(node.name,)), Tolerance()).metrics[output]
         rows.append(LayerSensitivity(node.name, node.op_type, metrics["cosine"], metrics["snr_db"]))
     return sorted(rows, key=lambda row: row.snr_db)

@@ -1,10 +1,12 @@
 """User models from a YAML manifest (and the ``quant_harness.models`` entry-point group).
 
-A manifest entry names a factory as ``"module:callable"`` (imported, never ``eval``-ed) or an
-ONNX file. Paths are resolved against the manifest's folder. See ``fixtures/models.yaml``.
+A manifest entry names a factory as ``"module:callable"`` (imported when first called, never
+``eval``-ed; a module that cannot be found is an error at load) or an ONNX file. Paths are
+resolved against the manifest's folder. See ``fixtures/models.yaml``.
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -13,12 +15,11 @@ from typing import Any, Iterable
 import yaml
 
 from harness.errors import HarnessError
-from harness.models.spec import InputSpec, ModelSpec
-from harness.registry import import_object
+from harness.models.spec import InputSpec, ModelSpec, Ref
 
 ENTRY_POINT_GROUP = "quant_harness.models"
 _FIELDS = {"name", "build", "onnx", "quantized", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow",
-           "unsupported_ops"}
+           "unsupported_ops", "build_files"}
 
 
 def load_manifest(path: Path) -> list[ModelSpec]:
@@ -44,18 +45,29 @@ def _entry(entry: dict[str, Any], path: Path, root: Path) -> ModelSpec:
             name=entry["name"],
             inputs=[_input(item) for item in entry["inputs"]],
             outputs=list(entry["outputs"]),
-            build=import_object(entry["build"]) if "build" in entry else None,  # type: ignore[arg-type]
+            build=_ref(entry["build"]) if "build" in entry else None,
             onnx_path=root / entry["onnx"] if "onnx" in entry else None,
             quantized={precision: root / path for precision, path in (entry.get("quantized") or {}).items()},
             task=entry.get("task", "regression"),
-            calibration=calibration if calibration in (None, "synthetic") else import_object(calibration),
-            eval_data=import_object(entry["eval"]) if "eval" in entry else None,  # type: ignore[arg-type]
+            calibration=calibration if calibration in (None, "synthetic") else _ref(calibration),
+            eval_data=_ref(entry["eval"]) if "eval" in entry else None,  # type: ignore[arg-type]
             tolerances=entry.get("tolerances", {}),
             unsupported_ops=entry.get("unsupported_ops", {}),
             slow=bool(entry.get("slow", False)),
+            build_files=None if entry.get("build_files") is None else [root / f for f in entry["build_files"]],
         )
     except (KeyError, ValueError, ImportError, AttributeError, TypeError) as exc:
         raise HarnessError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _ref(target: str) -> Ref:
+    """A lazy reference to ``module:callable``, whose module must be importable."""
+    module, _, attribute = target.partition(":")
+    if not attribute:
+        raise ValueError(f"expected 'module:callable', got {target!r}")
+    if importlib.util.find_spec(module) is None:
+        raise ModuleNotFoundError(f"No module named {module!r}")
+    return Ref(target)
 
 
 def _input(item: dict[str, Any]) -> InputSpec:

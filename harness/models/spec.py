@@ -3,9 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
+
+from harness.cache import content_hash, file_sha256, source_fingerprint
+from harness.capabilities import package_version
+from harness.errors import HarnessError
+from harness.registry import import_object
 
 Batch = dict[str, np.ndarray]
 """One batch of named model inputs."""
@@ -38,7 +43,28 @@ class LabeledData:
     labels: np.ndarray
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A callable named ``"module:attribute"`` (with fixed arguments), imported on first call, so
+    that listing, keying and judging models from caches never imports torch or a user's package."""
+
+    target: str
+    args: tuple[Any, ...] = ()
+
+    def __call__(self) -> Any:
+        try:
+            function = import_object(self.target)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise HarnessError(f"cannot import {self.target}: {type(exc).__name__}: {exc}") from exc
+        return function(*self.args)
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+
 Calibration = Literal["synthetic"] | Callable[[], list[Batch]] | None
+BUILD_PACKAGES = ("torch", "torchvision", "scikit-learn")  # versions in every build key (digits ship in sklearn)
 
 
 @dataclass(frozen=True)
@@ -66,6 +92,10 @@ class ModelSpec:
     quantized: Mapping[str, Path] = field(default_factory=dict)  # precision → the user's own quantized ONNX
     slow: bool = False
     seed: int = 0
+    # Files the build reads (weights, training data). Declaring them, even as an empty list, says
+    # that the build is a function of its source and these files only: it is then keyed without
+    # being run (build_key), and warm runs never build the module. None: not declared.
+    build_files: Sequence[Path] | None = None
 
     def __post_init__(self) -> None:
         if (self.build is None) == (self.onnx_path is None):
@@ -80,3 +110,22 @@ class ModelSpec:
         """Deterministic synthetic batches drawn from the input specs."""
         rng = np.random.default_rng(seed)
         return [{spec.name: spec.sample(rng, batch) for spec in self.inputs} for _ in range(count)]
+
+    def build_key(self) -> str | None:
+        """A content key of everything that makes the torch module, found without building it:
+        the build's name and arguments, its package's source, the seed, the I/O, torch's and
+        torchvision's versions and the declared build files. None where that is not known to be
+        everything: a model not built by the harness's own code and declaring no ``build_files``."""
+        if self.build is None:
+            return None
+        module = self.build.module if isinstance(self.build, Ref) else getattr(self.build, "__module__", "")
+        name = self.build.target if isinstance(self.build, Ref) else \
+            f"{module}:{getattr(self.build, '__qualname__', '<unnamed>')}"
+        builtin = module.startswith("harness.models")
+        if (not builtin and self.build_files is None) or "<" in name or module in ("", "__main__"):
+            return None  # lambdas and closures carry state their source does not show
+        package = "harness.models" if builtin else module.split(".")[0]
+        return content_hash("build", self.name, name, [repr(a) for a in getattr(self.build, "args", ())], self.seed,
+                            [repr(i) for i in self.inputs], list(self.outputs), source_fingerprint(package),
+                            {p: package_version(p) for p in BUILD_PACKAGES},
+                            [(str(f), file_sha256(Path(f))) for f in (self.build_files or ())])

@@ -7,17 +7,17 @@ what quantization accuracy depends on.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
-import torch
-from torch import nn
-
-from harness.models.spec import InputSpec, ModelSpec
+from harness.models.spec import InputSpec, ModelSpec, Ref
 
 IMAGENET = InputSpec("input", (4, 3, 224, 224), value_range=(-2.0, 2.0))
 
 
-def _recalibrate_batchnorm(model: nn.Module, batches: int = 4, batch: int = 8) -> nn.Module:
+def _recalibrate_batchnorm(model: Any, batches: int = 4, batch: int = 8) -> Any:
+    import torch
+    from torch import nn
+
     generator = torch.Generator().manual_seed(1234)
     for module in model.modules():
         if isinstance(module, nn.BatchNorm2d):
@@ -30,20 +30,18 @@ def _recalibrate_batchnorm(model: nn.Module, batches: int = 4, batch: int = 8) -
     return model.eval()
 
 
-def _torchvision(arch: str) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        import torchvision
+def build_torchvision(arch: str) -> Any:
+    """torchvision's ``arch`` with seeded random weights and re-estimated BatchNorm statistics."""
+    import torch
+    import torchvision
 
-        torch.manual_seed(0)
-        return _recalibrate_batchnorm(getattr(torchvision.models, arch)(weights=None))
-
-    build.__name__ = f"build_{arch}"
-    return build
+    torch.manual_seed(0)
+    return _recalibrate_batchnorm(getattr(torchvision.models, arch)(weights=None))
 
 
 def _spec(name: str, arch: str, slow: bool) -> ModelSpec:
-    return ModelSpec(name, [IMAGENET], ["logits"], build=_torchvision(arch), task="classification",
-                     calibration="synthetic", slow=slow)
+    return ModelSpec(name, [IMAGENET], ["logits"], build=Ref("harness.models.vision:build_torchvision", (arch,)),
+                     task="classification", calibration="synthetic", slow=slow)
 
 
 SPECS = [

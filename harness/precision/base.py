@@ -27,6 +27,11 @@ class Recipe:
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         return []
 
+    def calibration_recipe(self) -> "Recipe":
+        """The recipe whose tensors are calibrated for this one: a superset, so variants that
+        quantize fewer layers (sensitivity, fallback) reuse one calibration pass."""
+        return self
+
     def for_target(self, target: str) -> "Recipe":
         """The variant of this recipe for a backend's graph target (``"emulated"`` for CPU
         executors, ``"native"`` for TensorRT's strongly typed builders); most are the same."""

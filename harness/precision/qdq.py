@@ -113,6 +113,9 @@ class QDQ(Recipe):
             chosen.append(node)
         return chosen
 
+    def calibration_recipe(self) -> "QDQ":
+        return self.with_options(only=None, exclude=())
+
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         weights = initializer_names(model)
         seen: dict[str, None] = {}

@@ -1,13 +1,18 @@
-"""Making a case's artifacts: torch module, FP32 ONNX, calibrated ranges, precision graph, batches
-and FP32 reference outputs.
+"""Making a case's artifacts: torch module, FP32 ONNX, calibrated ranges, precision graph, batches,
+FP32 reference outputs, the precision graph's semantics and a runtime's outputs.
 
-Each is memoised per process and, where it is a file, cached on disk under a content hash of
-everything that affects it (:mod:`harness.cache`), so hundreds of cases build each model and
-compute each reference once.
+Each is memoised per process and cached on disk under a content hash of everything that affects
+it (:mod:`harness.cache`), so hundreds of cases build each model and compute each reference once,
+and a warm re-run only reads: the FP32 export is keyed by the model's build key (its source,
+seed and versions: :meth:`ModelSpec.build_key`) so the module is not built to find it; outputs
+are keyed by the exact graph or build, the input batches, and what the backend says decides its
+numbers (:meth:`Backend.outputs_key`: runtime version, settings, CPU), or are not cached at all.
 """
 from __future__ import annotations
 
 import functools
+import io
+import json
 import math
 from collections import OrderedDict
 from pathlib import Path
@@ -16,9 +21,11 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from harness.backends import Artifacts, Backend
-from harness.cache import Cache, content_hash, source_fingerprint
+from harness.cache import Cache, content_hash, file_sha256, source_fingerprint
+from harness.capabilities import Capabilities, detect, package_version
 from harness.errors import CalibrationError
 from harness.export import export_onnx, load_onnx
+from harness.export.torchscript import export_built
 from harness.judge.compare import concat
 from harness.judge.mutations import Mutation
 from harness.judge.semantics import evaluate_semantics
@@ -57,17 +64,17 @@ class ArtifactStore:
     """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners."""
 
     def __init__(self, cache: Cache, models: Registry[ModelSpec], backend: Callable[[str], Backend],
-                 tolerances: ToleranceTable, calibrator: Calibrator | None = None):
+                 tolerances: ToleranceTable, calibrator: Calibrator | None = None, caps: Capabilities | None = None):
         self.cache, self.models, self.backend, self.calibrator = cache, models, backend, calibrator
-        self.tolerances = tolerances
+        self.tolerances, self.caps = tolerances, caps or detect()
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
-        self._semantics, self._coverage = _Memo(MEMO_SIZE), _Memo()
+        self._semantics, self._coverage, self._batch_keys, self._precision = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
         self.mutation: Mutation | None = None
 
     def mutated(self, mutation: Mutation) -> "ArtifactStore":
         """A store whose artifacts carry a planted defect; torch modules and FP32 reference outputs
         (which no defect touches) are shared with this one."""
-        other = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.calibrator)
+        other = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.calibrator, self.caps)
         other._modules, other._references, other.mutation = self._modules, self._references, mutation
         return other
 
@@ -102,7 +109,10 @@ class ArtifactStore:
             if spec.onnx_path is not None:
                 load_onnx(spec.onnx_path)
                 return self._plant("fp32", spec.onnx_path)
-            return self._plant("fp32", export_onnx(spec, self.module(model), self.cache))
+            build_key = spec.build_key()
+            if build_key is None:  # keyed by the built module's weights
+                return self._plant("fp32", export_onnx(spec, self.module(model), self.cache))
+            return self._plant("fp32", export_built(spec, "build:" + build_key, lambda: self.module(model), self.cache))
 
         return self._fp32.get(model, make)
 
@@ -118,23 +128,36 @@ class ArtifactStore:
         graph = onnx.load_from_string(source_bytes)
         if not recipe.calibrated:
             return source_bytes, graph, {}
-        ranges = calibrate(self.cache, source_bytes, recipe.tensors_to_calibrate(graph),
+        ranges = calibrate(self.cache, source_bytes, recipe.calibration_recipe().tensors_to_calibrate(graph),
                            self.calibration_batches(model), recipe.calibrator)
         return source_bytes, graph, ranges
 
     def precision_onnx(self, model: str, recipe: Recipe) -> Path:
         """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges), or the
-        user's own quantized graph where the model spec names one for this precision."""
+        user's own quantized graph where the model spec names one for this precision.
+
+        Keyed by what the graph is a function of (the FP32 graph's bytes, the recipe, the
+        calibration batches, ONNX Runtime's version for the calibration pass, the recipe code), so
+        a warm run finds it without parsing the FP32 graph or reading its ranges."""
         user_graph = self.models.get(model).quantized.get(recipe.name)
         if user_graph is not None:
             load_onnx(user_graph)  # a missing or corrupt file is named
             return self._plant("precision", user_graph, recipe.name)
-        source_bytes, graph, ranges = self._fp32_and_ranges(model, recipe)
-        key = content_hash("precision", source_bytes, recipe.params(), ranges, source_fingerprint("harness.precision"))
-        path = self.cache.get_or_create("precision", key, ".onnx",
-                                        lambda: recipe.apply(graph, ranges).SerializeToString(),
-                                        {"model": model, **recipe.params()})
-        return self._plant("precision", path, recipe.name)
+
+        def make() -> Path:
+            calibration = [self._batches_key(self.calibration_batches(model)), package_version("onnxruntime")] \
+                if recipe.calibrated else None
+            key = content_hash("precision", file_sha256(self.fp32_onnx(model)), recipe.params(), calibration,
+                               source_fingerprint("harness.precision"))
+
+            def produce() -> bytes:
+                _, graph, ranges = self._fp32_and_ranges(model, recipe)
+                return recipe.apply(graph, ranges).SerializeToString()
+
+            path = self.cache.get_or_create("precision", key, ".onnx", produce, {"model": model, **recipe.params()})
+            return self._plant("precision", path, recipe.name)
+
+        return self._precision.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), make)
 
     def calibration_batches(self, model: str) -> list[Batch]:
         spec = self.models.get(model)
@@ -168,25 +191,70 @@ class ArtifactStore:
         for an ONNX-only model."""
         def compute() -> dict[str, np.ndarray]:
             backend = "torch" if self.models.get(model).build is not None else "onnxruntime"
-            with self.backend(backend).load(self.for_case(model, "fp32", backend)) as runner:
-                return concat([runner.infer(batch) for batch in self.eval_batches(model)])
+            return self.run_outputs(model, backend, self.for_case(model, "fp32", backend))[0]
 
         return self._references.get(model, compute)
 
+    def run_outputs(self, model: str, backend: str, artifacts: Artifacts) -> tuple[dict[str, np.ndarray], str]:
+        """``backend``'s outputs on the evaluation batches and its runtime label: read from the
+        cache where the backend can say what decides them, else run."""
+        def run() -> tuple[dict[str, np.ndarray], str]:
+            with self.backend(backend).load(artifacts) as runner:
+                return concat([runner.infer(batch) for batch in self.eval_batches(model)]), runner.label()
+
+        parts = self.backend(backend).outputs_key(artifacts, self.caps)
+        if parts is None:
+            return run()
+        return self._cached_arrays("outputs", [parts, self._eval_key(model)], run,
+                                   {"model": model, "backend": backend, "precision": artifacts.recipe.name})
+
     def semantics(self, model: str, precision: str) -> dict[str, np.ndarray]:
         """The outputs of ``precision``'s graph evaluated as written (:mod:`harness.judge.semantics`)."""
-        def evaluate() -> dict[str, np.ndarray]:
-            path = self.precision_onnx(model, self.recipe(precision, "emulated"))
-            return evaluate_semantics(path, self.eval_batches(model))
+        return self._semantics.get((model, precision), lambda: self.graph_semantics(
+            model, self.precision_onnx(model, self.recipe(precision, "emulated"))))
 
-        return self._semantics.get((model, precision), evaluate)
+    def graph_semantics(self, model: str, path: Path) -> dict[str, np.ndarray]:
+        """The outputs of the graph at ``path`` over ``model``'s evaluation batches, evaluated as
+        written; cached by the graph's bytes, the batches, ONNX Runtime's version and the CPU."""
+        parts = [file_sha256(path), self._eval_key(model), package_version("onnxruntime"),
+                 self.caps.cpu.identity if self.caps.cpu else None, source_fingerprint("harness.judge.semantics")]
+        return self._cached_arrays("semantics", parts, lambda: (evaluate_semantics(path, self.eval_batches(model)), ""),
+                                   {"model": model, "graph": path.name})[0]
+
+    def _eval_key(self, model: str) -> str:
+        """Content key of the evaluation batches."""
+        return self._batch_keys.get(model, lambda: self._batches_key(self.eval_batches(model)))
+
+    @staticmethod
+    def _batches_key(batches: list[Batch]) -> str:
+        return content_hash([[(name, batch[name]) for name in sorted(batch)] for batch in batches])
+
+    def _cached_arrays(self, kind: str, parts: list[Any], make: Callable[[], tuple[dict[str, np.ndarray], str]],
+                       describe: dict[str, Any]) -> tuple[dict[str, np.ndarray], str]:
+        """Named arrays and a label, made once per content key and stored as .npz (no pickles)."""
+        def produce() -> bytes:
+            arrays, label = make()
+            buffer = io.BytesIO()
+            names = list(arrays)
+            np.savez(buffer, __meta__=np.array(json.dumps({"names": names, "label": label})),
+                     **{f"a{i}": np.asarray(arrays[name]) for i, name in enumerate(names)})
+            return buffer.getvalue()
+
+        path = self.cache.get_or_create(kind, content_hash(kind, parts), ".npz", produce, describe)
+        with np.load(path, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["__meta__"]))
+            return {name: stored[f"a{i}"] for i, name in enumerate(meta["names"])}, meta["label"]
 
     def coverage(self, model: str, precision: str) -> dict[str, int]:
         """How many of ``precision``'s weighted layers take a dequantized weight (:func:`quantized_layers`)."""
         def count() -> dict[str, int]:
             import onnx
 
-            return quantized_layers(onnx.load(str(self.precision_onnx(model, self.recipe(precision, "emulated")))))
+            path = self.precision_onnx(model, self.recipe(precision, "emulated"))
+            key = content_hash("coverage", file_sha256(path), source_fingerprint("harness.precision.graph"))
+            counted = self.cache.get_or_create("coverage", key, ".json", lambda: json.dumps(
+                quantized_layers(onnx.load(str(path)))).encode(), {"model": model, "precision": precision})
+            return json.loads(counted.read_text())
 
         return self._coverage.get((model, precision), count)
 

@@ -43,7 +43,7 @@ class Pipeline:
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
         self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
-                                   Calibrator(calibration) if calibration else None)
+                                   Calibrator(calibration) if calibration else None, self.caps)
         self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
         self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
             if baseline is not None else None
