@@ -11,6 +11,7 @@ _BACKENDS.add("torch", "harness.backends.pyt:TorchBackend")
 _BACKENDS.add("onnxruntime", "harness.backends.onnxrt:OnnxRuntimeBackend")
 _BACKENDS.add("tensorrt", "harness.backends.trt:TensorRTBackend")
 _BACKENDS.add("tensorrt_rtx", "harness.backends.trt_rtx:TensorRTRTXBackend")
+_BACKENDS.add("torch_quant", "harness.backends.torch_quant:TorchQuantBackend")
 
 
 def backend_registry() -> Registry[type[Backend]]:

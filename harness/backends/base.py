@@ -76,6 +76,7 @@ class Backend:
     precisions: frozenset[str] = frozenset()
     gpu_precisions: frozenset[str] = frozenset()  # offered only where a GPU runs them (marker `gpu`)
     recipe_target: str = "emulated"  # which variant of a recipe's graph it executes (Recipe.for_target)
+    runs_recipe_graph: bool = True  # it executes the precision graph, so its fidelity to the graph is judged
 
     def unavailable(self, caps: Capabilities) -> str | None:
         """Why this backend cannot run at all here (a missing package), or None."""

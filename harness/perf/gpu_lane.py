@@ -1,5 +1,10 @@
 """The GPU lane: PyTorch on CUDA timed by ``harness.perf.bench`` (throughput per precision, FP8 linear
-layers through ``torch._scaled_mm``, the harness's own overhead). ``python -m harness bench``."""
+layers through ``torch._scaled_mm``, the harness's own overhead). ``python -m harness bench``.
+
+It measures what people deploy: image models in ``channels_last`` (cuDNN's fast NHWC kernels),
+ratios to FP32 from CUDA-graph replay (launch gaps removed, so batch 1 is stable), and beside
+each of its numbers a plain hand-written eager loop's on the same model and input.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -24,17 +29,41 @@ def model_flops(module: Any, x: Any) -> int:
     return int(counter.get_total_flops())
 
 
-def _prepared(module: Any, precision: str, shape: tuple[int, ...]) -> tuple[Any, list[Any]]:
+def _prepared(module: Any, precision: str, shape: tuple[int, ...], compile: bool = False) -> tuple[Any, list[Any]]:
+    """The module and rotated inputs on CUDA in ``precision``; image batches in channels_last."""
     import torch
 
+    torch.backends.cudnn.benchmark = True  # autotuned convolutions, as deployed engines are
     dtype = getattr(torch, DTYPES[precision])
-    model = module.to("cuda", dtype).eval()
+    layout = torch.channels_last if len(shape) == 4 else torch.contiguous_format
+    model = module.to("cuda", dtype).to(memory_format=layout).eval()
     generator = torch.Generator(device="cuda").manual_seed(0)
-    inputs = [torch.rand(shape, device="cuda", generator=generator).mul_(4).sub_(2).to(dtype) for _ in range(ROTATE)]
-    return model, inputs
+    inputs = [torch.rand(shape, device="cuda", generator=generator).mul_(4).sub_(2).to(dtype)
+              .contiguous(memory_format=layout) for _ in range(ROTATE)]
+    return (torch.compile(model) if compile else model), inputs
 
 
-def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...], graph: bool = False) -> Timing:
+def hand_loop(module: Any, precision: str, shape: tuple[int, ...], repeats: int = 50) -> Timing:
+    """What a person would write: warm up, then one pair of CUDA events around a plain eager loop."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    model, inputs = _prepared(module, precision, shape)
+    with torch.no_grad():
+        for _ in range(10):
+            model(inputs[0])
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(repeats):
+            model(inputs[i % ROTATE])
+        end.record()
+        end.synchronize()
+    per_call = start.elapsed_time(end) / repeats
+    return Timing(per_call, per_call, per_call, per_call, repeats, shape[0] / (per_call / 1e3))
+
+
+def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...], graph: bool = False,
+                      compile: bool = False) -> Timing:
     """Compute-only time of the module in ``precision``, its output checked against FP32 on the same
     input first, and outputs sampled inside the timed loop checked against that output (MLPerf
     TEST01), so a broken configuration cannot look fast."""
@@ -48,7 +77,7 @@ def torch_cuda_timing(module: Any, precision: str, shape: tuple[int, ...], graph
     with torch.no_grad():
         reference = model32(inputs32[0]).double()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    model, inputs = _prepared(module, precision, shape)
+    model, inputs = _prepared(module, precision, shape, compile)
     with torch.no_grad():
         out = model(inputs[0]).double()
         cosine = float(torch.nn.functional.cosine_similarity(out.flatten(), reference.flatten(), dim=0))
@@ -136,8 +165,10 @@ def harness_overhead(module: Any, shape: tuple[int, ...], rounds: int = 5) -> di
             "agreement_low": min(agreement), "agreement_high": max(agreement), "runner_with_copies_ms": with_copies}
 
 
-def resnet_lane(module: Any, batches: list[int], precisions: list[str], peak_tflops: float) -> list[dict[str, Any]]:
-    """Throughput per precision and batch, each a ratio to FP32 measured interleaved (with spread)."""
+def resnet_lane(module: Any, batches: list[int], precisions: list[str], peak_tflops: float,
+                compile: bool = False) -> list[dict[str, Any]]:
+    """Per precision and batch: eager and CUDA-graph time (channels_last), a hand loop's time beside
+    them, and the ratio to FP32 from graph replay, measured interleaved (with its spread)."""
     import torch
 
     rows = []
@@ -145,13 +176,71 @@ def resnet_lane(module: Any, batches: list[int], precisions: list[str], peak_tfl
         shape = (batch, 3, 224, 224)
         flops = model_flops(module.float().cuda(), torch.rand(shape, device="cuda"))
         for precision in precisions:
-            timing = torch_cuda_timing(module, precision, shape)
-            replayed = torch_cuda_timing(module, precision, shape, graph=True)
-            ratio: Ratio = interleaved_ratio(lambda: torch_cuda_timing(module, "fp32", shape),
-                                             lambda p=precision: torch_cuda_timing(module, p, shape), rounds=3)
+            timing = torch_cuda_timing(module, precision, shape, compile=compile)
+            replayed = torch_cuda_timing(module, precision, shape, graph=True, compile=compile)
+            agreement = interleaved_ratio(lambda p=precision: hand_loop(module, p, shape),
+                                          lambda p=precision: torch_cuda_timing(module, p, shape, compile=compile),
+                                          rounds=3)  # harness speed / hand loop's: 1 = same time
+            ratio: Ratio = interleaved_ratio(lambda: torch_cuda_timing(module, "fp32", shape, graph=True),
+                                             lambda p=precision: torch_cuda_timing(module, p, shape, graph=True),
+                                             rounds=3)
             rows.append({"batch": batch, "precision": precision, "median_ms": timing.median_ms,
-                         "images_per_s": timing.items_per_s, "vs_fp32": ratio.__dict__,
-                         "cuda_graph_median_ms": replayed.median_ms,
+                         "images_per_s": timing.items_per_s, "hand_loop_ms": hand_loop(module, precision, shape).median_ms,
+                         "vs_hand_loop": agreement.__dict__,
+                         "vs_fp32": ratio.__dict__, "cuda_graph_median_ms": replayed.median_ms,
                          "tflops": flops / timing.median_ms / 1e9,
-                         "fraction_of_peak": flops / timing.median_ms / 1e9 / peak_tflops})
+                         "fraction_of_peak": flops / timing.median_ms / 1e9 / peak_tflops,
+                         "layout": "channels_last", "compiled": compile})
     return rows
+
+
+def transformer_block_speedup(tokens: int = 8192, dim: int = 4096, rounds: int = 5) -> dict[str, Any]:
+    """A transformer-sized block (LayerNorm, QKV and output projections around scaled-dot-product
+    attention, a 4× GELU MLP) in BF16, then with every Linear on FP8 ``torch._scaled_mm`` (per-tensor
+    and row-wise scales) and on INT8 ``torch._int_mm``, activation scales calibrated by the harness's
+    max calibrator on another batch; each variant's ratio to BF16 from CUDA-graph replay, interleaved,
+    and its output's cosine against BF16's."""
+    import torch
+    from torch import nn
+
+    from harness.backends.torch_quant import linear_input_amax, quantize_linears
+    from harness.models.spec import InputSpec, ModelSpec
+    from harness.precision.calibrators import Calibrator
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, 32, dim // 32).permute(2, 0, 3, 1, 4)
+            attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(attention.transpose(1, 2).reshape(b, t, dim))
+            return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+
+    torch.manual_seed(0)
+    block = Block().cuda().to(torch.bfloat16).eval()
+    shape = (tokens // 2048, 2048, dim)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(shape, device="cuda", generator=generator, dtype=torch.bfloat16)
+    calibration = [{"x": torch.randn(shape, device="cuda", generator=generator).cpu().numpy()}]
+    spec = ModelSpec("block", [InputSpec("x", shape)], ["y"], build=lambda: block)
+    with torch.no_grad():
+        amax = linear_input_amax(block.float(), calibration, spec, Calibrator("max"), "cuda")
+        block = block.to(torch.bfloat16)
+        reference = block(x).float()
+        variants = {mode: quantize_linears(block, amax, mode, torch.bfloat16, fused=True)[0]
+                    for mode in ("fp8", "fp8-rowwise", "int8")}
+        flops = 2 * tokens * dim * dim * (3 + 1 + 8)
+        timed = lambda model: (lambda: time_cuda(lambda h: model(h), [x], tokens, warmup=3, repeats=20, graph=True))  # noqa: E731
+        out: dict[str, Any] = {"tokens": tokens, "dim": dim, "bf16_ms": timed(block)().median_ms}
+        out["bf16_tflops"] = flops / out["bf16_ms"] / 1e9
+        for mode, model in variants.items():
+            got = model(x).float()
+            cosine = float(torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0))
+            ratio = interleaved_ratio(timed(block), timed(model), rounds)
+            out[mode] = {"cosine_vs_bf16": cosine, "speedup_vs_bf16": ratio.__dict__}
+    return out

@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--precisions", type=_csv, default=["fp32", "tf32", "fp16", "bf16"])
     bench.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 rate to compare with")
     bench.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    bench.add_argument("--compile", action="store_true", help="also torch.compile the model (default: eager)")
     _common(bench)
     mutate = commands.add_parser("mutate", help="plant the defect catalogue into models; report what each check "
                                                 "catches and the false alarms of clean reruns")
@@ -259,17 +260,23 @@ def _bench(args: argparse.Namespace) -> int:
         raise HarnessError("bench measures the GPU lane and needs a CUDA GPU; none found")
     module = Pipeline(args.cache_dir, manifest=args.manifest).store.module(args.model)
     figures: dict = {"gpu": caps.to_dict()["gpu"], "model": args.model,
-                     "lane": gpu_lane.resnet_lane(module, [int(b) for b in args.batches], args.precisions, args.peak_tflops),
+                     "lane": gpu_lane.resnet_lane(module, [int(b) for b in args.batches], args.precisions,
+                                                  args.peak_tflops, args.compile),
                      "overhead": {b: gpu_lane.harness_overhead(module, (int(b), 3, 224, 224)) for b in args.batches}}
-    print(f"{'batch':>5} {'prec':<5} {'ms':>8} {'graph ms':>8} {'img/s':>9} {'×fp32 (min–max)':>18} {'TFLOP/s':>8} {'of peak':>8}")
+    print(f"{'batch':>5} {'prec':<5} {'ms':>8} {'hand ms':>8} {'hand/ours (min–max)':>20} {'graph ms':>8} {'img/s':>9} "
+          f"{'×fp32 graph (min–max)':>22} {'TFLOP/s':>8} {'of peak':>8}   (channels_last{', compiled' if args.compile else ''})")
     for row in figures["lane"]:
-        r = row["vs_fp32"]
-        print(f"{row['batch']:>5} {row['precision']:<5} {row['median_ms']:>8.3f} {row['cuda_graph_median_ms']:>8.3f} {row['images_per_s']:>9.0f} "
-              f"{r['median']:>6.2f} ({r['low']:.2f}–{r['high']:.2f}) {row['tflops']:>8.1f} {row['fraction_of_peak']:>7.1%}")
+        r, h = row["vs_fp32"], row["vs_hand_loop"]
+        print(f"{row['batch']:>5} {row['precision']:<5} {row['median_ms']:>8.3f} {row['hand_loop_ms']:>8.3f} "
+              f"{h['median']:>8.3f} ({h['low']:.2f}–{h['high']:.2f}) {row['cuda_graph_median_ms']:>8.3f} "
+              f"{row['images_per_s']:>9.0f} {r['median']:>10.2f} ({r['low']:.2f}–{r['high']:.2f}) {row['tflops']:>8.1f} "
+              f"{row['fraction_of_peak']:>7.1%}")
     print("overhead:", json.dumps(figures["overhead"]))
     reason = caps.gpu_requirement("fp8")
     figures["fp8_linear"] = reason or gpu_lane.fp8_linear_stack()
     print("fp8 linear stack:", json.dumps(figures["fp8_linear"]))
+    figures["transformer_block"] = reason or gpu_lane.transformer_block_speedup()
+    print("transformer block (FP8/INT8 GEMMs vs BF16):", json.dumps(figures["transformer_block"]))
     if args.out:
         atomic_write_bytes(args.out, json.dumps(figures, indent=1).encode())
     return 0

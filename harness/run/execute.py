@@ -101,7 +101,7 @@ class CaseExecutor:
                                         latency.sampled, first, tolerance, spec.task == "classification")
             metrics["timed_outputs"] = timed.to_dict()
         recipe_cmp = fidelity = None
-        if artifacts.recipe.quantized:
+        if artifacts.recipe.quantized and backend.runs_recipe_graph:
             start = time.perf_counter()
             recipe_cmp, fidelity = self._recipe_and_fidelity(case, spec, reference, candidate, runtime, tolerance,
                                                              metrics)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 PRECISION_MARKERS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4")
-BACKEND_MARKERS = ("torch", "onnxruntime", "tensorrt", "tensorrt_rtx")
+BACKEND_MARKERS = ("torch", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch_quant")
 OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/101)",
                  "benchmark": "timing benchmarks; run only when selected (pytest -m benchmark)"}
 RESULT_PROPERTY = "harness_result"
