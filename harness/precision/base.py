@@ -1,7 +1,7 @@
 """The recipe interface: turn an FP32 ONNX graph into the graph for one precision."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import onnx
 
@@ -18,6 +18,7 @@ class Recipe:
     calibrated: bool = False
     quantized: bool = False  # values rounded to a quantization grid: judged as recipe and runtime apart
     calibrator: Any = None  # a Calibrator for calibrated recipes
+    calibration_data: bool = False  # calibrates itself from the calibration batches (apply_batches), not ranges
     runtime: Mapping[str, Any] = {}
 
     def params(self) -> dict[str, Any]:
@@ -46,3 +47,7 @@ class Recipe:
 
     def apply_impl(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
         return model
+
+    def apply_batches(self, model: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
+        """For ``calibration_data`` recipes: the graph, calibrated on ``batches`` by the recipe itself."""
+        raise NotImplementedError

@@ -113,6 +113,14 @@ class QDQ(Recipe):
             chosen.append(node)
         return chosen
 
+    def for_target(self, target: str) -> Recipe:
+        """INT8 for ONNX Runtime's CPU kernels (the speed lane) is ONNX Runtime's own layout."""
+        if target == "onnxruntime-cpu" and self.fmt is INT8:
+            from harness.precision.ort_cpu import OrtCpuInt8
+
+            return OrtCpuInt8()
+        return self
+
     def calibration_recipe(self) -> "QDQ":
         return self.with_options(only=None, exclude=())
 
