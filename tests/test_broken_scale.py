@@ -1,4 +1,6 @@
 """A deliberately broken INT8 model must fail its tolerance, loudly and specifically."""
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -47,3 +49,39 @@ def test_first_diverging_layer_is_the_consumer_of_the_broken_scale(harness_pipel
     assert found is not None and (found["node"], found["op"]) == ("/3/Conv", "Conv") and found["cosine"] < 0.99
     intact = harness_pipeline.store.precision_onnx("cnn", get_recipe("int8"))
     assert first_divergence(harness_pipeline.store.fp32_onnx("cnn"), intact, harness_pipeline.store.eval_batches("cnn")[0], 0.99) is None
+
+
+def test_first_divergence_skips_constants_and_never_reports_nan(tmp_path):
+    """A Constant node (and a tensor computed from it alone) is never the diverging layer; a tensor that
+    is all zeros on one side is judged by relative error, not by an undefined cosine."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from harness.judge.diagnose import first_divergence
+
+    def graph(mask_value: float, gate_scale: float) -> Path:
+        nodes = [helper.make_node("Constant", [], ["mask"], value=numpy_helper.from_array(np.full((1, 4), mask_value,
+                                                                                                   np.float32))),
+                 helper.make_node("Mul", ["mask", "two"], ["mask2"], name="mask_scale"),  # constant, computed
+                 helper.make_node("Mul", ["x", "mask2"], ["masked"], name="apply_mask"),
+                 helper.make_node("Mul", ["x", "gate"], ["gated"], name="gate"),
+                 helper.make_node("Add", ["masked", "gated"], ["y"], name="out")]
+        model = helper.make_model(helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+            [numpy_helper.from_array(np.float32(2.0), "two"),
+             numpy_helper.from_array(np.full((1, 4), gate_scale, np.float32), "gate")]),
+            opset_imports=[helper.make_opsetid("", 19)])
+        path = tmp_path / f"g-{mask_value}-{gate_scale}.onnx"
+        onnx.save(model, str(path))
+        return path
+
+    batch = {"x": np.arange(1, 9, dtype=np.float32).reshape(2, 4)}
+    reference = graph(0.0, 1.0)
+    masked_differently = first_divergence(reference, graph(1.0, 1.0), batch, 0.99)
+    assert masked_differently["node"] == "apply_mask" and "FP32 is all zeros here" in masked_differently["summary"]
+    assert not np.isnan(masked_differently["relative_error"])
+    gate_flipped = first_divergence(reference, graph(0.0, -1.0), batch, 0.99)
+    assert gate_flipped["node"] == "gate" and gate_flipped["cosine"] < 0  # zeros equal on both sides: skipped
+    assert first_divergence(reference, graph(0.0, 1.0), batch, 0.99) is None

@@ -3,7 +3,10 @@
 ``first_divergence`` (the recipe): the FP32 graph and a precision's graph run on the same batch
 under ONNX Runtime with every float tensor they share exposed as an output (recipes keep the FP32
 graph's tensor names); the first tensor, in the FP32 graph's topological order, whose cosine
-similarity falls below the bound is reported with the node and op that produced it.
+similarity falls below the bound is reported with the node and op that produced it. Constants
+(Constant nodes and whatever is computed from initializers alone: shapes, masks) are skipped, and
+a tensor whose cosine is undefined (all zeros on one side) is judged by its relative error, so
+the report never names a constant or a NaN.
 
 ``first_runtime_divergence`` (a runtime): the same INT8 graph run as written and with ONNX
 Runtime's optimisations on, up to each QuantizeLinear in turn; a faithful runtime's codes differ
@@ -41,12 +44,37 @@ def _run_all(source: Path | onnx.ModelProto, names: list[str], batch: Batch, opt
     return dict(zip(names, session.run(names, dict(batch))))
 
 
+def _input_dependent(graph: onnx.GraphProto) -> set[str]:
+    """Tensors that depend on a graph input (the rest are constants, whatever computes them)."""
+    initializers = {init.name for init in graph.initializer}
+    live = {i.name for i in graph.input if i.name not in initializers}
+    for node in graph.node:  # topological order
+        if node.op_type != "Constant" and any(i in live for i in node.input):
+            live.update(node.output)
+    return live
+
+
+def _similarity(r: np.ndarray, c: np.ndarray, min_cosine: float) -> tuple[bool, dict[str, Any]]:
+    """(diverged, details): cosine where defined; where one side is all zeros, the relative error
+    ‖c − r‖ / max(‖r‖, ‖c‖) against the error that cosine bound allows (√(2(1 − bound)))."""
+    norm_r, norm_c = float(np.linalg.norm(r)), float(np.linalg.norm(c))
+    if norm_r > 0 and norm_c > 0:
+        similarity = cosine(r, c)
+        return not similarity >= min_cosine, {"cosine": similarity,
+                                              "summary": f"cosine {similarity:.6f} < {min_cosine:g}"}
+    error = float(np.linalg.norm(c - r)) / max(norm_r, norm_c, 1e-300)
+    allowed = float(np.sqrt(2 * (1 - min_cosine)))
+    side = "FP32" if norm_r == 0 else "the candidate"
+    return error > allowed, {"relative_error": error,
+                             "summary": f"{side} is all zeros here; relative error {error:.3g} > {allowed:.3g}"}
+
+
 def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_cosine: float) -> dict[str, Any] | None:
     reference_graph = onnx.load(str(fp32_path))
     candidate_names = {o for n in onnx.load(str(candidate_path)).graph.node for o in n.output}
-    floats = float_tensors(reference_graph)
+    floats, live = float_tensors(reference_graph), _input_dependent(reference_graph.graph)
     order = [(out, node) for node in reference_graph.graph.node for out in node.output
-             if out in floats and out in candidate_names]
+             if out in floats and out in candidate_names and out in live]
     names = [name for name, _ in order]
     if not names:
         return None
@@ -57,10 +85,11 @@ def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_co
         if nonfinite:
             return {"tensor": name, "node": node.name, "op": node.op_type, "nonfinite": nonfinite,
                     "bound": min_cosine, "summary": f"{nonfinite} non-finite value(s) where FP32 has finite ones"}
-        similarity = cosine(r, c)
-        if not similarity >= min_cosine:
-            return {"tensor": name, "node": node.name, "op": node.op_type, "cosine": similarity, "bound": min_cosine,
-                    "summary": f"cosine {similarity:.6f} < {min_cosine:g}"}
+        if np.array_equal(r, c):
+            continue
+        diverged, details = _similarity(r, c, min_cosine)
+        if diverged:
+            return {"tensor": name, "node": node.name, "op": node.op_type, "bound": min_cosine, **details}
     return None
 
 
