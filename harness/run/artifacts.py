@@ -222,8 +222,8 @@ class ArtifactStore:
     def graph_semantics(self, model: str, path: Path) -> dict[str, np.ndarray]:
         """The outputs of the graph at ``path`` over ``model``'s evaluation batches, evaluated as
         written; cached by the graph's bytes, the batches, ONNX Runtime's version and the CPU."""
-        parts = [file_sha256(path), self._eval_key(model), package_version("onnxruntime"),
-                 self.caps.cpu.identity if self.caps.cpu else None, source_fingerprint("harness.judge.semantics")]
+        parts = [file_sha256(path), self._eval_key(model), package_version("onnxruntime"), self.cpu_identity(),
+                 source_fingerprint("harness.judge.semantics")]
         return self._cached_arrays("semantics", parts, lambda: (evaluate_semantics(path, self.eval_batches(model)), ""),
                                    {"model": model, "graph": path.name})[0]
 
@@ -257,12 +257,23 @@ class ArtifactStore:
             import onnx
 
             path = self.precision_onnx(model, self.recipe(precision, "emulated"))
-            key = content_hash("coverage", file_sha256(path), source_fingerprint("harness.precision.graph"))
-            counted = self.cache.get_or_create("coverage", key, ".json", lambda: json.dumps(
-                quantized_layers(onnx.load(str(path)))).encode(), {"model": model, "precision": precision})
-            return json.loads(counted.read_text())
+            return self.cached_json("coverage", [file_sha256(path), source_fingerprint("harness.precision.graph")],
+                                    lambda: quantized_layers(onnx.load(str(path))),
+                                    {"model": model, "precision": precision})
 
         return self._coverage.get((model, precision), count)
+
+    def cached_json(self, kind: str, parts: list[Any], make: Callable[[], Any], describe: dict[str, Any]) -> Any:
+        """A JSON-able result made once per content key of ``parts`` (a diagnosis, a count)."""
+        path = self.cache.get_or_create(kind, content_hash(kind, parts), ".json",
+                                        lambda: json.dumps(make(), default=str).encode(), describe)
+        return json.loads(path.read_text())
+
+    def batch_key(self, batch: Batch) -> str:
+        return self._batches_key([batch])
+
+    def cpu_identity(self) -> Any:
+        return self.caps.cpu.identity if self.caps.cpu else None
 
     def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
         """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""

@@ -18,7 +18,8 @@ import numpy as np
 
 from harness.backends import Backend, Runner
 from harness.backends.onnxrt import OnnxRuntimeRunner
-from harness.capabilities import Capabilities
+from harness.cache import file_sha256, source_fingerprint
+from harness.capabilities import Capabilities, package_version
 from harness.errors import HarnessError, UnsupportedError
 from harness.judge.compare import Comparison, compare, concat, task_accuracy
 from harness.judge.diagnose import first_divergence, first_runtime_divergence
@@ -172,8 +173,12 @@ class CaseExecutor:
             cpu = self.caps.cpu
             if cpu is not None and not cpu.has_vnni and "session.x64quantprecision" not in runner.config:
                 lines.append(f"note: {NO_VNNI_HINT}")
-            divergence = first_runtime_divergence(artifacts.onnx_path(), batch, fidelity.outputs[0].bound,
-                                                  runner.config)
+            path, bound = artifacts.onnx_path(), fidelity.outputs[0].bound
+            divergence = self.store.cached_json(  # a pure function of these: a rerun reads it
+                "runtime-divergence", [file_sha256(path), self.store.batch_key(batch), bound, runner.config,
+                                       package_version("onnxruntime"), self.store.cpu_identity(),
+                                       source_fingerprint("harness.judge.diagnose")],
+                lambda: first_runtime_divergence(path, batch, bound, runner.config), {"case": case.id})
             if divergence:
                 metrics["first_runtime_divergence"] = divergence
                 lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
@@ -187,5 +192,11 @@ class CaseExecutor:
             return None
         if case.backend != "onnxruntime" and not artifacts.recipe.quantized:
             return None  # a backend's own float kernels are not what the emulated graph describes
+        fp32 = self.store.fp32_onnx(case.model)
         emulated = self.store.precision_onnx(case.model, self.store.recipe(case.precision, "emulated"))
-        return first_divergence(self.store.fp32_onnx(case.model), emulated, batch, tolerance.min_cosine or 0.999)
+        bound = tolerance.min_cosine or 0.999
+        return self.store.cached_json(
+            "divergence", [file_sha256(fp32), file_sha256(emulated), self.store.batch_key(batch), bound,
+                           package_version("onnxruntime"), self.store.cpu_identity(),
+                           source_fingerprint("harness.judge.diagnose")],
+            lambda: first_divergence(fp32, emulated, batch, bound), {"case": case.id})
