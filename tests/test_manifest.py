@@ -71,3 +71,26 @@ def test_a_corrupt_user_quantized_onnx_is_named(harness_pipeline, tmp_path, ort_
     (tmp_path / "net-int8.onnx").write_bytes(b"not a model")
     result = pipeline.run(Case("user-quantized", "int8", "onnxruntime"))
     assert result.status == "error" and "net-int8.onnx" in result.message
+
+
+def test_evaluation_inputs_without_labels_are_judged_by_agreement_alone(tmp_path):
+    """An `eval:` callable may return input batches alone: the case is judged on agreement with
+    FP32 (top-1, cosine) on those inputs, with no task accuracy invented."""
+    (tmp_path / "unlabelled.py").write_text(
+        "import numpy as np\n\n\ndef inputs():\n"
+        "    rng = np.random.default_rng(9)\n"
+        "    return [{'image': rng.uniform(0, 1, (8, 3, 24, 24)).astype(np.float32)} for _ in range(5)]\n")
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: unlabelled\n    build: example_models:make_convnet\n    build_files: []\n"
+        "    inputs: [{name: image, shape: [4, 3, 24, 24], range: [0, 1]}]\n    outputs: [scores]\n"
+        "    task: classification\n    calibration: example_models:calibration_batches\n"
+        "    eval: unlabelled:inputs\n")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    assert sum(len(b["image"]) for b in pipeline.store.eval_batches("unlabelled")) == 40
+    result = pipeline.run(Case("unlabelled", "int8", "onnxruntime"))
+    assert result.status == "passed", result.message
+    assert "task" not in result.metrics and "top1_agreement" in result.metrics["metrics"]["scores"]

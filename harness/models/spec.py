@@ -86,7 +86,7 @@ class ModelSpec:
     onnx_path: Path | None = None
     task: Literal["classification", "regression"] = "regression"
     calibration: Calibration = None
-    eval_data: Callable[[], LabeledData] | None = None
+    eval_data: Callable[[], LabeledData | list[Batch]] | None = None  # labelled, or inputs alone
     tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     unsupported_ops: Mapping[str, Sequence[str]] = field(default_factory=dict)  # backend → op types
     quantized: Mapping[str, Path] = field(default_factory=dict)  # precision → the user's own quantized ONNX
@@ -100,6 +100,14 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if (self.build is None) == (self.onnx_path is None):
             raise ValueError(f"model {self.name!r}: give exactly one of build= and onnx_path=")
+
+    def evaluation(self) -> tuple[list[Batch], np.ndarray | None] | None:
+        """The evaluation inputs and their labels (None where given without labels), or None when
+        the model has no evaluation set of its own (synthetic batches are drawn instead)."""
+        if self.eval_data is None:
+            return None
+        data = self.eval_data()
+        return (data.inputs, data.labels) if isinstance(data, LabeledData) else (list(data), None)
 
     def declared_unsupported(self, backend: str, ops: Sequence[str]) -> bool:
         """True when every op a backend rejected is declared unsupported for it in this spec."""

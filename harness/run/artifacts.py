@@ -185,8 +185,9 @@ class ArtifactStore:
         """The labelled set if the model has one, else synthetic batches, enough of them for every
         top-1 and accuracy bound of the model to be resolvable (one sample within each bound)."""
         spec = self.models.get(model)
-        if spec.eval_data is not None:
-            return spec.eval_data().inputs
+        evaluation = spec.evaluation()
+        if evaluation is not None:
+            return evaluation[0]
         per_batch = spec.inputs[0].shape[0]
         needed = self.tolerances.samples_to_resolve(model, spec.tolerances, labelled=False) \
             if spec.task == "classification" else 1

@@ -135,8 +135,9 @@ class CaseExecutor:
                tolerance: Tolerance) -> Comparison:
         """Outputs against the FP32 reference, and task accuracy where the model has labels."""
         comparison = compare(reference, outputs, tolerance, spec.task == "classification")
-        if spec.eval_data is not None:
-            labels = spec.eval_data().labels
+        evaluation = spec.evaluation()
+        if evaluation is not None and evaluation[1] is not None:
+            labels = evaluation[1]
             output = spec.outputs[0]
             comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
                                             outputs[output].argmax(-1) == labels, tolerance, comparison)
