@@ -130,8 +130,8 @@ def fp8_linear_stack(layers: int = 8, width: int = 8192, tokens: int = 8192) -> 
 
 
 def harness_overhead(module: Any, shape: tuple[int, ...], rounds: int = 5) -> dict[str, float]:
-    """The same FP32 forward timed three ways: a hand-written CUDA-event loop, ``time_cuda``, and the
-    harness's torch runner (host arrays in and out: copies included)."""
+    """The same FP32 forward timed three ways: a hand-written loop (:func:`hand_loop`), ``time_cuda``, and
+    the harness's torch runner (host arrays in and out: copies included)."""
     import torch
 
     from harness.backends.pyt import TorchRunner
@@ -139,22 +139,8 @@ def harness_overhead(module: Any, shape: tuple[int, ...], rounds: int = 5) -> di
 
     model, inputs = _prepared(module, "fp32", shape)
     with torch.no_grad():
-        for _ in range(10):
-            model(inputs[0])
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-        def hand_loop() -> float:
-            samples = []
-            for i in range(50):
-                start.record()
-                model(inputs[i % ROTATE])
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
-            return float(np.median(samples))
-
-        pairs = [(hand_loop(), time_cuda(lambda x: model(x), inputs, items=shape[0]).median_ms) for _ in range(rounds)]
+        pairs = [(hand_loop(module, "fp32", shape).median_ms,
+                  time_cuda(lambda x: model(x), inputs, items=shape[0]).median_ms) for _ in range(rounds)]
         agreement = [ours / hand for hand, ours in pairs]
         hand, harness_events = float(np.median([h for h, _ in pairs])), float(np.median([o for _, o in pairs]))
     spec = ModelSpec("overhead", [InputSpec("input", shape)], ["output"], build=lambda: module)
