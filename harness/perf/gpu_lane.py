@@ -7,6 +7,7 @@ each of its numbers a plain hand-written eager loop's on the same model and inpu
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ def _prepared(module: Any, precision: str, shape: tuple[int, ...], compile: bool
     torch.backends.cudnn.benchmark = True  # autotuned convolutions, as deployed engines are
     dtype = getattr(torch, DTYPES[precision])
     layout = torch.channels_last if len(shape) == 4 else torch.contiguous_format
-    model = module.to("cuda", dtype).to(memory_format=layout).eval()
+    model = copy.deepcopy(module).to("cuda", dtype).to(memory_format=layout).eval()  # the caller's stays FP32
     generator = torch.Generator(device="cuda").manual_seed(0)
     inputs = [torch.rand(shape, device="cuda", generator=generator).mul_(4).sub_(2).to(dtype)
               .contiguous(memory_format=layout) for _ in range(ROTATE)]
