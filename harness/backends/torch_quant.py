@@ -30,8 +30,7 @@ from harness.precision.calibrators import Calibrator, Histogram
 FP8_MAX, INT8_MAX = 448.0, 127.0
 ALIGN = 16  # tensor-core GEMMs need K and N multiples of 16
 MIN_INT_MM_ROWS = 32  # torch._int_mm needs more than 16 rows
-MODES = {"int8": "int8", "fp8": "fp8"}
-KERNELS = {"int8": ((8, 0), "torch._int_mm"), "fp8": ((8, 9), "torch._scaled_mm in FP8")}
+KERNELS = {"int8": ((8, 0), "torch._int_mm"), "fp8": ((8, 9), "torch._scaled_mm in FP8")}  # precision → (cc, kernel)
 
 
 def _pad(t: Any, rows: int | None = None, cols: int | None = None) -> Any:
@@ -216,8 +215,8 @@ class TorchQuantBackend(Backend):
     """INT8 and FP8 on a CUDA GPU's tensor cores, for models with Linear layers."""
 
     name = "torch_quant"
-    precisions = frozenset(MODES)
-    gpu_precisions = frozenset(MODES)
+    precisions = frozenset(KERNELS)
+    gpu_precisions = frozenset(KERNELS)
     runs_recipe_graph = False
 
     def unavailable(self, caps: Capabilities) -> str | None:
@@ -235,4 +234,4 @@ class TorchQuantBackend(Backend):
         return None
 
     def load(self, artifacts: Artifacts) -> Runner:
-        return TorchQuantRunner(artifacts, MODES[artifacts.recipe.name])
+        return TorchQuantRunner(artifacts, artifacts.recipe.name)  # the mode is the precision: int8 or fp8
