@@ -69,6 +69,7 @@ class ArtifactStore:
         self.tolerances, self.caps = tolerances, caps or detect()
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
         self._semantics, self._coverage, self._batch_keys, self._precision = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
+        self._evaluations = _Memo(MEMO_SIZE)
         self.mutation: Mutation | None = None
 
     def mutated(self, mutation: Mutation) -> "ArtifactStore":
@@ -146,8 +147,8 @@ class ArtifactStore:
 
         def make() -> Path:
             calibrated = recipe.calibrated or recipe.calibration_data
-            calibration = [self._batches_key(self.calibration_batches(model)), package_version("onnxruntime")] \
-                if calibrated else None
+            calibration = [self._batch_keys.get(("calibration", model), lambda: self._batches_key(
+                self.calibration_batches(model))), package_version("onnxruntime")] if calibrated else None
             key = content_hash("precision", file_sha256(self.fp32_onnx(model)), recipe.params(), calibration,
                                source_fingerprint("harness.precision"))
 
@@ -182,16 +183,27 @@ class ArtifactStore:
         return batches
 
     def eval_batches(self, model: str) -> list[Batch]:
-        """The labelled set if the model has one, else synthetic batches, enough of them for every
+        """The model's evaluation inputs if it has them, else synthetic batches, enough of them for every
         top-1 and accuracy bound of the model to be resolvable (one sample within each bound)."""
-        spec = self.models.get(model)
-        evaluation = spec.evaluation()
-        if evaluation is not None:
-            return evaluation[0]
-        per_batch = spec.inputs[0].shape[0]
-        needed = self.tolerances.samples_to_resolve(model, spec.tolerances, labelled=False) \
-            if spec.task == "classification" else 1
-        return spec.sample_batches(max(EVAL_BATCHES, math.ceil(needed / per_batch)), EVAL_SEED)
+        return self._evaluation(model)[0]
+
+    def eval_labels(self, model: str) -> np.ndarray | None:
+        """The evaluation set's labels, or None (synthetic inputs, or inputs given without labels)."""
+        return self._evaluation(model)[1]
+
+    def _evaluation(self, model: str) -> tuple[list[Batch], np.ndarray | None]:
+        """Made once per process: a user's evaluation callable may read its data from disk."""
+        def make() -> tuple[list[Batch], np.ndarray | None]:
+            spec = self.models.get(model)
+            evaluation = spec.evaluation()
+            if evaluation is not None:
+                return evaluation
+            per_batch = spec.inputs[0].shape[0]
+            needed = self.tolerances.samples_to_resolve(model, spec.tolerances, labelled=False) \
+                if spec.task == "classification" else 1
+            return spec.sample_batches(max(EVAL_BATCHES, math.ceil(needed / per_batch)), EVAL_SEED), None
+
+        return self._evaluations.get(model, make)
 
     def reference(self, model: str) -> dict[str, np.ndarray]:
         """FP32 reference outputs: the torch module (on CUDA when present, TF32 off), or ONNX Runtime
@@ -223,8 +235,7 @@ class ArtifactStore:
     def graph_semantics(self, model: str, path: Path) -> dict[str, np.ndarray]:
         """The outputs of the graph at ``path`` over ``model``'s evaluation batches, evaluated as
         written; cached by the graph's bytes, the batches, ONNX Runtime's version and the CPU."""
-        parts = [file_sha256(path), self._eval_key(model), package_version("onnxruntime"), self.cpu_identity(),
-                 source_fingerprint("harness.judge.semantics")]
+        parts = [file_sha256(path), self._eval_key(model), *self.onnxruntime_cpu_parts("harness.judge.semantics")]
         return self._cached_arrays("semantics", parts, lambda: (evaluate_semantics(path, self.eval_batches(model)), ""),
                                    {"model": model, "graph": path.name})[0]
 
@@ -273,8 +284,11 @@ class ArtifactStore:
     def batch_key(self, batch: Batch) -> str:
         return self._batches_key([batch])
 
-    def cpu_identity(self) -> Any:
-        return self.caps.cpu.identity if self.caps.cpu else None
+    def onnxruntime_cpu_parts(self, code: str) -> list[Any]:
+        """Key parts of anything ONNX Runtime computes on this CPU: its version, the CPU, and the
+        harness ``code`` (module) that drives it."""
+        return [package_version("onnxruntime"), self.caps.cpu.identity if self.caps.cpu else None,
+                source_fingerprint(code)]
 
     def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
         """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""

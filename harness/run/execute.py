@@ -18,8 +18,8 @@ import numpy as np
 
 from harness.backends import Backend, Runner
 from harness.backends.onnxrt import OnnxRuntimeRunner
-from harness.cache import file_sha256, source_fingerprint
-from harness.capabilities import Capabilities, package_version
+from harness.cache import file_sha256
+from harness.capabilities import Capabilities
 from harness.errors import HarnessError, UnsupportedError
 from harness.judge.compare import Comparison, compare, concat, task_accuracy
 from harness.judge.diagnose import first_divergence, first_runtime_divergence
@@ -135,9 +135,8 @@ class CaseExecutor:
                tolerance: Tolerance) -> Comparison:
         """Outputs against the FP32 reference, and task accuracy where the model has labels."""
         comparison = compare(reference, outputs, tolerance, spec.task == "classification")
-        evaluation = spec.evaluation()
-        if evaluation is not None and evaluation[1] is not None:
-            labels = evaluation[1]
+        labels = self.store.eval_labels(spec.name)
+        if labels is not None:
             output = spec.outputs[0]
             comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
                                             outputs[output].argmax(-1) == labels, tolerance, comparison)
@@ -177,8 +176,7 @@ class CaseExecutor:
             path, bound = artifacts.onnx_path(), fidelity.outputs[0].bound
             divergence = self.store.cached_json(  # a pure function of these: a rerun reads it
                 "runtime-divergence", [file_sha256(path), self.store.batch_key(batch), bound, runner.config,
-                                       package_version("onnxruntime"), self.store.cpu_identity(),
-                                       source_fingerprint("harness.judge.diagnose")],
+                                       *self.store.onnxruntime_cpu_parts("harness.judge.diagnose")],
                 lambda: first_runtime_divergence(path, batch, bound, runner.config), {"case": case.id})
             if divergence:
                 metrics["first_runtime_divergence"] = divergence
@@ -198,6 +196,5 @@ class CaseExecutor:
         bound = tolerance.min_cosine or 0.999
         return self.store.cached_json(
             "divergence", [file_sha256(fp32), file_sha256(emulated), self.store.batch_key(batch), bound,
-                           package_version("onnxruntime"), self.store.cpu_identity(),
-                           source_fingerprint("harness.judge.diagnose")],
+                           *self.store.onnxruntime_cpu_parts("harness.judge.diagnose")],
             lambda: first_divergence(fp32, emulated, batch, bound), {"case": case.id})
