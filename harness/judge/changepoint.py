@@ -104,6 +104,11 @@ def find_steps(values: np.ndarray, policy: Policy) -> list[Step]:
     return sorted(steps, key=lambda s: s.index)
 
 
+def worse(before: float, after: float, higher_is_better: bool) -> bool:
+    """Whether moving from ``before`` to ``after`` is a change for the worse."""
+    return after < before if higher_is_better else after > before
+
+
 def classify(values: np.ndarray, policy: Policy, higher_is_better: bool) -> Verdict:
     """The state of a series (oldest first) under ``policy``."""
     series = np.asarray(values, np.float64)[-policy.window:]
@@ -111,11 +116,10 @@ def classify(values: np.ndarray, policy: Policy, higher_is_better: bool) -> Verd
     if series.size < policy.min_points:
         return Verdict("insufficient data", (), f"{series.size} run(s), needs {policy.min_points}")
     steps = tuple(find_steps(series, policy))
-    worse = (lambda a, b: b < a) if higher_is_better else (lambda a, b: b > a)
     confirmed = [s for s in steps if series.size - s.index >= policy.confirm]
     if confirmed:
         last = confirmed[-1]
-        state = "regression" if worse(last.before, last.after) else "improvement"
+        state = "regression" if worse(last.before, last.after, higher_is_better) else "improvement"
         return Verdict(state, steps, f"step at run {last.index + 1} of {series.size}: {last.before:.6g} → "
                                      f"{last.after:.6g} (p = {last.p_value:.2g})")
     history, latest = series[:-1], series[-1]
@@ -123,6 +127,6 @@ def classify(values: np.ndarray, policy: Policy, higher_is_better: bool) -> Verd
         center = float(np.median(history))
         spread = 1.4826 * float(np.median(np.abs(history - center)))
         beyond = abs(latest - center) > policy.outlier_z * spread if spread > 0 else latest != center
-        if beyond and policy.change(center, latest) >= policy.min_change and worse(center, latest):
+        if beyond and policy.change(center, latest) >= policy.min_change and worse(center, latest, higher_is_better):
             return Verdict("suspicious", steps, f"last run {latest:.6g} against {center:.6g} (one run)")
     return Verdict("stable", steps)

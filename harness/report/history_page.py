@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from harness.judge.changepoint import worse
 from harness.report.history import METRICS, SeriesVerdict, run_packages
 from harness.report.render import figure
 
@@ -67,9 +68,8 @@ def _changes_table(db: Path, flagged: list[SeriesVerdict]) -> str:
         if good is None:
             continue
         before, now = series.values[good], series.values[-1]
-        change = f"{100 * (now - before) / abs(before):+.1f}%" if before else f"{now - before:+.4g}"
         cells = [v.verdict.state, v.case_id, v.metric, v.runner_class, _run_cell(series, good), f"{before:.5g}",
-                 _run_cell(series, -1), f"{now:.5g}", change,
+                 _run_cell(series, -1), f"{now:.5g}", _change(before, now),
                  _package_diff(packages.get(series.run_ids[good], {}), packages.get(series.run_ids[-1], {}))]
         cls = {"regression": "bad", "suspicious": "thin", "improvement": "ok"}[v.verdict.state]
         rows.append(f'<tr class="{cls}">' + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -77,6 +77,11 @@ def _changes_table(db: Path, flagged: list[SeriesVerdict]) -> str:
             '<p class="legend">Last good run: the newest run before the step (or, for a suspicious series, before '
             "its last run). Packages: versions that differ between that run and the newest.</p>"
             "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
+
+
+def _change(before: float, after: float) -> str:
+    """Relative where the level is not zero, else absolute."""
+    return f"{100 * (after - before) / abs(before):+.1f}%" if before else f"{after - before:+.4g}"
 
 
 def _run_cell(series: Any, index: int) -> str:
@@ -104,13 +109,11 @@ def _trend_chart(verdict: SeriesVerdict) -> str:
         for start, end in zip(bounds[:-1], bounds[1:]):
             ax.hlines(values[start:end].mean(), start - 0.4, end - 0.6, color="#555", linewidth=1.5)
         for step in result.steps:
-            worse = (step.after < step.before) if higher else (step.after > step.before)
-            color = "#c0392b" if worse else "#27ae60"
+            down = worse(step.before, step.after, higher)
+            color = "#c0392b" if down else "#27ae60"
             ax.axvline(step.index - 0.5, color=color, linestyle="--", linewidth=1)
-            size = f"{100 * (step.after - step.before) / abs(step.before):+.1f}%" if step.before else \
-                f"{step.after - step.before:+.3g}"
             commit = series.commits[step.index]
-            ax.annotate(f"{'worse' if worse else 'better'} {size} (p={step.p_value:.2g})"
+            ax.annotate(f"{'worse' if down else 'better'} {_change(step.before, step.after)} (p={step.p_value:.2g})"
                         + (f"\n{commit[:10]}" if commit else ""), (step.index - 0.5, 1.0),
                         xycoords=("data", "axes fraction"), fontsize=7, color=color, va="top", ha="left",
                         xytext=(3, -2), textcoords="offset points",
