@@ -3,9 +3,13 @@
 Activations feeding Conv/Gemm/MatMul get one symmetric per-tensor QuantizeLinear →
 DequantizeLinear pair (shared by all consumers); weights are stored quantized with a
 per-output-channel DequantizeLinear; biases stay float (TensorRT's parser rejects an int32 DQ).
-With ``residual_add`` both activation inputs of an Add are quantized too, so TensorRT can fuse
-the residual Add into the preceding convolution. ``exclude`` (fnmatch patterns on node names)
-keeps layers in high precision; ``only`` quantizes just the named layers (sensitivity analysis).
+With ``residual_add``, a residual Add gets a pair on its residual input only, as NVIDIA's Model
+Optimizer places it (``build_non_residual_input_map``): an Add one of whose inputs comes from a
+convolution (through the ops TensorRT fuses into it) takes that input in the convolution's epilogue,
+and TensorRT fuses the Add there if its other input is quantized. Adds with no convolution behind
+them (a transformer's residual stream, an attention mask added to scores) stay in float.
+``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just
+the named layers (sensitivity analysis).
 """
 from __future__ import annotations
 
@@ -19,13 +23,16 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from harness.errors import CalibrationError
-from harness.precision.base import Recipe
+from harness.precision.base import ChannelRanges, Recipe
 from harness.precision.calibrators import Calibrator
-from harness.precision.graph import float_tensors, initializer_names, replace_input, topological_sort
+from harness.precision.graph import initializer_names, topological_sort
 
 # op type → indices of inputs that are quantized (activations, or weights when initializers)
-QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1), "Add": (0, 1)}
+QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
 WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
+# What TensorRT fuses into a convolution's epilogue (Model Optimizer's fusible paths: bias, scale,
+# batch norm, ReLU, SiLU's Sigmoid and Mul, max pooling), walked back from an Add's input.
+EPILOGUE_OPS = {"Add", "Mul", "BatchNormalization", "Relu", "Sigmoid", "MaxPool"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,71 @@ INT8 = QuantFormat("int8", TensorProto.INT8, 127.0, np.int8)
 FP8_E4M3 = QuantFormat("fp8", TensorProto.FLOAT8E4M3FN, 448.0, ml_dtypes.float8_e4m3fn)
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def residual_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Residual Adds (by output tensor) and the index of the input to quantize: the one that is not
+    the convolution branch. Where both inputs come from different convolutions, the branch is the
+    input farther from their nearest common ancestor (the residual skips ahead): Model Optimizer's rule."""
+    graph = model.graph
+    constant = initializer_names(model) | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
+    out = {}
+    for node in graph.node:
+        if node.op_type != "Add" or len(node.input) != 2 or any(i in constant or i not in producer for i in node.input):
+            continue
+        sources = [producer[i] for i in node.input]
+        backbones = [_conv_backbone(graph, source, producer, constant) for source in sources]
+        if backbones[0] == backbones[1]:
+            continue  # no convolution to fuse into (a transformer's residual stream, a mask), or one branch
+        depth = [_ancestors(graph, source, producer) for source in sources]
+        if None not in backbones:
+            common = set(depth[0]) & set(depth[1])
+            lca = min(common, key=lambda i: depth[0][i] + depth[1][i]) if common else None
+            branch = 0 if lca is None or depth[0][lca] >= depth[1][lca] else 1
+        else:
+            branch = 0 if backbones[0] is not None else 1
+            if backbones[branch] in depth[1 - branch]:
+                continue  # ConvNeXt-like: the other input also starts at that convolution
+        out[node.output[0]] = 1 - branch
+    return out
+
+
+def _conv_backbone(graph: onnx.GraphProto, index: int, producer: Mapping[str, int], constant: set[str]) -> int | None:
+    """The convolution (node index) whose epilogue node ``index`` would fuse into, walking back
+    through :data:`EPILOGUE_OPS` along their one non-constant input (SiLU's Mul along x, not sigmoid(x))."""
+    for _ in range(8):
+        node = graph.node[index]
+        if node.op_type in ("Conv", "ConvTranspose"):
+            return index
+        if node.op_type not in EPILOGUE_OPS:
+            return None
+        sources = [producer[i] for i in node.input if i not in constant and i in producer]
+        if node.op_type == "Mul" and len(sources) == 2:
+            sources = [i for i in sources if graph.node[i].op_type != "Sigmoid"]
+        if len(set(sources)) != 1:
+            return None
+        index = sources[0]
+    return None
+
+
+def _ancestors(graph: onnx.GraphProto, index: int, producer: Mapping[str, int]) -> dict[int, int]:
+    """Every node that node ``index`` depends on (and itself), with its shortest distance from it."""
+    depth, frontier = {index: 0}, [index]
+    while frontier:
+        following = []
+        for current in frontier:
+            for name in graph.node[current].input:
+                parent = producer.get(name)
+                if parent is not None and parent not in depth:
+                    depth[parent] = depth[current] + 1
+                    following.append(parent)
+        frontier = following
+    return depth
+
+
 def _weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
     """Output-channel axis of a weight, or None for per-tensor."""
     if node.op_type == "Conv":
@@ -68,6 +140,8 @@ class QDQOptions:
     residual_add: bool = True
     exclude: tuple[str, ...] = ()
     only: tuple[str, ...] | None = None
+    smoothquant: float | None = None  # SmoothQuant's migration strength α (harness.precision.smoothquant)
+    equalize: bool = False  # activation equalization between convolutions (harness.precision.equalize)
 
 
 class QDQ(Recipe):
@@ -88,29 +162,44 @@ class QDQ(Recipe):
     def with_options(self, **changes: Any) -> "QDQ":
         return QDQ(self.fmt, replace(self.options, **changes))
 
+    def configured(self, settings: Mapping[str, Any]) -> "QDQ":
+        """Settings by name: ``calibration`` (a calibrator method), ``smoothquant`` (α, or null),
+        ``equalize`` (bool), ``exclude`` (node-name patterns kept in float)."""
+        parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
+                 "equalize": ("equalize", bool), "exclude": ("exclude", tuple)}
+        unknown = set(settings) - set(parse)
+        if unknown:
+            raise CalibrationError(f"unknown {self.name} recipe setting(s) {sorted(unknown)}; known: {sorted(parse)}")
+        return self.with_options(**{parse[k][0]: parse[k][1](v) for k, v in settings.items()})
+
     def params(self) -> dict[str, Any]:
         opts = self.options
         return {**super().params(), "format": self.fmt.name, "ops": sorted(opts.ops),
                 "residual_add": opts.residual_add, "exclude": sorted(opts.exclude),
                 "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
+                "smoothquant": opts.smoothquant, "equalize": opts.equalize,
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
         """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``only``."""
-        constant = initializer_names(model) | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-        floats = float_tensors(model) if self.options.residual_add else set()
+        return [node for node, _ in self.quantized_inputs(model)]
+
+    def quantized_inputs(self, model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, tuple[int, ...]]]:
+        """Each quantized node with the indices of the inputs that get a Q/DQ pair."""
+        residual = residual_inputs(model) if self.options.residual_add else {}
         chosen = []
         for node in model.graph.node:
-            if node.op_type == "Add":
-                if not all(i in floats and i not in constant for i in node.input):
-                    continue  # a bias or shape Add (or residual Adds not wanted)
-            elif node.op_type not in self.options.ops:
+            if node.op_type == "Add" and node.output[0] in residual:
+                inputs: tuple[int, ...] = (residual[node.output[0]],)
+            elif node.op_type in self.options.ops:
+                inputs = QUANTIZED_INPUTS[node.op_type]
+            else:
                 continue
             if any(fnmatch.fnmatchcase(node.name, pattern) for pattern in self.options.exclude):
                 continue
             if self.options.only is not None and node.name not in self.options.only:
                 continue
-            chosen.append(node)
+            chosen.append((node, inputs))
         return chosen
 
     def for_target(self, target: str) -> Recipe:
@@ -121,14 +210,27 @@ class QDQ(Recipe):
             return OrtCpuInt8()
         return self
 
+    def prepare(self, model: onnx.ModelProto, channel_amax: ChannelRanges) -> onnx.ModelProto:
+        """Equalization and smoothing over every candidate layer, whatever ``only``/``exclude`` say:
+        both keep the FP32 function, so variants that quantize fewer layers share one prepared graph."""
+        if self.options.equalize:
+            from harness.precision.equalize import equalize
+
+            model = equalize(model, channel_amax)
+        if self.options.smoothquant is not None:
+            from harness.precision.smoothquant import smooth
+
+            model = smooth(model, channel_amax, self.options.smoothquant)
+        return model
+
     def calibration_recipe(self) -> "QDQ":
         return self.with_options(only=None, exclude=())
 
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         weights = initializer_names(model)
         seen: dict[str, None] = {}
-        for node in self.quantized_nodes(model):
-            for index in QUANTIZED_INPUTS[node.op_type]:
+        for node, inputs in self.quantized_inputs(model):
+            for index in inputs:
                 if index < len(node.input) and node.input[index] not in weights:
                     seen[node.input[index]] = None
         return list(seen)
@@ -139,10 +241,12 @@ class QDQ(Recipe):
         if missing:
             raise CalibrationError(f"no calibrated range for tensor(s) {missing[:5]} of graph {graph.name!r}")
         weights = {init.name: init for init in graph.initializer}
-        consumers = self.quantized_nodes(model)
+        plan = self.quantized_inputs(model)
+        consumers = [node for node, _ in plan]
         new_nodes: list[onnx.NodeProto] = []
         for tensor in self.tensors_to_calibrate(model):
-            new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], consumers)
+            at = [(node, [i for i in inputs if i < len(node.input) and node.input[i] == tensor]) for node, inputs in plan]
+            new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], [(n, i) for n, i in at if i])
         quantized_weights: dict[str, str] = {}
         for node in consumers:
             if node.op_type not in WEIGHTED_OPS:
@@ -162,12 +266,16 @@ class QDQ(Recipe):
         return numpy_helper.from_array(zeros, name)
 
     def _activation_qdq(self, graph: onnx.GraphProto, tensor: str, amax: float,
-                        consumers: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+                        consumers: list[tuple[onnx.NodeProto, list[int]]]) -> list[onnx.NodeProto]:
+        """One Q/DQ pair on ``tensor``, feeding the given inputs of its quantized consumers (a
+        residual Add's input from a convolution keeps the float tensor)."""
         scale = np.float32(max(float(amax), 1e-12) / self.fmt.qmax)
         names = {k: f"{tensor}_{k}" for k in ("scale", "zero_point", "quantized", "dequantized")}
         graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), names["scale"]),
                                   self._zero_point(names["zero_point"], None)])
-        replace_input(consumers, tensor, names["dequantized"])
+        for node, indices in consumers:
+            for index in indices:
+                node.input[index] = names["dequantized"]
         return [
             helper.make_node("QuantizeLinear", [tensor, names["scale"], names["zero_point"]],
                              [names["quantized"]], name=f"{tensor}_QuantizeLinear"),
