@@ -22,6 +22,15 @@ from harness.precision.base import Recipe
 from harness.precision.graph import float_tensors, replace_input, topological_sort
 
 
+def saturate(values: np.ndarray, np_type: object) -> np.ndarray:
+    """``values`` in a low float type, out-of-range ones clamped to its largest finite value, as
+    TensorRT and ONNX's float16 converters store weights and constants: the large negative number of
+    an attention mask (``finfo(float32).min``) stays large and finite, instead of becoming −inf
+    (whose product with a zero is NaN)."""
+    limit = float(ml_dtypes.finfo(np_type).max)
+    return np.clip(values, -limit, limit).astype(np_type)
+
+
 class FP32(Recipe):
     name = "fp32"
 
@@ -55,10 +64,12 @@ class RoundedStorage(Recipe):
     def apply_impl(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
         graph = model.graph
         floats = float_tensors(model)
-        for init in graph.initializer:
-            if init.data_type == TensorProto.FLOAT:
-                arr = numpy_helper.to_array(init)
-                init.CopyFrom(numpy_helper.from_array(arr.astype(self.np_type).astype(np.float32), init.name))
+        constants = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                                           if a.type == onnx.AttributeProto.TENSOR)]
+        for tensor in constants:
+            if tensor.data_type == TensorProto.FLOAT:
+                arr = numpy_helper.to_array(tensor)
+                tensor.CopyFrom(numpy_helper.from_array(saturate(arr, self.np_type).astype(np.float32), tensor.name))
         new_nodes = []
         for value in graph.input:
             if value.name in floats:
@@ -141,5 +152,5 @@ class NativeLowPrecision(Recipe):
 
     def _lower_tensor(self, tensor: onnx.TensorProto) -> None:
         if tensor.data_type == TensorProto.FLOAT:
-            lowered = numpy_helper.to_array(tensor).astype(self.np_type)
+            lowered = saturate(numpy_helper.to_array(tensor), self.np_type)
             tensor.CopyFrom(numpy_helper.from_array(lowered, tensor.name))
