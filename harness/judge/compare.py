@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -52,6 +52,7 @@ class Comparison:
     worst: dict[str, list[dict[str, object]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # bounds widened to what the samples resolve
     task: dict[str, Any] | None = None  # task accuracy, where the model has labelled samples
+    task_metrics: dict[str, float] | None = None  # the model's own task metrics (harness.judge.task_metrics)
 
     @property
     def passed(self) -> bool:
@@ -80,6 +81,8 @@ class Comparison:
     def to_dict(self) -> dict[str, object]:
         out = {"metrics": self.metrics, "worst": self.worst, "notes": self.notes,
                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+        if self.task_metrics is not None:
+            out["task_metrics"] = self.task_metrics
         return {**out, "task": self.task} if self.task is not None else out
 
 
@@ -125,6 +128,17 @@ def task_accuracy(reference_correct: np.ndarray, candidate_correct: np.ndarray, 
         result.note(bound.warning)
         result.checks.append(Check("task", "accuracy drop (points)", task["accuracy_drop_points"], bound.used, False))
     return task
+
+
+def judge_task_metrics(values: Mapping[str, float], tolerance: Tolerance, result: Comparison) -> None:
+    """Keep a model's task metrics in ``result`` and check each bound the tolerance gives them; a
+    bound on a metric the model's metric function does not return fails, naming what it returns."""
+    result.task_metrics = {name: float(value) for name, value in values.items()}
+    for bounds, higher in ((tolerance.task_min or {}, True), (tolerance.task_max or {}, False)):
+        for name, bound in bounds.items():
+            observed = result.task_metrics.get(name, float("nan"))
+            label = name if name in result.task_metrics else f"{name} (not returned; got {sorted(values)})"
+            result.checks.append(Check("task", label, observed, float(bound), higher))
 
 
 def cosine(reference: np.ndarray, candidate: np.ndarray) -> float:

@@ -24,9 +24,11 @@ class Tolerance:
     min_top1: float | None = None
     max_accuracy_drop: float | None = None
     max_flip_fraction: float | None = None  # runtime fidelity (harness.judge.fidelity); quantized precisions
+    task_min: Mapping[str, float] | None = None  # bounds on the model's task metrics, by name (judge.task_metrics)
+    task_max: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, float]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: dict(v) if isinstance(v, Mapping) else v for k, v in asdict(self).items() if v is not None}
 
 
 _NAMES = {f.name for f in fields(Tolerance)}
