@@ -1,9 +1,14 @@
 """The recipe interface: turn an FP32 ONNX graph into the graph for one precision."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import onnx
+
+
+ChannelRanges = Callable[[bytes, Sequence[str], int], Mapping[str, np.ndarray]]
+"""(graph bytes, tensor names, channel axis) → per-channel amax of each over the calibration set."""
 
 
 class Recipe:
@@ -33,10 +38,26 @@ class Recipe:
         quantize fewer layers (sensitivity, fallback) reuse one calibration pass."""
         return self
 
+    def configured(self, settings: Mapping[str, Any]) -> "Recipe":
+        """This recipe with named settings (a manifest's ``recipe:``, ``--recipe-option``); most
+        recipes take none."""
+        if settings:
+            from harness.errors import HarnessError
+
+            raise HarnessError(f"recipe {self.name!r} takes no settings; got {sorted(settings)}")
+        return self
+
     def for_target(self, target: str) -> "Recipe":
         """The variant of this recipe for a backend's graph target (``"emulated"`` for CPU
         executors, ``"native"`` for TensorRT's strongly typed builders); most are the same."""
         return self
+
+    def prepare(self, model: onnx.ModelProto, channel_amax: "ChannelRanges") -> onnx.ModelProto:
+        """A rewrite of the FP32 graph that keeps its function and makes it quantize better (SmoothQuant,
+        activation equalization), done before calibration; ``channel_amax(graph bytes, tensors, axis)``
+        gives per-channel ranges of named tensors of that graph over the calibration set. Most recipes
+        change nothing."""
+        return model
 
     def apply(self, model: onnx.ModelProto, ranges: Mapping[str, float] | None = None) -> onnx.ModelProto:
         out = onnx.ModelProto()

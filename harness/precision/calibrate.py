@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Sequence
+from typing import Iterator, Sequence
 
+import numpy as np
 import onnx
 
 from harness.cache import Cache, content_hash, source_fingerprint
@@ -50,9 +51,42 @@ def calibrate(
     return json.loads(path.read_text())["ranges"]
 
 
+def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axis: int,
+                   batches: Sequence[Batch]) -> dict[str, np.ndarray]:
+    """Per-channel amax along ``axis`` (over every other axis) of ``tensors`` over ``batches``, for
+    rewrites that balance ranges channel by channel (SmoothQuant, equalization); cached like
+    :func:`calibrate`."""
+    if not batches:
+        raise CalibrationError("calibration set is empty")
+    key = content_hash("channel-ranges", model_bytes, list(tensors), axis, list(batches),
+                       source_fingerprint("harness.precision.calibrate"))
+
+    def produce() -> bytes:
+        amax: dict[str, np.ndarray] = {}
+        for values in _forward(model_bytes, tensors, batches):
+            for name, value in zip(tensors, values):
+                channels = np.moveaxis(value, axis, -1)
+                batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
+                amax[name] = np.maximum(amax[name], batch_amax) if name in amax else batch_amax
+        return json.dumps({name: v.astype(float).tolist() for name, v in amax.items()}).encode()
+
+    path = cache.get_or_create("channel-ranges", key, ".json", produce, {"tensors": len(tensors)})
+    return {name: np.asarray(v, np.float64) for name, v in json.loads(path.read_text()).items()}
+
+
 def collect_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch],
                        bins: int = BINS) -> dict[str, Histogram]:
     """One forward pass per batch; every requested tensor's |x| is binned and then dropped."""
+    histograms = {name: Histogram(bins) for name in tensors}
+    for values in _forward(model_bytes, tensors, batches):
+        for name, value in zip(tensors, values):
+            histograms[name].add(value)
+    return histograms
+
+
+def _forward(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> Iterator[list[np.ndarray]]:
+    """``tensors``' values, batch by batch, from the graph under ONNX Runtime with optimisations off
+    (so every tensor exists as named)."""
     import onnxruntime
     from tqdm import tqdm
 
@@ -62,10 +96,6 @@ def collect_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequ
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    histograms = {name: Histogram(bins) for name in tensors}
     for batch in tqdm(batches, desc=f"calibrating {model.graph.name}", unit="batch", leave=False, disable=None):
-        values = session.run(list(tensors), dict(batch))
         FORWARD_PASSES[model.graph.name] += 1
-        for name, value in zip(tensors, values):
-            histograms[name].add(value)
-    return histograms
+        yield session.run(list(tensors), dict(batch))
