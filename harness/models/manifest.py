@@ -19,7 +19,7 @@ from harness.models.spec import InputSpec, ModelSpec, Ref
 
 ENTRY_POINT_GROUP = "quant_harness.models"
 _FIELDS = {"name", "build", "onnx", "quantized", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow",
-           "unsupported_ops", "build_files"}
+           "unsupported_ops", "build_files", "metric", "recipe"}
 
 
 def load_manifest(path: Path) -> list[ModelSpec]:
@@ -51,6 +51,8 @@ def _entry(entry: dict[str, Any], path: Path, root: Path) -> ModelSpec:
             task=entry.get("task", "regression"),
             calibration=calibration if calibration in (None, "synthetic") else _ref(calibration),
             eval_data=_ref(entry["eval"]) if "eval" in entry else None,  # type: ignore[arg-type]
+            metric=_ref(entry["metric"]) if "metric" in entry else None,
+            recipe=entry.get("recipe") or {},
             tolerances=entry.get("tolerances", {}),
             unsupported_ops=entry.get("unsupported_ops", {}),
             slow=bool(entry.get("slow", False)),

@@ -51,12 +51,12 @@ class Ref:
     target: str
     args: tuple[Any, ...] = ()
 
-    def __call__(self) -> Any:
+    def __call__(self, *more: Any) -> Any:
         try:
             function = import_object(self.target)
         except (ImportError, AttributeError, ValueError) as exc:
             raise HarnessError(f"cannot import {self.target}: {type(exc).__name__}: {exc}") from exc
-        return function(*self.args)
+        return function(*self.args, *more)
 
     @property
     def module(self) -> str:
@@ -84,12 +84,17 @@ class ModelSpec:
     outputs: Sequence[str]
     build: Callable[[], "object"] | None = None
     onnx_path: Path | None = None
-    task: Literal["classification", "regression"] = "regression"
+    task: Literal["classification", "regression", "embedding"] = "regression"
     calibration: Calibration = None
     eval_data: Callable[[], LabeledData | list[Batch]] | None = None  # labelled, or inputs alone
     tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     unsupported_ops: Mapping[str, Sequence[str]] = field(default_factory=dict)  # backend → op types
     quantized: Mapping[str, Path] = field(default_factory=dict)  # precision → the user's own quantized ONNX
+    # The task's own metric (harness.judge.task_metrics): (reference, candidate, labels) → named
+    # scores, bounded by the tolerances' task_min/task_max. Embedding models get one by default.
+    metric: Callable[..., Mapping[str, float]] | None = None
+    # Recipe settings per precision (harness.precision.qdq.QDQ.configured), e.g. {"int8": {"smoothquant": 0.5}}
+    recipe: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     slow: bool = False
     seed: int = 0
     # Files the build reads (weights, training data). Declaring them, even as an empty list, says
@@ -108,6 +113,11 @@ class ModelSpec:
             return None
         data = self.eval_data()
         return (data.inputs, data.labels) if isinstance(data, LabeledData) else (list(data), None)
+
+    def task_metric(self) -> Callable[..., Mapping[str, float]] | None:
+        if self.metric is None and self.task == "embedding":
+            return Ref("harness.judge.task_metrics:embedding_agreement")
+        return self.metric
 
     def declared_unsupported(self, backend: str, ops: Sequence[str]) -> bool:
         """True when every op a backend rejected is declared unsupported for it in this spec."""

@@ -16,7 +16,7 @@ import json
 import math
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Mapping
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from harness.judge.tolerances import ToleranceTable
 from harness.models import ModelSpec
 from harness.models.spec import Batch
 from harness.precision import Recipe, get_recipe
-from harness.precision.calibrate import calibrate
+from harness.precision.calibrate import calibrate, channel_ranges
 from harness.precision.calibrators import Calibrator
 from harness.precision.graph import quantized_layers
 from harness.registry import Registry
@@ -64,8 +64,10 @@ class ArtifactStore:
     """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners."""
 
     def __init__(self, cache: Cache, models: Registry[ModelSpec], backend: Callable[[str], Backend],
-                 tolerances: ToleranceTable, calibrator: Calibrator | None = None, caps: Capabilities | None = None):
+                 tolerances: ToleranceTable, calibrator: Calibrator | None = None, caps: Capabilities | None = None,
+                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None):
         self.cache, self.models, self.backend, self.calibrator = cache, models, backend, calibrator
+        self.recipe_settings = recipe_settings or {}  # precision → settings over the models' own
         self.tolerances, self.caps = tolerances, caps or detect()
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
         self._semantics, self._coverage, self._batch_keys, self._precision = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
@@ -75,7 +77,8 @@ class ArtifactStore:
     def mutated(self, mutation: Mutation) -> "ArtifactStore":
         """A store whose artifacts carry a planted defect; torch modules and FP32 reference outputs
         (which no defect touches) are shared with this one."""
-        other = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.calibrator, self.caps)
+        other = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.calibrator, self.caps,
+                              self.recipe_settings)
         other._modules, other._references, other.mutation = self._modules, self._references, mutation
         return other
 
@@ -129,9 +132,12 @@ class ArtifactStore:
         graph = onnx.load_from_string(source_bytes)
         if not recipe.calibrated:
             return source_bytes, graph, {}
-        ranges = calibrate(self.cache, source_bytes, recipe.calibration_recipe().tensors_to_calibrate(graph),
+        graph = recipe.prepare(graph, lambda graph_bytes, tensors, axis: channel_ranges(
+            self.cache, graph_bytes, tensors, axis, self.calibration_batches(model)))
+        prepared = graph.SerializeToString()
+        ranges = calibrate(self.cache, prepared, recipe.calibration_recipe().tensors_to_calibrate(graph),
                            self.calibration_batches(model), recipe.calibrator)
-        return source_bytes, graph, ranges
+        return prepared, graph, ranges
 
     def precision_onnx(self, model: str, recipe: Recipe) -> Path:
         """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges), or the
@@ -230,7 +236,7 @@ class ArtifactStore:
     def semantics(self, model: str, precision: str) -> dict[str, np.ndarray]:
         """The outputs of ``precision``'s graph evaluated as written (:mod:`harness.judge.semantics`)."""
         return self._semantics.get((model, precision), lambda: self.graph_semantics(
-            model, self.precision_onnx(model, self.recipe(precision, "emulated"))))
+            model, self.precision_onnx(model, self.recipe(model, precision, "emulated"))))
 
     def graph_semantics(self, model: str, path: Path) -> dict[str, np.ndarray]:
         """The outputs of the graph at ``path`` over ``model``'s evaluation batches, evaluated as
@@ -268,7 +274,7 @@ class ArtifactStore:
         def count() -> dict[str, int]:
             import onnx
 
-            path = self.precision_onnx(model, self.recipe(precision, "emulated"))
+            path = self.precision_onnx(model, self.recipe(model, precision, "emulated"))
             return self.cached_json("coverage", [file_sha256(path), source_fingerprint("harness.precision.graph")],
                                     lambda: quantized_layers(onnx.load(str(path))),
                                     {"model": model, "precision": precision})
@@ -293,15 +299,19 @@ class ArtifactStore:
     def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
         """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""
         spec = self.models.get(model)
-        recipe = self.recipe(precision, self.backend(backend).recipe_target)
+        recipe = self.recipe(model, precision, self.backend(backend).recipe_target)
         module = None if spec.build is None else functools.partial(self.module, model)
         return Artifacts(spec, recipe, module, onnx_path=lambda: self.precision_onnx(model, recipe),
                          fp32_onnx=lambda: self.fp32_onnx(model), ranges=lambda: self.ranges(model, recipe),
                          calibration_batches=lambda: self.calibration_batches(model), cache=self.cache)
 
-    def recipe(self, precision: str, target: str) -> Recipe:
-        """The recipe of ``precision`` for a graph target, with this run's calibrator."""
+    def recipe(self, model: str, precision: str, target: str) -> Recipe:
+        """The recipe of ``precision`` for a graph target, with the model's recipe settings, then
+        this run's (``--recipe-option``, ``--calibration``) over them."""
         recipe = get_recipe(precision).for_target(target)
-        if self.calibrator is not None and recipe.calibrated:
-            recipe = recipe.with_options(calibrator=self.calibrator)  # type: ignore[attr-defined]
-        return recipe
+        if not recipe.calibrated:
+            return recipe
+        settings = {**self.models.get(model).recipe.get(precision, {}), **self.recipe_settings.get(precision, {})}
+        if self.calibrator is not None:
+            settings["calibration"] = self.calibrator.method
+        return recipe.configured(settings)

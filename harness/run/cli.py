@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from harness.cache import atomic_write_bytes
 from harness.errors import HarnessError
@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
     run.add_argument("--report-dir", type=Path, default=Path("reports"))
     run.add_argument("--calibration", help="INT8/FP8 calibration: max (default), entropy, percentile, mse")
+    run.add_argument("--recipe-option", action="append", default=[], metavar="[PRECISION:]KEY=VALUE",
+                     help="INT8/FP8 recipe setting over the models' own, e.g. smoothquant=0.5, equalize=true, "
+                          "int8:calibration=mse (repeatable; recorded in the run record)")
     run.add_argument("--shard", help="run part i of n of the matrix (i/n); merge the records with 'merge'")
     run.add_argument("--baseline", type=Path, help="also judge every case against this run record (gate rules)")
     run.add_argument("--policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
@@ -46,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     sensitivity = commands.add_parser("sensitivity", help="per-layer quantization error, and FP32 fallback")
     sensitivity.add_argument("model")
     sensitivity.add_argument("--precision", default="int8", choices=["int8", "fp8"])
-    sensitivity.add_argument("--calibration", default="max")
+    sensitivity.add_argument("--calibration", help="calibration method (default: the model's, else max)")
+    sensitivity.add_argument("--recipe-option", action="append", default=[], metavar="KEY=VALUE",
+                             help="recipe setting, e.g. smoothquant=0.5 (repeatable)")
     sensitivity.add_argument("--min-cosine", type=float, help="fall back the most sensitive layers until met")
     _common(sensitivity)
     run.add_argument("--time", action="store_true", help="also time each case (median latency, for speedups)")
@@ -129,7 +134,8 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
 
     started = time.time()
     pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration, timing=args.time,
-                        baseline=getattr(args, "baseline", None), policy=getattr(args, "policy", None))
+                        baseline=getattr(args, "baseline", None), policy=getattr(args, "policy", None),
+                        recipe_settings=recipe_settings(getattr(args, "recipe_option", [])))
     cases = pipeline.cases(args.models, args.precisions, args.backends)
     shard = Shard.parse(args.shard) if getattr(args, "shard", None) else None
     if shard is not None:
@@ -225,20 +231,39 @@ def format_table(cases: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def recipe_settings(options: list[str]) -> dict[str, dict[str, Any]]:
+    """``[PRECISION:]KEY=VALUE`` options as settings per quantized precision (values parsed as YAML:
+    numbers, true/false, null)."""
+    import yaml
+
+    from harness.precision import known_precisions
+
+    settings: dict[str, dict[str, Any]] = {}
+    for option in options:
+        target, _, assignment = option.rpartition(":") if ":" in option.partition("=")[0] else ("", "", option)
+        key, equals, value = assignment.partition("=")
+        if not equals or not key:
+            raise HarnessError(f"--recipe-option {option!r}: expected [PRECISION:]KEY=VALUE")
+        for precision in [target] if target else ["int8", "fp8"]:
+            if precision not in known_precisions():
+                raise HarnessError(f"--recipe-option {option!r}: unknown precision {precision!r}")
+            settings.setdefault(precision, {})[key] = yaml.safe_load(value)
+    return settings
+
+
 def _fmt(value: float | None, spec: str, width: int) -> str:
     return f"{value:{spec}}".rjust(width) if value is not None else "-".rjust(width)
 
 
 def _sensitivity(args: argparse.Namespace) -> int:
     from harness.run.pipeline import Pipeline
-    from harness.precision import get_recipe
-    from harness.precision.calibrators import Calibrator
     from harness.judge.sensitivity import fallback_until_within, layer_sensitivity
     from harness.judge.tolerances import Tolerance
 
-    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    pipeline = Pipeline(args.cache_dir, manifest=args.manifest, calibration=args.calibration,
+                        recipe_settings=recipe_settings(args.recipe_option))
     pipeline.models.get(args.model)
-    recipe = get_recipe(args.precision).with_options(calibrator=Calibrator(args.calibration))  # type: ignore[attr-defined]
+    recipe = pipeline.store.recipe(args.model, args.precision, "emulated")
     print(f"{'layer':<48} {'op':<8} {'cosine':>9} {'snr_db':>7}   (only this layer quantized)")
     for row in layer_sensitivity(pipeline.store, args.model, recipe):
         print(f"{row.layer:<48} {row.op:<8} {row.cosine:>9.6f} {row.snr_db:>7.1f}")

@@ -21,7 +21,7 @@ from harness.backends.onnxrt import OnnxRuntimeRunner
 from harness.cache import file_sha256
 from harness.capabilities import Capabilities
 from harness.errors import HarnessError, UnsupportedError
-from harness.judge.compare import Comparison, compare, concat, task_accuracy
+from harness.judge.compare import Comparison, compare, concat, judge_task_metrics, task_accuracy
 from harness.judge.diagnose import first_divergence, first_runtime_divergence
 from harness.judge.fidelity import Fidelity, judge_fidelity
 from harness.judge.semantics import EVALUATOR
@@ -125,7 +125,8 @@ class CaseExecutor:
         fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.caps.device,
                                   tolerance.max_flip_fraction)
         metrics["recipe"] = {**recipe.to_dict(), "evaluator": EVALUATOR, "passed": recipe.passed,
-                             "coverage": store.coverage(case.model, case.precision)}
+                             "coverage": store.coverage(case.model, case.precision),
+                             "settings": store.recipe(case.model, case.precision, "emulated").params()}
         if case.precision in spec.quantized:
             metrics["recipe"]["user_graph"] = str(spec.quantized[case.precision])
         metrics["fidelity"] = fidelity.to_dict()
@@ -133,9 +134,13 @@ class CaseExecutor:
 
     def _judge(self, spec: ModelSpec, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
                tolerance: Tolerance) -> Comparison:
-        """Outputs against the FP32 reference, and task accuracy where the model has labels."""
+        """Outputs against the FP32 reference, the model's task metrics, and task accuracy where the
+        model has labels."""
         comparison = compare(reference, outputs, tolerance, spec.task == "classification")
         labels = self.store.eval_labels(spec.name)
+        metric = spec.task_metric()
+        if metric is not None:
+            judge_task_metrics(metric(reference, outputs, labels), tolerance, comparison)
         if labels is not None:
             output = spec.outputs[0]
             comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
@@ -192,7 +197,7 @@ class CaseExecutor:
         if case.backend != "onnxruntime" and not artifacts.recipe.quantized:
             return None  # a backend's own float kernels are not what the emulated graph describes
         fp32 = self.store.fp32_onnx(case.model)
-        emulated = self.store.precision_onnx(case.model, self.store.recipe(case.precision, "emulated"))
+        emulated = self.store.precision_onnx(case.model, self.store.recipe(case.model, case.precision, "emulated"))
         bound = tolerance.min_cosine or 0.999
         return self.store.cached_json(
             "divergence", [file_sha256(fp32), file_sha256(emulated), self.store.batch_key(batch), bound,

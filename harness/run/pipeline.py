@@ -10,7 +10,7 @@ import copy
 import functools
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from harness.backends import Backend, backend_registry
 from harness.cache import Cache
@@ -36,14 +36,15 @@ class Pipeline:
 
     def __init__(self, cache_dir: Path, tolerances: Path | None = None, manifest: Path | None = None,
                  capabilities: Capabilities | None = None, calibration: str | None = None, timing: bool = False,
-                 baseline: Path | None = None, policy: Path | None = None):
+                 baseline: Path | None = None, policy: Path | None = None,
+                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None):
         self.cache = Cache(cache_dir)
         self.tolerances = ToleranceTable.load(tolerances)
         self.models: Registry[ModelSpec] = model_registry(manifest)
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
         self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
-                                   Calibrator(calibration) if calibration else None, self.caps)
+                                   Calibrator(calibration) if calibration else None, self.caps, recipe_settings)
         self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
         self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
             if baseline is not None else None
