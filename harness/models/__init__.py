@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.models import digits, synthetic, vision, zoo
+from harness.models import digits, synthetic, text, vision, zoo
 from harness.models.manifest import entry_point_specs, load_manifest
 from harness.models.spec import Batch, InputSpec, LabeledData, ModelSpec
 from harness.registry import Registry
@@ -11,7 +11,7 @@ from harness.registry import Registry
 __all__ = ["Batch", "InputSpec", "LabeledData", "ModelSpec", "BUILTIN", "model_registry"]
 
 BUILTIN: list[ModelSpec] = [*synthetic.SPECS, *vision.SPECS, digits.SPEC]
-ZOO: list[ModelSpec] = zoo.specs()  # trained networks, where the [zoo] extra is installed
+ZOO: list[ModelSpec] = [*zoo.specs(), *text.specs()]  # trained networks, where the [zoo] extra is installed
 
 
 def model_registry(manifest: Path | None = None) -> Registry[ModelSpec]:

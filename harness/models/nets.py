@@ -58,3 +58,57 @@ def dwblock() -> nn.Module:
         nn.Conv2d(32, 64, 1), nn.BatchNorm2d(64), nn.ReLU6(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
     )
+
+
+class BertEncoder(nn.Module):
+    """A BERT encoder written out op by op (embeddings, post-norm layers of masked attention and GELU
+    MLP), mean-pooled over unmasked tokens and L2-normalised: a sentence-embedding network such as
+    all-MiniLM-L6-v2, whose Hugging Face names ``load_state_dict`` takes. The attention mask is added
+    to the scores as the large negative number Hugging Face uses, so a recipe that quantizes that Add
+    shows it."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, hidden: int, positions: int = 512):
+        super().__init__()
+        self.heads = heads
+        self.embeddings = nn.ModuleDict({"word_embeddings": nn.Embedding(vocab, dim),
+                                         "position_embeddings": nn.Embedding(positions, dim),
+                                         "token_type_embeddings": nn.Embedding(2, dim),
+                                         "LayerNorm": nn.LayerNorm(dim, eps=1e-12)})
+        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(_BertLayer(dim, heads, hidden) for _ in range(layers))})
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        e = self.embeddings
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = e["word_embeddings"](input_ids) + e["position_embeddings"](positions)[None] + \
+            e["token_type_embeddings"].weight[0]
+        x = e["LayerNorm"](x)
+        mask = attention_mask.to(x.dtype)
+        bias = (1.0 - mask[:, None, None, :]) * torch.finfo(torch.float32).min
+        for layer in self.encoder["layer"]:
+            x = layer(x, bias)
+        pooled = (x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1e-9)
+        return nn.functional.normalize(pooled, dim=-1)
+
+
+class _BertLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.heads = heads
+        self.attention = nn.ModuleDict({
+            "self": nn.ModuleDict({"query": nn.Linear(dim, dim), "key": nn.Linear(dim, dim), "value": nn.Linear(dim, dim)}),
+            "output": nn.ModuleDict({"dense": nn.Linear(dim, dim), "LayerNorm": nn.LayerNorm(dim, eps=1e-12)})})
+        self.intermediate = nn.ModuleDict({"dense": nn.Linear(dim, hidden)})
+        self.output = nn.ModuleDict({"dense": nn.Linear(hidden, dim), "LayerNorm": nn.LayerNorm(dim, eps=1e-12)})
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        attn, batch, tokens = self.attention, x.shape[0], x.shape[1]
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(batch, tokens, self.heads, -1).transpose(1, 2)
+
+        q, k, v = (heads(attn["self"][name](x)) for name in ("query", "key", "value"))
+        scores = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5) + bias
+        context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, tokens, -1)
+        x = attn["output"]["LayerNorm"](x + attn["output"]["dense"](context))
+        h = nn.functional.gelu(self.intermediate["dense"](x))
+        return self.output["LayerNorm"](x + self.output["dense"](h))
