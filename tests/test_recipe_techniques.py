@@ -1,0 +1,240 @@
+"""Recipe techniques (Q/DQ placement as Model Optimizer places it, SmoothQuant, activation
+equalization, low-float saturation) and task metrics: each keeps what it must keep (the FP32
+function) and changes what it claims to, on real ONNX Runtime evaluations."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from harness.cache import Cache
+from harness.errors import HarnessError
+from harness.judge.task_metrics import embedding_agreement
+from harness.precision.calibrate import calibrate, channel_ranges
+from harness.precision.qdq import INT8, QDQ
+from harness.run.cases import Case
+from harness.run.pipeline import Pipeline
+
+TINY_BERT = """import torch
+from harness.models.nets import BertEncoder
+
+
+def build():
+    torch.manual_seed(3)
+    return BertEncoder(vocab=64, dim=32, layers=2, heads=4, hidden=64).eval()
+
+
+def batches(seed):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(4):
+        ids = rng.integers(1, 64, (8, 12))
+        mask = (np.arange(12)[None] < rng.integers(3, 13, (8, 1))).astype(np.int64)
+        out.append({"input_ids": ids * mask, "attention_mask": mask})
+    return out
+
+
+def calibration():
+    return batches(1)
+
+
+def evaluation():
+    return batches(2)
+"""
+
+
+@pytest.fixture
+def token_model(tmp_path) -> Pipeline:
+    """A small random-weight BERT with token inputs and padded attention masks, declared in a manifest."""
+    (tmp_path / "tiny_bert.py").write_text(TINY_BERT)
+    (tmp_path / "models.yaml").write_text("""models:
+  - name: tiny-bert
+    build: tiny_bert:build
+    build_files: []
+    inputs:
+      - {name: input_ids, shape: [8, 12], dtype: int64, range: [1, 64], dynamic_axes: {0: batch, 1: tokens}}
+      - {name: attention_mask, shape: [8, 12], dtype: int64, range: [1, 2], dynamic_axes: {0: batch, 1: tokens}}
+    outputs: [embedding]
+    task: embedding
+    calibration: tiny_bert:calibration
+    eval: tiny_bert:evaluation
+""")
+    return Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in graph.node for out in node.output}
+
+
+@pytest.mark.int8
+def test_an_attention_mask_and_a_transformers_residual_adds_stay_in_float(token_model):
+    """No Add of the encoder gets a Q/DQ pair (no convolution to fuse into: Model Optimizer's rule),
+    so the mask's large negative bias never sets a scale; every MatMul input is quantized."""
+    recipe = token_model.store.recipe("tiny-bert", "int8", "emulated")
+    graph = onnx.load(str(token_model.store.precision_onnx("tiny-bert", recipe))).graph
+    producers = _producers(graph)
+    adds = [n for n in graph.node if n.op_type == "Add"]
+    assert adds and not any(producers.get(i) is not None and producers[i].op_type == "DequantizeLinear"
+                            for n in adds for i in n.input)
+    matmuls = [n for n in graph.node if n.op_type == "MatMul"]
+    assert all(producers[i].op_type == "DequantizeLinear" for n in matmuls for i in n.input)
+    result = token_model.run(Case("tiny-bert", "int8", "onnxruntime"))
+    assert result.status == "passed", result.message
+
+
+@pytest.mark.int8
+def test_a_residual_add_after_a_convolution_is_quantized_on_its_residual_input_only(harness_pipeline):
+    recipe = harness_pipeline.store.recipe("resblock", "int8", "emulated")
+    graph = onnx.load(str(harness_pipeline.store.precision_onnx("resblock", recipe))).graph
+    producers = _producers(graph)
+    (add,) = [n for n in graph.node if n.op_type == "Add"]
+    kinds = [producers[i].op_type for i in add.input]
+    assert sorted(kinds) == ["Conv", "DequantizeLinear"]  # the branch is fused into its convolution
+
+
+@pytest.mark.fp16
+@pytest.mark.bf16
+def test_low_float_graphs_keep_a_masks_large_negative_number_finite(token_model):
+    """finfo(float32).min rounds to −inf in FP16 and BF16, and 0 × −inf is NaN: constants saturate
+    to the type's largest finite value, as TensorRT and ONNX's float16 converters store them."""
+    for precision in ("fp16", "bf16"):
+        result = token_model.run(Case("tiny-bert", precision, "onnxruntime"))
+        assert result.status == "passed", result.message
+        assert result.metrics["metrics"]["embedding"]["nonfinite"] == 0
+
+
+def _linear_with_outliers(tmp_path: Path) -> tuple[onnx.ModelProto, list[dict], list[dict]]:
+    """y = x W over 64 input channels, 4 of which carry values 100× the rest (a LayerNorm output's
+    outlier channels)."""
+    rng = np.random.default_rng(0)
+    weight = rng.normal(0, 0.1, (64, 32)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="linear")], "outliers",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    gain = np.ones(64, np.float32)
+    gain[[3, 17, 40, 61]] = 100.0
+
+    def draw(seed: int) -> list[dict]:
+        data = np.random.default_rng(seed)
+        return [{"x": (data.normal(0, 1, (32, 64)) * gain).astype(np.float32)} for _ in range(4)]
+
+    return model, draw(1), draw(2)
+
+
+def _run(model: onnx.ModelProto, batches: list[dict]) -> np.ndarray:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(None, b)[0] for b in batches])
+
+
+def _snr(reference: np.ndarray, candidate: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(reference.astype(np.float64) ** 2) / np.sum((candidate - reference) ** 2.0)))
+
+
+def _quantized(model: onnx.ModelProto, calibration: list[dict], cache: Cache, **settings) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    recipe = QDQ(INT8).configured(settings)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    prepared = recipe.prepare(copy, lambda graph, tensors, axis: channel_ranges(cache, graph, tensors, axis, calibration))
+    ranges = calibrate(cache, prepared.SerializeToString(), recipe.tensors_to_calibrate(prepared), calibration)
+    return prepared, recipe.apply(prepared, ranges)
+
+
+@pytest.mark.int8
+def test_smoothquant_keeps_the_function_and_wins_back_the_outlier_channels_resolution(tmp_path):
+    """The smoothed FP32 graph computes the same; quantized, the outliers no longer set the step of
+    every channel. With α = 0.5 the outliers' 100× shrinks to about 10×, a step 10× finer (20 dB less
+    activation noise); asserted: at least half of that."""
+    model, calibration, evaluation = _linear_with_outliers(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    reference = _run(model, evaluation)
+    _, plain = _quantized(model, calibration, cache)
+    prepared, smoothed = _quantized(model, calibration, cache, smoothquant=0.5)
+    assert np.allclose(_run(prepared, evaluation), reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
+    assert [n.op_type for n in prepared.graph.node] == ["Mul", "MatMul"]
+    assert _snr(reference, _run(smoothed, evaluation)) >= _snr(reference, _run(plain, evaluation)) + 10
+
+
+def test_equalization_keeps_the_function_and_levels_the_depthwise_input(harness_pipeline):
+    """dwblock (Conv-BN-ReLU6 → depthwise Conv): after equalization the activation feeding the
+    depthwise convolution has the same range in every live channel, ReLU6 became Min(Relu(x), bound
+    per channel), and the FP32 outputs are unchanged."""
+    from harness.precision.equalize import equalize
+
+    store = harness_pipeline.store
+    model = onnx.load(str(store.fp32_onnx("dwblock")))
+    batches = store.calibration_batches("dwblock")
+    cache = Cache(Path(store.cache.root) / "equalize-test")
+    ranges = lambda graph, tensors, axis: channel_ranges(cache, graph, tensors, axis, batches)  # noqa: E731
+    equalized = equalize(onnx.load(str(store.fp32_onnx("dwblock"))), ranges)
+    reference, candidate = _run(model, batches), _run(equalized, batches)
+    assert np.allclose(candidate, reference, rtol=1e-4, atol=1e-5 * np.abs(reference).max())
+    assert "Clip" not in {n.op_type for n in equalized.graph.node} and "Min" in {n.op_type for n in equalized.graph.node}
+    depthwise = next(n for n in equalized.graph.node if n.op_type == "Conv" and
+                     next(a.i for a in n.attribute if a.name == "group") > 1)
+    before = ranges(model.SerializeToString(), [depthwise.input[0]], 1)[depthwise.input[0]]
+    after = ranges(equalized.SerializeToString(), [depthwise.input[0]], 1)[depthwise.input[0]]
+    live = before > 1e-3 * before.max()
+    assert before[live].max() / before[live].min() > 1.5  # there was something to level
+    assert after[live].max() / after[live].min() < 1.001
+
+
+def test_embedding_agreement_measures_cosine_and_ranking():
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(20, 8))
+    same = embedding_agreement({"e": reference}, {"e": reference * 3.0})  # scale-free
+    assert same["row_cosine_min"] == pytest.approx(1.0) and same["neighbour_agreement"] == 1.0
+    assert same["similarity_spearman"] == pytest.approx(1.0)
+    shuffled = embedding_agreement({"e": reference}, {"e": reference[rng.permutation(20)]})
+    assert shuffled["neighbour_agreement"] < 0.5 and shuffled["similarity_spearman"] < 0.5
+
+
+USER_METRIC = """import numpy as np
+
+
+def shift(reference, candidate, labels):
+    return {"mean_abs_shift": float(np.mean(np.abs(candidate["scores"] - reference["scores"])))}
+"""
+
+
+def test_a_users_task_metric_is_bounded_by_name(tmp_path):
+    """A manifest's ``metric:`` callable gives named scores; ``task_max`` bounds them, and a bound
+    on a name the metric does not return fails, naming the ones it does."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    (tmp_path / "user_metric.py").write_text(USER_METRIC)
+    entry = ("models:\n  - name: scored\n    build: example_models:make_convnet\n    build_files: []\n"
+             "    inputs: [{name: image, shape: [4, 3, 24, 24], range: [0, 1]}]\n    outputs: [scores]\n"
+             "    calibration: example_models:calibration_batches\n    metric: user_metric:shift\n"
+             "    tolerances:\n      int8: {task_max: {%s: %s}}\n")
+    (tmp_path / "models.yaml").write_text(entry % ("mean_abs_shift", "1.0e-9"))
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("scored", "int8", "onnxruntime"))
+    assert result.status == "failed" and "task: mean_abs_shift" in result.message
+    assert 0 < result.metrics["task_metrics"]["mean_abs_shift"] < 1
+    (tmp_path / "models.yaml").write_text(entry % ("recall_at_10", "1.0"))
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("scored", "int8", "onnxruntime"))
+    assert result.status == "failed" and "recall_at_10 (not returned; got ['mean_abs_shift'])" in result.message
+
+
+def test_recipe_settings_come_from_the_manifest_and_the_command_line(tmp_path, token_model):
+    from harness.run.cli import recipe_settings
+
+    assert recipe_settings(["smoothquant=0.5", "int8:calibration=mse", "fp8:equalize=true"]) == {
+        "int8": {"smoothquant": 0.5, "calibration": "mse"}, "fp8": {"smoothquant": 0.5, "equalize": True}}
+    with pytest.raises(HarnessError, match="expected"):
+        recipe_settings(["smoothquant"])
+    store = token_model.store
+    assert store.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] is None
+    token_model.models.get("tiny-bert").recipe["int8"] = {"smoothquant": 0.7}  # type: ignore[index]
+    assert store.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] == 0.7
+    token_model.models.get("tiny-bert").recipe["int8"] = {"smoothness": 0.7}  # type: ignore[index]
+    with pytest.raises(HarnessError, match="unknown int8 recipe setting.*smoothness"):
+        store.recipe("tiny-bert", "int8", "emulated")
