@@ -35,7 +35,7 @@ def test_calibration_and_evaluation_sentences_are_apart():
 @needs_minilm
 @pytest.mark.int8
 @pytest.mark.fp8
-def test_every_precision_holds_through_a_manifest(tmp_path):
+def test_every_precision_holds_through_a_manifest(harness_pipeline, tmp_path):
     """Declared as a user would (a manifest naming the harness's build, data and recipe settings):
     FP32/FP16/BF16/INT8/FP8 pass, INT8 and FP8 with embedding cosine ≥ 0.99 on held-out sentences,
     and the record keeps the task metrics and the recipe's settings."""
@@ -59,7 +59,7 @@ def test_every_precision_holds_through_a_manifest(tmp_path):
       int8: {{min_cosine: 0.99, task_min: {{row_cosine_min: 0.98, similarity_spearman: 0.99}}}}
       fp8: {{min_cosine: 0.99, task_min: {{row_cosine_min: 0.98, similarity_spearman: 0.99}}}}
 """)
-    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    pipeline = Pipeline(harness_pipeline.cache.root, manifest=tmp_path / "models.yaml")
     for precision in ("fp32", "fp16", "bf16", "int8", "fp8"):
         result = pipeline.run(Case("my-encoder", precision, "onnxruntime"))
         assert result.status == "passed", result.message
