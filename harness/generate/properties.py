@@ -105,6 +105,7 @@ def _rounding_error(fmt_name: str, values: torch.Tensor, scale: torch.Tensor) ->
 def quantized_layer_within_scale_bound(arch: Architecture, inputs: Inputs, recipe: QDQ, cache: Cache) -> None:
     """One quantized Conv/Linear (+ activation): every output element within the bound derived from
     the activation scale and the per-channel weight scales (no clipping: calibrated on this batch)."""
+    recipe = recipe.with_options(tensorrt_kernels=False)  # every shape the format expresses, not only TensorRT's
     module, path = _fp32_graph(arch, cache)
     x = inputs.array(arch.input_shape)
     graph = onnx.load(str(path))

@@ -9,7 +9,8 @@ convolution (through the ops TensorRT fuses into it) takes that input in the con
 and TensorRT fuses the Add there if its other input is quantized. Adds with no convolution behind
 them (a transformer's residual stream, an attention mask added to scores) stay in float.
 ``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just
-the named layers (sensitivity analysis).
+the named layers (sensitivity analysis). Convolutions TensorRT has no quantized kernel for in the
+format (:func:`tensorrt_quantizes_conv`) stay in float, as Model Optimizer leaves them.
 """
 from __future__ import annotations
 
@@ -54,6 +55,27 @@ class QuantFormat:
 
 INT8 = QuantFormat("int8", TensorProto.INT8, 127.0, np.int8)
 FP8_E4M3 = QuantFormat("fp8", TensorProto.FLOAT8E4M3FN, 448.0, ml_dtypes.float8_e4m3fn)
+
+
+def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt: QuantFormat, first: bool) -> bool:
+    """Whether TensorRT has a quantized kernel for this convolution in ``fmt``, by Model Optimizer's
+    rules (``find_nodes_from_convs_to_exclude``), so the graph quantizes what TensorRT will run
+    quantized: input and output channels ≥ 16, except, in INT8, dense square kernels with a channel
+    count divisible by 8 (at the graph input or with one side ≥ 16) and grouped ones with output
+    channels divisible by 8 and kernels ≥ 3; in FP8, filters of at most 32 taps (so FP8 leaves
+    depthwise convolutions in high precision). A weight that is not a constant is not quantized."""
+    if weight is None or len(weight) < 3:
+        return False
+    out_channels, in_channels, kernel = weight[0], weight[1], weight[2:]
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    if out_channels < 16 or in_channels < 16:
+        if fmt is not INT8:
+            return False
+        if group == 1:
+            return (out_channels % 8 == 0 or in_channels % 8 == 0) and len(set(kernel)) == 1 and \
+                (first or out_channels >= 16 or in_channels >= 16)
+        return out_channels % 8 == 0 and min(kernel) >= 3
+    return fmt is INT8 or int(np.prod(kernel)) <= 32
 
 
 def _optional_float(value: Any) -> float | None:
@@ -142,6 +164,7 @@ class QDQOptions:
     only: tuple[str, ...] | None = None
     smoothquant: float | None = None  # SmoothQuant's migration strength α (harness.precision.smoothquant)
     equalize: bool = False  # activation equalization between convolutions (harness.precision.equalize)
+    tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
 
 
 class QDQ(Recipe):
@@ -162,9 +185,15 @@ class QDQ(Recipe):
     def with_options(self, **changes: Any) -> "QDQ":
         return QDQ(self.fmt, replace(self.options, **changes))
 
-    def configured(self, settings: Mapping[str, Any]) -> "QDQ":
+    def configured(self, settings: Mapping[str, Any]) -> Recipe:
         """Settings by name: ``calibration`` (a calibrator method), ``smoothquant`` (α, or null),
-        ``equalize`` (bool), ``exclude`` (node-name patterns kept in float)."""
+        ``equalize`` (bool), ``exclude`` (node-name patterns kept in float), and ``quantizer``:
+        ``harness`` (this recipe), ``modelopt`` (NVIDIA Model Optimizer's ONNX PTQ, its own placement
+        and calibration) or ``onnxruntime`` (ONNX Runtime's quantize_static, INT8 only), so that one
+        run can set them side by side on the same data."""
+        quantizer = settings.get("quantizer", "harness")
+        if quantizer != "harness":
+            return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
         parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
                  "equalize": ("equalize", bool), "exclude": ("exclude", tuple)}
         unknown = set(settings) - set(parse)
@@ -172,12 +201,24 @@ class QDQ(Recipe):
             raise CalibrationError(f"unknown {self.name} recipe setting(s) {sorted(unknown)}; known: {sorted(parse)}")
         return self.with_options(**{parse[k][0]: parse[k][1](v) for k, v in settings.items()})
 
+    def _other_quantizer(self, quantizer: str, settings: Mapping[str, Any]) -> Recipe:
+        if set(settings) - {"calibration"}:
+            raise CalibrationError(f"quantizer {quantizer!r} takes only a calibration setting; got {sorted(settings)}")
+        if quantizer == "modelopt":
+            from harness.precision.modelopt import ModelOptimizerQDQ
+
+            return ModelOptimizerQDQ(self.name, settings.get("calibration"))
+        if quantizer == "onnxruntime" and self.fmt is INT8 and not settings:
+            return self.for_target("onnxruntime-cpu")
+        raise CalibrationError(f"unknown {self.name} quantizer {quantizer!r} (with {dict(settings)}); "
+                               "known: harness, modelopt, onnxruntime (int8, its own MinMax calibration)")
+
     def params(self) -> dict[str, Any]:
         opts = self.options
         return {**super().params(), "format": self.fmt.name, "ops": sorted(opts.ops),
                 "residual_add": opts.residual_add, "exclude": sorted(opts.exclude),
                 "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
-                "smoothquant": opts.smoothquant, "equalize": opts.equalize,
+                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "tensorrt_kernels": opts.tensorrt_kernels,
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -187,12 +228,17 @@ class QDQ(Recipe):
     def quantized_inputs(self, model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, tuple[int, ...]]]:
         """Each quantized node with the indices of the inputs that get a Q/DQ pair."""
         residual = residual_inputs(model) if self.options.residual_add else {}
+        weights = {init.name: list(init.dims) for init in model.graph.initializer}
+        graph_inputs = {value.name for value in model.graph.input}
         chosen = []
         for node in model.graph.node:
             if node.op_type == "Add" and node.output[0] in residual:
                 inputs: tuple[int, ...] = (residual[node.output[0]],)
             elif node.op_type in self.options.ops:
                 inputs = QUANTIZED_INPUTS[node.op_type]
+                if node.op_type == "Conv" and self.options.tensorrt_kernels and not tensorrt_quantizes_conv(
+                        node, weights.get(node.input[1]), self.fmt, node.input[0] in graph_inputs):
+                    continue
             else:
                 continue
             if any(fnmatch.fnmatchcase(node.name, pattern) for pattern in self.options.exclude):
