@@ -9,11 +9,11 @@ ranges, which matters for per-tensor weights; with per-output-channel weight sca
 TensorRT uses, and this harness) that is moot, and the range left unbalanced is the activation's
 single per-tensor scale: depthwise networks have activation channels whose ranges differ by orders
 of magnitude, and the small ones round to a few levels. So ``s`` here comes from the activation's
-calibrated per-channel range ``a``. When conv2 is depthwise (one input channel per output channel)
-both weight changes are absorbed by per-channel weight scales, and ``s_i = a_i / max(a)`` gives every
-channel the same range for free. When conv2 is dense the scale lands across its output channels'
-weights, so ``s_i = sqrt(a_i / r_i)`` (r: conv2's weight range of input channel i) splits the
-difference, as SmoothQuant's α = 0.5 does.
+calibrated per-channel range ``a``, for pairs whose second convolution is depthwise (one input
+channel per output channel): both weight changes are then absorbed by per-channel weight scales,
+and ``s_i = a_i / max(a)`` gives every channel the same range for free. Pairs into a dense
+convolution are left alone: there the scale lands across its output channels' weights (measured
+on EfficientNet-Lite, SmoothQuant's α = 0.5 split cost more than it won).
 
 ReLU6 (``Clip(0, 6)``) is not homogeneous: it becomes ``Min(Relu(x), 6)`` with a per-channel bound
 scaled with its channel, which keeps the function exactly (Nagel et al. replace ReLU6 by ReLU,
@@ -69,22 +69,15 @@ def _touched(pairs: list[_Pair]) -> set[str]:
 
 def _balance(pair: _Pair, arrays: dict[str, np.ndarray], activation: np.ndarray) -> None:
     first, second = arrays[pair.first.input[1]], arrays[pair.second.input[1]]
-    depthwise = _group(pair.second) > 1
     with np.errstate(divide="ignore", invalid="ignore"):
-        if depthwise:
-            scale = activation / activation.max()
-        else:
-            weight = np.abs(np.moveaxis(second, 1, 0)).reshape(second.shape[1], -1).max(axis=1)
-            scale = np.sqrt(activation / weight)
-            scale = scale / scale.max()
+        scale = activation / activation.max()
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).clip(SCALE_FLOOR, None).astype(np.float32)
     arrays[pair.first.input[1]] = first / scale.reshape(-1, *[1] * (first.ndim - 1))
     if len(pair.first.input) > 2 and pair.first.input[2]:
         arrays[pair.first.input[2]] = arrays[pair.first.input[2]] / scale
     for bound in pair.bounds:
         arrays[bound] = arrays[bound] / scale.reshape(arrays[bound].shape)
-    shape = (-1, *[1] * (second.ndim - 1)) if depthwise else (1, -1, *[1] * (second.ndim - 2))
-    arrays[pair.second.input[1]] = second * scale.reshape(shape)
+    arrays[pair.second.input[1]] = second * scale.reshape(-1, *[1] * (second.ndim - 1))
 
 
 def _group(node: onnx.NodeProto) -> int:
@@ -92,9 +85,8 @@ def _group(node: onnx.NodeProto) -> int:
 
 
 def _pairs(graph: onnx.GraphProto) -> list[_Pair]:
-    """Conv → (homogeneous ops) → Conv chains in which every intermediate tensor has one consumer,
-    both weights are initializers used once, and the second conv is dense or depthwise (one input
-    channel per group)."""
+    """Conv → (homogeneous ops) → depthwise Conv chains in which every intermediate tensor has one
+    consumer and both weights are initializers used once."""
     weights = initializer_names(onnx.ModelProto(graph=graph))
     producer = {out: node for node in graph.node for out in node.output}
     consumers: dict[str, int] = {}
@@ -117,9 +109,7 @@ def _pairs(graph: onnx.GraphProto) -> list[_Pair]:
                 or consumers[node.input[1]] != 1:
             continue
         channels = _shape(graph, node.input[1])[0]
-        dense = _group(second) == 1 and _shape(graph, second.input[1])[1] == channels
-        depthwise = _group(second) == channels and _shape(graph, second.input[1])[1] == 1
-        if dense or depthwise:
+        if _group(second) == channels and _shape(graph, second.input[1])[:2] == [channels, 1]:
             pairs.append(_Pair(node, second, bounds))
     return pairs
 
