@@ -238,3 +238,51 @@ def test_recipe_settings_come_from_the_manifest_and_the_command_line(tmp_path, t
     token_model.models.get("tiny-bert").recipe["int8"] = {"smoothness": 0.7}  # type: ignore[index]
     with pytest.raises(HarnessError, match="unknown int8 recipe setting.*smoothness"):
         store.recipe("tiny-bert", "int8", "emulated")
+
+
+def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(harness_pipeline):
+    """TensorRT has no FP8 kernel for convolutions with fewer than 16 channels per group (Model
+    Optimizer excludes them): dwblock's depthwise and 3-channel stem stay float in FP8, while INT8,
+    which TensorRT does run depthwise (output channels divisible by 8, 3×3), quantizes them all."""
+    import onnx as onnx_module
+
+    from harness.precision.graph import quantized_layers
+
+    store = harness_pipeline.store
+    counts = {p: quantized_layers(onnx_module.load(str(store.precision_onnx("dwblock", store.recipe("dwblock", p, "emulated")))))
+              for p in ("int8", "fp8")}
+    assert counts["int8"] == {"layers": 4, "quantized": 4}
+    assert counts["fp8"] == {"layers": 4, "quantized": 2}  # the pointwise conv and the classifier
+
+
+modelopt = pytest.mark.skipif(
+    __import__("harness.precision.modelopt", fromlist=["modelopt_python"]).modelopt_python() is None,
+    reason="NVIDIA Model Optimizer is not installed: set HARNESS_MODELOPT_PYTHON to the Python of an environment "
+           "with nvidia-modelopt[onnx] (it pins its own onnx and onnxruntime, so it lives apart)")
+
+
+@modelopt
+@pytest.mark.int8
+def test_model_optimizer_quantizes_beside_the_harness_and_onnxruntime(harness_pipeline):
+    """Model Optimizer's ONNX PTQ (in its own environment) on the harness's calibration set is judged
+    like the harness's recipe, and the comparison names where the placements differ."""
+    from harness.judge.recipe_comparison import compare_quantizers
+
+    variants = {"harness": {}, "onnxruntime": {"quantizer": "onnxruntime"}, "modelopt": {"quantizer": "modelopt"}}
+    results, differences = compare_quantizers(harness_pipeline.store, "resblock", "int8", variants)
+    by_label = {r.label: r for r in results}
+    assert by_label["modelopt"].metrics["cosine"] > 0.99 and by_label["modelopt"].coverage["quantized"] >= 3
+    assert all(set(labels) < set(variants) for labels in differences.values())
+    spec = harness_pipeline.models.get("resblock")  # the same quantizer as a model's recipe setting
+    spec.recipe["int8"] = {"quantizer": "modelopt"}  # type: ignore[index]
+    try:
+        case = harness_pipeline.run(Case("resblock", "int8", "onnxruntime"))
+    finally:
+        spec.recipe.pop("int8")  # type: ignore[attr-defined]
+    assert case.status == "passed", case.message
+    assert case.metrics["recipe"]["settings"]["quantizer"] == "nvidia-modelopt"
+
+
+def test_an_unknown_quantizer_is_named():
+    with pytest.raises(HarnessError, match="unknown int8 quantizer 'brevitas'"):
+        QDQ(INT8).configured({"quantizer": "brevitas"})

@@ -8,6 +8,9 @@ import onnx
 from onnx import TensorProto
 
 
+WEIGHTED = ("Conv", "Gemm", "MatMul", "ConvTranspose")
+
+
 def float_tensors(model: onnx.ModelProto) -> set[str]:
     """Names of every FLOAT-typed value (graph inputs and node outputs), by shape inference."""
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -52,9 +55,16 @@ def topological_sort(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes)
 
 
-def quantized_layers(model: onnx.ModelProto, ops: Iterable[str] = ("Conv", "Gemm", "MatMul", "ConvTranspose")) -> dict[str, int]:
+def quantized_layers(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> dict[str, int]:
     """How many weighted layers there are, and how many take a dequantized weight: a layer left in
     float by mistake shows here even when it costs no accuracy."""
-    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
     weighted = [node for node in model.graph.node if node.op_type in set(ops) and len(node.input) > 1]
-    return {"layers": len(weighted), "quantized": sum(node.input[1] in dequantized for node in weighted)}
+    return {"layers": len(weighted), "quantized": len(quantized_layer_names(model, ops))}
+
+
+def quantized_layer_names(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> set[str]:
+    """The weighted layers (by node name) that take a dequantized weight: where a graph's Q/DQ placement
+    put them in low precision, to compare one quantizer's placement with another's."""
+    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    return {node.name for node in model.graph.node
+            if node.op_type in set(ops) and len(node.input) > 1 and node.input[1] in dequantized}

@@ -55,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     sensitivity.add_argument("--min-cosine", type=float, help="fall back the most sensitive layers until met")
     _common(sensitivity)
     run.add_argument("--time", action="store_true", help="also time each case (median latency, for speedups)")
+    quantizers = commands.add_parser("compare-recipes", help="the harness's, Model Optimizer's and ONNX Runtime's "
+                                                             "quantization of one model side by side, and where "
+                                                             "their Q/DQ placements differ")
+    quantizers.add_argument("model")
+    quantizers.add_argument("--precision", default="int8", choices=["int8", "fp8"])
+    quantizers.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                            help="a recipe to add, e.g. 'mse:calibration=mse' or 'sq:smoothquant=0.8' (repeatable)")
+    _common(quantizers)
     report = commands.add_parser("report", help="render a run record as Markdown and a self-contained HTML page")
     report.add_argument("record", type=Path)
     report.add_argument("--history", type=Path, help="folder of earlier run records, for trends")
@@ -113,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
                     "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate,
-                    "merge": _merge, "compare-timings": _compare_timings, "history": _history}
+                    "merge": _merge, "compare-timings": _compare_timings, "history": _history,
+                    "compare-recipes": _compare_recipes}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -273,6 +282,38 @@ def _sensitivity(args: argparse.Namespace) -> int:
     verdict = "met" if result.passed else "NOT met"
     print(f"\ncosine ≥ {args.min_cosine} {verdict} with {len(kept)} layer(s) kept in FP32: {', '.join(kept) or '-'}")
     return 0 if result.passed else 1
+
+
+def _compare_recipes(args: argparse.Namespace) -> int:
+    """The harness's recipe (with the model's settings), ONNX Runtime's quantize_static (INT8) and
+    Model Optimizer's (where installed), plus ``--variant``s, on the same data."""
+    from harness.judge.recipe_comparison import compare_quantizers
+    from harness.precision.modelopt import modelopt_python
+    from harness.run.pipeline import Pipeline
+
+    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    own = dict(pipeline.models.get(args.model).recipe.get(args.precision, {}))
+    variants: dict[str, dict[str, Any]] = {"harness": own}
+    if args.precision == "int8":
+        variants["onnxruntime"] = {"quantizer": "onnxruntime"}
+    if modelopt_python() is not None:
+        variants["modelopt"] = {"quantizer": "modelopt"}
+    else:
+        print("(Model Optimizer not compared: set HARNESS_MODELOPT_PYTHON to a Python with nvidia-modelopt[onnx])")
+    for variant in args.variant:
+        label, _, assignments = variant.partition(":")
+        settings = recipe_settings([f"{args.precision}:{a}" for a in assignments.split(",") if a])
+        variants[label] = {**own, **settings.get(args.precision, {})}
+    results, differences = compare_quantizers(pipeline.store, args.model, args.precision, variants)
+    print(f"{'quantizer':<14} {'top1':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  settings")
+    for r in results:
+        top1 = r.metrics.get("top1_agreement")
+        print(f"{r.label:<14} {_fmt(top1, '.3f', 6)} {r.metrics['cosine']:>9.5f} {r.metrics['snr_db']:>7.2f} "
+              f"{r.coverage['quantized']:>4}/{r.coverage['layers']:<4} {r.seconds:>8.1f}  {r.settings or '-'}")
+    print(f"\nlayers not every quantizer puts in {args.precision}: {len(differences)}")
+    for layer, labels in differences.items():
+        print(f"  {layer:<48} quantized by: {', '.join(labels) or '-'}")
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -1,0 +1,49 @@
+"""Quantizers side by side: the harness's recipes, NVIDIA Model Optimizer's and ONNX Runtime's, on
+one model, one calibration set and one evaluation set, each judged on its graph's semantics (Q/DQ
+as written) against FP32, and where their Q/DQ placements differ."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import onnx
+
+from harness.judge.compare import compare
+from harness.judge.tolerances import Tolerance
+from harness.precision import get_recipe
+from harness.precision.graph import WEIGHTED, quantized_layer_names
+
+
+@dataclass
+class QuantizerResult:
+    label: str
+    settings: Mapping[str, Any]
+    metrics: dict[str, Any]  # of the first output: cosine, snr_db, top1_agreement where a classifier
+    coverage: dict[str, int]
+    seconds: float  # making the graph (calibration and quantization); ~0 where it was cached
+    layers: set[str] = field(repr=False, default_factory=set)
+
+
+def compare_quantizers(store: Any, model: str, precision: str,
+                       variants: Mapping[str, Mapping[str, Any]]) -> tuple[list[QuantizerResult], dict[str, list[str]]]:
+    """Each variant (label → recipe settings, e.g. ``{"quantizer": "modelopt"}``) judged, and the
+    weighted layers not every variant quantizes (layer → the labels that do)."""
+    spec = store.models.get(model)
+    reference, output = store.reference(model), spec.outputs[0]
+    results = []
+    for label, settings in variants.items():
+        recipe = get_recipe(precision).configured(settings)
+        start = time.perf_counter()
+        path = store.precision_onnx(model, recipe)
+        seconds = time.perf_counter() - start
+        metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),
+                          spec.task == "classification").metrics[output]
+        graph = onnx.load(str(path))
+        layers = quantized_layer_names(graph)
+        total = sum(node.op_type in WEIGHTED and len(node.input) > 1 for node in graph.graph.node)
+        results.append(QuantizerResult(label, dict(settings), metrics, {"layers": total, "quantized": len(layers)},
+                                       seconds, layers))
+    every = set().union(*(r.layers for r in results)) if results else set()
+    differences = {layer: [r.label for r in results if layer in r.layers] for layer in sorted(every)}
+    return results, {layer: labels for layer, labels in differences.items() if len(labels) < len(results)}
