@@ -64,8 +64,8 @@ class BertEncoder(nn.Module):
     """A BERT encoder written out op by op (embeddings, post-norm layers of masked attention and GELU
     MLP), mean-pooled over unmasked tokens and L2-normalised: a sentence-embedding network such as
     all-MiniLM-L6-v2, whose Hugging Face names ``load_state_dict`` takes. The attention mask is added
-    to the scores as the large negative number Hugging Face uses, so a recipe that quantizes that Add
-    shows it."""
+    to the scores as the large negative number Hugging Face uses (the compute type's lowest finite
+    value), so a recipe that quantizes that Add, or rounds it to a narrower type, shows it."""
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, hidden: int, positions: int = 512):
         super().__init__()
@@ -83,7 +83,7 @@ class BertEncoder(nn.Module):
             e["token_type_embeddings"].weight[0]
         x = e["LayerNorm"](x)
         mask = attention_mask.to(x.dtype)
-        bias = (1.0 - mask[:, None, None, :]) * torch.finfo(torch.float32).min
+        bias = (1.0 - mask[:, None, None, :]) * torch.finfo(x.dtype).min  # as Hugging Face: finite in every dtype
         for layer in self.encoder["layer"]:
             x = layer(x, bias)
         pooled = (x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1e-9)
