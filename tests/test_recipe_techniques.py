@@ -286,3 +286,30 @@ def test_model_optimizer_quantizes_beside_the_harness_and_onnxruntime(harness_pi
 def test_an_unknown_quantizer_is_named():
     with pytest.raises(HarnessError, match="unknown int8 quantizer 'brevitas'"):
         QDQ(INT8).configured({"quantizer": "brevitas"})
+
+
+@pytest.mark.int8
+def test_bias_correction_gives_each_layer_fp32s_output_means(harness_pipeline):
+    """After correction every quantized layer's per-channel output mean over the calibration set is
+    FP32's (to float rounding), where before it was off, and the output is no further from FP32."""
+    from harness.precision.bias_correction import _means_session
+    from harness.precision.calibrate import calibrate as calibrate_ranges
+
+    store = harness_pipeline.store
+    recipe = store.recipe("digits-cnn", "int8", "emulated")
+    corrected_recipe = recipe.configured({"bias_correction": True})
+    fp32 = onnx.load(str(store.fp32_onnx("digits-cnn")))
+    batches = store.calibration_batches("digits-cnn")
+    ranges = calibrate_ranges(store.cache, fp32.SerializeToString(), recipe.tensors_to_calibrate(fp32), batches)
+    plain = recipe.apply(fp32, ranges)
+    corrected = onnx.load(str(store.precision_onnx("digits-cnn", corrected_recipe)))
+    layers = [n.output[0] for n in corrected.graph.node if n.op_type in ("Conv", "Gemm")]
+    reference = _means_session(fp32, layers, [])(layers, batches, {})
+    before = _means_session(plain, layers, [])(layers, batches, {})
+    after = _means_session(corrected, layers, [])(layers, batches, {})
+    scale = [np.abs(r).max() for r in reference]
+    assert max(np.abs(b - r).max() / s for b, r, s in zip(before, reference, scale)) > 1e-3
+    assert max(np.abs(a - r).max() / s for a, r, s in zip(after, reference, scale)) < 1e-4
+    evaluation = store.eval_batches("digits-cnn")
+    truth = _run(fp32, evaluation)
+    assert _snr(truth, _run(corrected, evaluation)) >= _snr(truth, _run(plain, evaluation)) - 0.5

@@ -59,6 +59,11 @@ class Recipe:
         change nothing."""
         return model
 
+    def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
+        """A correction of the graph this recipe made, measured against the (prepared) FP32 graph on
+        the calibration batches (bias correction). Most recipes change nothing."""
+        return quantized
+
     def apply(self, model: onnx.ModelProto, ranges: Mapping[str, float] | None = None) -> onnx.ModelProto:
         out = onnx.ModelProto()
         out.CopyFrom(model)

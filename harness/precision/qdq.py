@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -164,6 +164,7 @@ class QDQOptions:
     only: tuple[str, ...] | None = None
     smoothquant: float | None = None  # SmoothQuant's migration strength α (harness.precision.smoothquant)
     equalize: bool = False  # activation equalization between convolutions (harness.precision.equalize)
+    bias_correction: bool = False  # output means matched to FP32's (harness.precision.bias_correction)
     tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
 
 
@@ -195,7 +196,8 @@ class QDQ(Recipe):
         if quantizer != "harness":
             return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
         parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
-                 "equalize": ("equalize", bool), "exclude": ("exclude", tuple)}
+                 "equalize": ("equalize", bool), "exclude": ("exclude", tuple),
+                 "bias_correction": ("bias_correction", bool)}
         unknown = set(settings) - set(parse)
         if unknown:
             raise CalibrationError(f"unknown {self.name} recipe setting(s) {sorted(unknown)}; known: {sorted(parse)}")
@@ -218,7 +220,7 @@ class QDQ(Recipe):
         return {**super().params(), "format": self.fmt.name, "ops": sorted(opts.ops),
                 "residual_add": opts.residual_add, "exclude": sorted(opts.exclude),
                 "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
-                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "tensorrt_kernels": opts.tensorrt_kernels,
+                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -268,6 +270,13 @@ class QDQ(Recipe):
 
             model = smooth(model, channel_amax, self.options.smoothquant)
         return model
+
+    def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
+        if not self.options.bias_correction:
+            return quantized
+        from harness.precision.bias_correction import correct_biases
+
+        return correct_biases(quantized, fp32, batches)
 
     def calibration_recipe(self) -> "QDQ":
         return self.with_options(only=None, exclude=())
