@@ -35,6 +35,10 @@ BATCH, CALIBRATION_CROPS, EVALUATION_CROPS = 16, 64, 128
 # bounded for BF16 here; that also says how much of INT8's gap the data's margins explain.
 TOLERANCES = {"fp16": {"min_top1": 0.99, "min_cosine": 0.999}, "bf16": {"min_cosine": 0.995},
               "int8": {"min_top1": 0.97, "min_cosine": 0.98}, "fp8": {"min_top1": 0.97, "min_cosine": 0.98}}
+# ReLU6 clips quantization noise asymmetrically and depthwise layers average few terms, so the output
+# means of a trained depthwise network drift layer after layer: bias correction (Nagel et al. 2019)
+# is the standard remedy (measured: Lite0 INT8 top-1 agreement .844 → .883, Lite1 .898 → .961).
+RECIPE = {"int8": {"bias_correction": True}, "fp8": {"bias_correction": True}}
 
 
 def _weights(name: str) -> Path | None:
@@ -102,7 +106,7 @@ def _spec(name: str, weights: Path) -> ModelSpec:
     return ModelSpec(name, [InputSpec("input", (BATCH, 3, size, size), value_range=(-1.0, 1.0))], ["logits"],
                      build=Ref("harness.models.zoo:build", (name,)), task="classification",
                      calibration=Ref("harness.models.zoo:calibration", (name,)),
-                     eval_data=Ref("harness.models.zoo:evaluation", (name,)), tolerances=TOLERANCES,
+                     eval_data=Ref("harness.models.zoo:evaluation", (name,)), tolerances=TOLERANCES, recipe=RECIPE,
                      build_files=[weights])
 
 
