@@ -165,8 +165,10 @@ class ArtifactStore:
                     graph = onnx.load(str(self.fp32_onnx(model)))
                     return recipe.apply_batches(graph, self.calibration_batches(model)).SerializeToString()
                 _, graph, ranges = self._fp32_and_ranges(model, recipe)
-                return recipe.correct(recipe.apply(graph, ranges), graph,
-                                      self.calibration_batches(model)).SerializeToString()
+                made = recipe.apply(graph, ranges)
+                if recipe.calibrated:  # corrections measured on the calibration set (bias correction)
+                    made = recipe.correct(made, graph, self.calibration_batches(model))
+                return made.SerializeToString()
 
             path = self.cache.get_or_create("precision", key, ".onnx", produce, {"model": model, **recipe.params()})
             return self._plant("precision", path, recipe.name)
