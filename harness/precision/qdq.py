@@ -188,7 +188,8 @@ class QDQ(Recipe):
 
     def configured(self, settings: Mapping[str, Any]) -> Recipe:
         """Settings by name: ``calibration`` (a calibrator method), ``smoothquant`` (α, or null),
-        ``equalize`` (bool), ``exclude`` (node-name patterns kept in float), and ``quantizer``:
+        ``equalize`` and ``bias_correction`` (bools), ``exclude`` (node-name patterns kept in float), and
+        ``quantizer``:
         ``harness`` (this recipe), ``modelopt`` (NVIDIA Model Optimizer's ONNX PTQ, its own placement
         and calibration) or ``onnxruntime`` (ONNX Runtime's quantize_static, INT8 only), so that one
         run can set them side by side on the same data."""
