@@ -223,3 +223,19 @@ def test_sensitivity_ranks_layers_and_fallback_meets_a_tight_bound(harness_pipel
     assert result.passed and kept and kept[0] == rows[0].layer
     assert set(kept) <= set(chosen.options.exclude)
     assert len(recipe.quantized_nodes(graph)) - len(chosen.quantized_nodes(graph)) == len(kept)
+
+
+def test_fp8_mse_weighs_e4m3_rounding_not_int8_steps():
+    """On heavy-tailed values the int8-grid MSE threshold clips the tail (uniform steps cost every value
+    step²/12), while E4M3's relative rounding makes clipping cost more than it saves: the FP8 threshold
+    keeps the maximum. An FP8 recipe's mse calibrator is the E4M3 one, and says so in its key."""
+    from harness.precision.qdq import FP8_E4M3, INT8, QDQ, QDQOptions
+
+    histogram = Histogram()
+    histogram.add(np.random.default_rng(0).standard_t(3, 100_000))
+    int8_threshold = Calibrator("mse").amax(histogram)
+    fp8_threshold = Calibrator("mse", grid="e4m3").amax(histogram)
+    assert int8_threshold < 0.8 * histogram.max and fp8_threshold == pytest.approx(histogram.max, rel=0.02)
+    options = QDQOptions(calibrator=Calibrator("mse"))
+    assert QDQ(FP8_E4M3, options).calibrator.params == {"method": "mse", "grid": "e4m3"}
+    assert QDQ(INT8, options).calibrator.params == {"method": "mse"}

@@ -181,7 +181,9 @@ class QDQ(Recipe):
 
     @property
     def calibrator(self) -> Calibrator:
-        return self.options.calibrator
+        """The options' calibrator; an FP8 recipe's ``mse`` weighs E4M3's rounding, not int8's."""
+        calibrator = self.options.calibrator
+        return replace(calibrator, grid="e4m3") if self.fmt is FP8_E4M3 and calibrator.method == "mse" else calibrator
 
     def with_options(self, **changes: Any) -> "QDQ":
         return QDQ(self.fmt, replace(self.options, **changes))
