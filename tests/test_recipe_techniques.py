@@ -313,3 +313,24 @@ def test_bias_correction_gives_each_layer_fp32s_output_means(harness_pipeline):
     evaluation = store.eval_batches("digits-cnn")
     truth = _run(fp32, evaluation)
     assert _snr(truth, _run(corrected, evaluation)) >= _snr(truth, _run(plain, evaluation)) - 0.5
+
+
+@pytest.mark.int8
+def test_compare_recipes_puts_quantizers_side_by_side(harness_pipeline, tmp_path, capsys, monkeypatch):
+    """The command judges the harness's recipe, ONNX Runtime's quantize_static and a variant on the
+    same data, prints them, and writes them with the placement differences as JSON."""
+    import json
+
+    from harness.run.cli import main
+
+    monkeypatch.delenv("HARNESS_MODELOPT_PYTHON", raising=False)
+    out = tmp_path / "comparison.json"
+    code = main(["compare-recipes", "resblock", "--variant", "mse:calibration=mse", "--json", str(out),
+                 "--cache-dir", str(harness_pipeline.cache.root)])
+    printed = capsys.readouterr().out
+    assert code == 0 and "layers not every quantizer puts in int8" in printed
+    document = json.loads(out.read_text())
+    labels = [q["label"] for q in document["quantizers"]]
+    assert labels[:2] == ["harness", "onnxruntime"] and labels[-1] == "mse"
+    assert all(q["metrics"]["cosine"] > 0.99 and q["coverage"]["quantized"] >= 3 for q in document["quantizers"])
+    assert isinstance(document["placement_differences"], dict)

@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     quantizers.add_argument("--precision", default="int8", choices=["int8", "fp8"])
     quantizers.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                             help="a recipe to add, e.g. 'mse:calibration=mse' or 'sq:smoothquant=0.8' (repeatable)")
+    quantizers.add_argument("--json", type=Path, help="also write the comparison here (for reports and history)")
     _common(quantizers)
     report = commands.add_parser("report", help="render a run record as Markdown and a self-contained HTML page")
     report.add_argument("record", type=Path)
@@ -313,6 +314,13 @@ def _compare_recipes(args: argparse.Namespace) -> int:
     print(f"\nlayers not every quantizer puts in {args.precision}: {len(differences)}")
     for layer, labels in differences.items():
         print(f"  {layer:<48} quantized by: {', '.join(labels) or '-'}")
+    if args.json:
+        document = {"model": args.model, "precision": args.precision, "placement_differences": differences,
+                    "quantizers": [{"label": r.label, "settings": r.settings, "coverage": r.coverage,
+                                    "seconds": r.seconds, "metrics": {k: v for k, v in r.metrics.items()
+                                                                      if k not in ("error_histogram", "intervals")}}
+                                   for r in results]}
+        atomic_write_bytes(args.json, json.dumps(document, indent=1, default=str).encode())
     return 0
 
 
