@@ -11,8 +11,8 @@ TensorRT-layout graph stays what INT8 accuracy is judged on.
 """
 from __future__ import annotations
 
+import logging
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,11 +50,14 @@ class OrtCpuInt8(Recipe):
         with tempfile.TemporaryDirectory() as folder:
             source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
             onnx.save(model, str(source))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the quantizer's advice to pre-process the model
+            previous = logging.root.manager.disable
+            logging.disable(logging.WARNING)  # the quantizer logs its advice to pre-process the model each call
+            try:
                 quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                                 calibrate_method=CalibrationMethod.MinMax)
+            finally:
+                logging.disable(previous)
             quantized = onnx.load(str(target))
         onnx.checker.check_model(quantized)
         return quantized
