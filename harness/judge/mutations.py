@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 from harness.errors import HarnessError
 from harness.models.spec import Batch
+from harness.precision.graph import int_attribute
 from harness.precision.qdq import FP8_E4M3, INT8, WEIGHTED_OPS, QuantFormat
 from harness.registry import Registry
 
@@ -128,7 +129,7 @@ def _dequantized_weight(dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) 
     scale = numpy_helper.to_array(inits[dq.input[1]])
     shape = [1] * values.ndim
     if scale.size > 1:
-        shape[next((a.i for a in dq.attribute if a.name == "axis"), 1)] = -1
+        shape[int_attribute(dq, "axis", 1)] = -1
     return values * scale.reshape(shape)
 
 

@@ -17,6 +17,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from harness.models.spec import Batch
+from harness.precision.calibrate import as_written_session
+from harness.precision.graph import use_counts
 
 
 def correct_biases(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch]) -> onnx.ModelProto:
@@ -25,10 +27,7 @@ def correct_biases(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: S
     graph = quantized.graph
     dequantized = {out for node in graph.node if node.op_type == "DequantizeLinear" for out in node.output}
     initializers = {init.name: init for init in graph.initializer}
-    uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
+    uses = use_counts(graph)
     layers = {node.output[0]: node.input[2] for node in graph.node
               if node.op_type in ("Conv", "Gemm") and len(node.input) > 2 and node.input[1] in dequantized
               and node.input[2] in initializers and uses[node.input[2]] == 1}
@@ -50,8 +49,6 @@ def _means_session(model: onnx.ModelProto, tensors: list[str], fed: list[str]): 
     """A function (tensors, batches, fed values) → per-channel (axis 1) means of those tensors over
     the batches, from one session over ``model`` with ReduceMean outputs added and the initializers
     named in ``fed`` turned into inputs."""
-    import onnxruntime
-
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     graph = probe.graph
@@ -70,9 +67,7 @@ def _means_session(model: onnx.ModelProto, tensors: list[str], fed: list[str]): 
         else:
             graph.node.append(helper.make_node("ReduceMean", [tensor], [f"{tensor}__mean"], axes=axes, keepdims=0))
         graph.output.append(onnx.ValueInfoProto(name=f"{tensor}__mean"))
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = as_written_session(probe)
 
     def means(wanted: list[str], batches: Sequence[Batch], values: dict[str, np.ndarray]) -> list[np.ndarray]:
         sums, count = [np.zeros(1)] * len(wanted), 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -84,18 +84,25 @@ def collect_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequ
     return histograms
 
 
+def as_written_session(model: onnx.ModelProto) -> Any:
+    """An ONNX Runtime CPU session over ``model`` with graph optimisations off: every tensor exists as
+    named and Q/DQ pairs run as written."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def _forward(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> Iterator[list[np.ndarray]]:
     """``tensors``' values, batch by batch, from the graph under ONNX Runtime with optimisations off
     (so every tensor exists as named)."""
-    import onnxruntime
     from tqdm import tqdm
 
     model = onnx.load_from_string(model_bytes)
     existing = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors if t not in existing)
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = as_written_session(model)
     for batch in tqdm(batches, desc=f"calibrating {model.graph.name}", unit="batch", leave=False, disable=None):
         FORWARD_PASSES[model.graph.name] += 1
         yield session.run(list(tensors), dict(batch))

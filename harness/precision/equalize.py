@@ -28,7 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from harness.precision.base import ChannelRanges
-from harness.precision.graph import initializer_names, topological_sort
+from harness.precision.graph import int_attribute, topological_sort, use_counts
 
 HOMOGENEOUS = {"Relu", "Pad", "MaxPool", "Min"}  # Min only against a per-channel bound this module scales
 SCALE_FLOOR = 1e-4  # no channel is scaled up more than 10^4 (dead channels)
@@ -80,19 +80,12 @@ def _balance(pair: _Pair, arrays: dict[str, np.ndarray], activation: np.ndarray)
     arrays[pair.second.input[1]] = second * scale.reshape(-1, *[1] * (second.ndim - 1))
 
 
-def _group(node: onnx.NodeProto) -> int:
-    return next((a.i for a in node.attribute if a.name == "group"), 1)
-
-
 def _pairs(graph: onnx.GraphProto) -> list[_Pair]:
     """Conv → (homogeneous ops) → depthwise Conv chains in which every intermediate tensor has one
     consumer and both weights are initializers used once."""
-    weights = initializer_names(onnx.ModelProto(graph=graph))
+    weights = {init.name: list(init.dims) for init in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
+    consumers = use_counts(graph)
     pairs = []
     for second in graph.node:
         if second.op_type != "Conv" or second.input[1] not in weights or consumers[second.input[1]] != 1:
@@ -108,33 +101,28 @@ def _pairs(graph: onnx.GraphProto) -> list[_Pair]:
         if node is None or node.op_type != "Conv" or consumers[node.output[0]] != 1 or node.input[1] not in weights \
                 or consumers[node.input[1]] != 1:
             continue
-        channels = _shape(graph, node.input[1])[0]
-        if _group(second) == channels and _shape(graph, second.input[1])[:2] == [channels, 1]:
+        channels = weights[node.input[1]][0]
+        if int_attribute(second, "group", 1) == channels and weights[second.input[1]][:2] == [channels, 1]:
             pairs.append(_Pair(node, second, bounds))
     return pairs
 
 
-def _shape(graph: onnx.GraphProto, name: str) -> list[int]:
-    return list(next(init.dims for init in graph.initializer if init.name == name))
-
-
 def _split_relu6(graph: onnx.GraphProto) -> None:
     """Each ``Clip(x, 0, M)`` right after a convolution becomes ``Min(Relu(x), M per channel)``."""
-    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    constants.update({node.output[0]: numpy_helper.to_array(a.t) for node in graph.node if node.op_type == "Constant"
+    constants = {init.name: init for init in graph.initializer}  # converted only where a Clip reads one
+    constants.update({node.output[0]: a.t for node in graph.node if node.op_type == "Constant"
                       for a in node.attribute if a.name == "value"})
     producer = {out: node for node in graph.node for out in node.output}
     for node in list(graph.node):
         source = producer.get(node.input[0]) if node.input else None
         if node.op_type != "Clip" or source is None or source.op_type != "Conv" or len(node.input) != 3:
             continue
-        low, high = (constants.get(name) for name in node.input[1:3])
-        weight = next((init for init in graph.initializer if init.name == source.input[1]), None)
-        if low is None or high is None or float(low) != 0.0 or weight is None:
+        low, high, weight = (constants.get(name) for name in (*node.input[1:3], source.input[1]))
+        if low is None or high is None or weight is None or float(numpy_helper.to_array(low)) != 0.0:
             continue
-        channels = weight.dims[0]
+        high, channels = float(numpy_helper.to_array(high)), weight.dims[0]
         bound = f"{node.output[0]}_channel_bound"
-        graph.initializer.append(numpy_helper.from_array(np.full((1, channels, 1, 1), float(high), np.float32), bound))
+        graph.initializer.append(numpy_helper.from_array(np.full((1, channels, 1, 1), high, np.float32), bound))
         rectified = f"{node.output[0]}_relu"
         graph.node.extend([helper.make_node("Relu", [node.input[0]], [rectified], name=f"{node.name}_Relu"),
                            helper.make_node("Min", [rectified, bound], [node.output[0]], name=f"{node.name}_Min")])

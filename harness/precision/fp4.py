@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from harness.errors import UnsupportedError
 from harness.precision.base import Recipe
+from harness.precision.graph import int_attribute
 from harness.precision.qdq import WEIGHTED_OPS
 
 BLOCK = 16
@@ -58,8 +59,7 @@ def _reduction_axis(node: onnx.NodeProto, rank: int) -> int:
     if node.op_type == "Conv":
         return 1  # [out, in/groups, kh, kw]
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 1 if trans_b else 0
+        return 1 if int_attribute(node, "transB", 0) else 0
     return 0 if rank == 2 else rank - 2  # MatMul: [.., in, out]
 
 

@@ -1,7 +1,7 @@
 """Small ONNX graph edits shared by the recipes."""
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Iterable
 
 import onnx
@@ -16,6 +16,16 @@ def float_tensors(model: onnx.ModelProto) -> set[str]:
     inferred = onnx.shape_inference.infer_shapes(model)
     values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
     return {v.name for v in values if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+
+
+def int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    """An integer attribute of ``node`` (``group``, ``transB``, ``axis``…), or its ONNX default."""
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def use_counts(graph: onnx.GraphProto) -> Counter[str]:
+    """How many node inputs read each tensor: a tensor read once can be rescaled with its reader."""
+    return Counter(name for node in graph.node for name in node.input)
 
 
 def initializer_names(model: onnx.ModelProto) -> set[str]:

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from harness.errors import CalibrationError
 from harness.precision.base import ChannelRanges, Recipe
 from harness.precision.calibrators import Calibrator
-from harness.precision.graph import initializer_names, topological_sort
+from harness.precision.graph import initializer_names, int_attribute, topological_sort
 
 # op type → indices of inputs that are quantized (activations, or weights when initializers)
 QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
@@ -67,7 +67,7 @@ def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt:
     if weight is None or len(weight) < 3:
         return False
     out_channels, in_channels, kernel = weight[0], weight[1], weight[2:]
-    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    group = int_attribute(node, "group", 1)
     if out_channels < 16 or in_channels < 16:
         if fmt is not INT8:
             return False
@@ -76,6 +76,22 @@ def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt:
                 (first or out_channels >= 16 or in_channels >= 16)
         return out_channels % 8 == 0 and min(kernel) >= 3
     return fmt is INT8 or int(np.prod(kernel)) <= 32
+
+
+def _activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
+                        weights: set[str]) -> dict[str, list[tuple[onnx.NodeProto, list[int]]]]:
+    """Each activation tensor the plan quantizes (in first-read order), with the quantized nodes that
+    read it and at which input indices."""
+    readers: dict[str, list[tuple[onnx.NodeProto, list[int]]]] = {}
+    for node, inputs in plan:
+        for index in inputs:
+            if index < len(node.input) and node.input[index] not in weights:
+                at = readers.setdefault(node.input[index], [])
+                if at and at[-1][0] is node:
+                    at[-1][1].append(index)
+                else:
+                    at.append((node, [index]))
+    return readers
 
 
 def _optional_float(value: Any) -> float | None:
@@ -148,8 +164,7 @@ def _weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
     if node.op_type == "Conv":
         return 0
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans_b else 1
+        return 0 if int_attribute(node, "transB", 0) else 1
     return 1 if rank == 2 else None  # MatMul: [in, out]
 
 
@@ -285,28 +300,21 @@ class QDQ(Recipe):
         return self.with_options(only=None, exclude=())
 
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
-        weights = initializer_names(model)
-        seen: dict[str, None] = {}
-        for node, inputs in self.quantized_inputs(model):
-            for index in inputs:
-                if index < len(node.input) and node.input[index] not in weights:
-                    seen[node.input[index]] = None
-        return list(seen)
+        return list(_activation_readers(self.quantized_inputs(model), initializer_names(model)))
 
     def apply_impl(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
         graph = model.graph
-        missing = [t for t in self.tensors_to_calibrate(model) if t not in ranges]
+        plan = self.quantized_inputs(model)
+        readers = _activation_readers(plan, initializer_names(model))
+        missing = [t for t in readers if t not in ranges]
         if missing:
             raise CalibrationError(f"no calibrated range for tensor(s) {missing[:5]} of graph {graph.name!r}")
         weights = {init.name: init for init in graph.initializer}
-        plan = self.quantized_inputs(model)
-        consumers = [node for node, _ in plan]
         new_nodes: list[onnx.NodeProto] = []
-        for tensor in self.tensors_to_calibrate(model):
-            at = [(node, [i for i in inputs if i < len(node.input) and node.input[i] == tensor]) for node, inputs in plan]
-            new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], [(n, i) for n, i in at if i])
+        for tensor, at in readers.items():
+            new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], at)
         quantized_weights: dict[str, str] = {}
-        for node in consumers:
+        for node, _ in plan:
             if node.op_type not in WEIGHTED_OPS:
                 continue
             name = node.input[1]

@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from harness.precision.base import ChannelRanges
-from harness.precision.graph import topological_sort
+from harness.precision.graph import int_attribute, topological_sort, use_counts
 
 SCALE_LIMITS = (1e-4, 1e4)
 
@@ -26,10 +26,7 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[tuple[onnx.NodeProto, s
     """Activation tensor → its MatMul/Gemm consumers that take it as the data input with a 2-D
     constant weight used by no other node: (node, weight name, the weight's input-channel axis)."""
     weights = {init.name: init for init in model.graph.initializer}
-    uses: dict[str, int] = defaultdict(int)
-    for node in model.graph.node:
-        for name in node.input:
-            uses[name] += 1
+    uses = use_counts(model.graph)
     groups: dict[str, list[tuple[onnx.NodeProto, str, int]]] = defaultdict(list)
     for node in model.graph.node:
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
@@ -37,10 +34,9 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[tuple[onnx.NodeProto, s
         data, weight = node.input[0], node.input[1]
         if weight not in weights or len(weights[weight].dims) != 2 or uses[weight] != 1 or data in weights:
             continue
-        attrs = {a.name: a.i for a in node.attribute}
-        if attrs.get("transA", 0):
+        if int_attribute(node, "transA", 0):
             continue
-        groups[data].append((node, weight, 1 if attrs.get("transB", 0) else 0))
+        groups[data].append((node, weight, int_attribute(node, "transB", 0)))
     return dict(groups)
 
 
