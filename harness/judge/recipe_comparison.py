@@ -12,7 +12,7 @@ import onnx
 from harness.judge.compare import compare
 from harness.judge.tolerances import Tolerance
 from harness.precision import get_recipe
-from harness.precision.graph import WEIGHTED, quantized_layer_names
+from harness.precision.graph import quantized_layer_names, quantized_layers
 
 
 @dataclass
@@ -40,10 +40,8 @@ def compare_quantizers(store: Any, model: str, precision: str,
         metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),
                           spec.task == "classification").metrics[output]
         graph = onnx.load(str(path))
-        layers = quantized_layer_names(graph)
-        total = sum(node.op_type in WEIGHTED and len(node.input) > 1 for node in graph.graph.node)
-        results.append(QuantizerResult(label, dict(settings), metrics, {"layers": total, "quantized": len(layers)},
-                                       seconds, layers))
+        results.append(QuantizerResult(label, dict(settings), metrics, quantized_layers(graph), seconds,
+                                       quantized_layer_names(graph)))
     every = set().union(*(r.layers for r in results)) if results else set()
     differences = {layer: [r.label for r in results if layer in r.layers] for layer in sorted(every)}
     return results, {layer: labels for layer, labels in differences.items() if len(labels) < len(results)}

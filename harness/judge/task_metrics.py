@@ -7,12 +7,9 @@ Embedding models (``task: embedding``) get :func:`embedding_agreement` by defaul
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
-
-TaskMetric = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray], "np.ndarray | None"], Mapping[str, float]]
-
 
 def embedding_agreement(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
                         labels: np.ndarray | None = None) -> dict[str, float]:

@@ -69,7 +69,6 @@ class BertEncoder(nn.Module):
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, hidden: int, positions: int = 512):
         super().__init__()
-        self.heads = heads
         self.embeddings = nn.ModuleDict({"word_embeddings": nn.Embedding(vocab, dim),
                                          "position_embeddings": nn.Embedding(positions, dim),
                                          "token_type_embeddings": nn.Embedding(2, dim),
