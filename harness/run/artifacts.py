@@ -122,22 +122,22 @@ class ArtifactStore:
 
     def ranges(self, model: str, recipe: Recipe) -> dict[str, float]:
         """Calibrated activation ranges for ``recipe`` (empty for uncalibrated recipes); cached."""
-        return self._fp32_and_ranges(model, recipe)[2]
+        return self._prepared_and_ranges(model, recipe)[1]
 
-    def _fp32_and_ranges(self, model: str, recipe: Recipe) -> tuple[bytes, Any, dict[str, float]]:
-        """The FP32 graph's bytes, the graph parsed once, and the recipe's calibrated ranges."""
+    def _prepared_and_ranges(self, model: str, recipe: Recipe) -> tuple[Any, dict[str, float]]:
+        """The FP32 graph as the recipe prepares it (SmoothQuant, equalization: the same function) and
+        the recipe's calibrated ranges of that graph; the FP32 graph and no ranges for uncalibrated recipes."""
         import onnx
 
-        source_bytes = self.fp32_onnx(model).read_bytes()
-        graph = onnx.load_from_string(source_bytes)
+        graph = onnx.load(str(self.fp32_onnx(model)))
         if not recipe.calibrated:
-            return source_bytes, graph, {}
+            return graph, {}
         graph = recipe.prepare(graph, lambda graph_bytes, tensors, axis: channel_ranges(
             self.cache, graph_bytes, tensors, axis, self.calibration_batches(model)))
-        prepared = graph.SerializeToString()
-        ranges = calibrate(self.cache, prepared, recipe.calibration_recipe().tensors_to_calibrate(graph),
-                           self.calibration_batches(model), recipe.calibrator)
-        return prepared, graph, ranges
+        tensors = recipe.calibration_recipe().tensors_to_calibrate(graph)
+        ranges = calibrate(self.cache, graph.SerializeToString(), tensors, self.calibration_batches(model),
+                           recipe.calibrator)
+        return graph, ranges
 
     def precision_onnx(self, model: str, recipe: Recipe) -> Path:
         """The FP32 graph transformed by ``recipe`` (calibrated first if it needs ranges), or the
@@ -164,7 +164,7 @@ class ArtifactStore:
 
                     graph = onnx.load(str(self.fp32_onnx(model)))
                     return recipe.apply_batches(graph, self.calibration_batches(model)).SerializeToString()
-                _, graph, ranges = self._fp32_and_ranges(model, recipe)
+                graph, ranges = self._prepared_and_ranges(model, recipe)
                 made = recipe.apply(graph, ranges)
                 if recipe.calibrated:  # corrections measured on the calibration set (bias correction)
                     made = recipe.correct(made, graph, self.calibration_batches(model))
