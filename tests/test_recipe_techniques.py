@@ -283,6 +283,11 @@ def test_model_optimizer_quantizes_beside_the_harness_and_onnxruntime(harness_pi
     assert case.metrics["recipe"]["settings"]["quantizer"] == "nvidia-modelopt"
 
 
+def test_exclude_patterns_come_as_a_list_or_one_command_line_string():
+    assert QDQ(INT8).configured({"exclude": "/stem/Conv; /head/*"}).options.exclude == ("/stem/Conv", "/head/*")
+    assert QDQ(INT8).configured({"exclude": ["/stem/Conv"]}).options.exclude == ("/stem/Conv",)
+
+
 def test_an_unknown_quantizer_is_named():
     with pytest.raises(HarnessError, match="unknown int8 quantizer 'brevitas'"):
         QDQ(INT8).configured({"quantizer": "brevitas"})
@@ -334,3 +339,4 @@ def test_compare_recipes_puts_quantizers_side_by_side(harness_pipeline, tmp_path
     assert labels[:2] == ["harness", "onnxruntime"] and labels[-1] == "mse"
     assert all(q["metrics"]["cosine"] > 0.99 and q["coverage"]["quantized"] >= 3 for q in document["quantizers"])
     assert isinstance(document["placement_differences"], dict)
+

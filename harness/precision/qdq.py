@@ -98,6 +98,12 @@ def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _patterns(value: Any) -> tuple[str, ...]:
+    """Node-name patterns from a list, or from one string separated by ``;`` (a command line's value)."""
+    items = value.split(";") if isinstance(value, str) else value
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
 def residual_inputs(model: onnx.ModelProto) -> dict[str, int]:
     """Residual Adds (by output tensor) and the index of the input to quantize: the one that is not
     the convolution branch. Where both inputs come from different convolutions, the branch is the
@@ -214,7 +220,7 @@ class QDQ(Recipe):
         if quantizer != "harness":
             return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
         parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
-                 "equalize": ("equalize", bool), "exclude": ("exclude", tuple),
+                 "equalize": ("equalize", bool), "exclude": ("exclude", _patterns),
                  "bias_correction": ("bias_correction", bool)}
         unknown = set(settings) - set(parse)
         if unknown:
