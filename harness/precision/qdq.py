@@ -185,6 +185,7 @@ class QDQOptions:
     only: tuple[str, ...] | None = None
     smoothquant: float | None = None  # SmoothQuant's migration strength α (harness.precision.smoothquant)
     equalize: bool = False  # activation equalization between convolutions (harness.precision.equalize)
+    gptq: bool = False  # weights rounded to minimize each layer's output error (harness.precision.gptq)
     bias_correction: bool = False  # output means matched to FP32's (harness.precision.bias_correction)
     tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
 
@@ -211,7 +212,7 @@ class QDQ(Recipe):
 
     def configured(self, settings: Mapping[str, Any]) -> Recipe:
         """Settings by name: ``calibration`` (a calibrator method), ``smoothquant`` (α, or null),
-        ``equalize`` and ``bias_correction`` (bools), ``exclude`` (node-name patterns kept in float), and
+        ``equalize``, ``gptq`` and ``bias_correction`` (bools), ``exclude`` (node-name patterns kept in float), and
         ``quantizer``:
         ``harness`` (this recipe), ``modelopt`` (NVIDIA Model Optimizer's ONNX PTQ, its own placement
         and calibration) or ``onnxruntime`` (ONNX Runtime's quantize_static, INT8 only), so that one
@@ -221,7 +222,7 @@ class QDQ(Recipe):
             return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
         parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
                  "equalize": ("equalize", bool), "exclude": ("exclude", _patterns),
-                 "bias_correction": ("bias_correction", bool)}
+                 "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool)}
         unknown = set(settings) - set(parse)
         if unknown:
             raise CalibrationError(f"unknown {self.name} recipe setting(s) {sorted(unknown)}; known: {sorted(parse)}")
@@ -244,7 +245,7 @@ class QDQ(Recipe):
         return {**super().params(), "format": self.fmt.name, "ops": sorted(opts.ops),
                 "residual_add": opts.residual_add, "exclude": sorted(opts.exclude),
                 "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
-                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
+                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "gptq": opts.gptq, "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -296,11 +297,16 @@ class QDQ(Recipe):
         return model
 
     def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
-        if not self.options.bias_correction:
-            return quantized
-        from harness.precision.bias_correction import correct_biases
+        """GPTQ's weight rounding, then bias correction (measured with the weights as they end up)."""
+        if self.options.gptq:
+            from harness.precision.gptq import round_weights
 
-        return correct_biases(quantized, fp32, batches)
+            quantized = round_weights(quantized, fp32, batches, self.fmt.quantize)
+        if self.options.bias_correction:
+            from harness.precision.bias_correction import correct_biases
+
+            quantized = correct_biases(quantized, fp32, batches)
+        return quantized
 
     def calibration_recipe(self) -> "QDQ":
         return self.with_options(only=None, exclude=())

@@ -1,0 +1,188 @@
+"""Weight rounding that minimizes each layer's output error (GPTQ: Frantar et al. 2023, from Optimal
+Brain Quantization, Frantar & Alistarh 2022), instead of rounding every weight to its nearest grid value.
+
+Round-to-nearest makes each weight's error small but lets the errors add up in the layer's output.
+Where a layer's inputs are correlated, as neighbouring pixels of a natural image are, they add up
+badly: a trained depthwise filter whose taps nearly cancel (an edge detector with a large gain
+folded in from batch norm) sees an almost constant patch, and its output error is the sum of its
+taps' rounding errors times that constant. GPTQ rounds one input column at a time and moves the
+columns not yet rounded to absorb the error, weighted by the inputs' second moments
+H = E[x xᵀ] measured on the calibration set; so the output error over those inputs is what gets
+minimized. The grid and the scales are the recipe's own (per-channel amax, INT8 or E4M3): only
+which grid value each weight takes changes, so the graph keeps its layout and TensorRT runs it alike.
+
+H is measured on the FP32 graph's inputs of each layer (the recipe's prepared graph), columns are
+taken in order of decreasing H diagonal ("act order") and H is damped by 1% of its mean diagonal,
+as GPTQ's reference does. Conv (2-D, explicit pads, any group count), Gemm (``transA`` 0) and
+MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from harness.models.spec import Batch
+from harness.precision.calibrate import as_written_session
+from harness.precision.graph import int_attribute
+
+if TYPE_CHECKING:
+    import torch
+
+DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
+BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
+
+
+@dataclass
+class _Layer:
+    """One quantized weighted layer: where its rounded weight lives and how its input becomes columns."""
+
+    node: onnx.NodeProto  # in the FP32 graph
+    quantized: onnx.TensorProto  # the stored low-precision weight (in the quantized graph)
+    scale: np.ndarray  # the stored weight's scale, shaped to broadcast against it
+    weight: np.ndarray  # FP32, as stored
+    rows: Callable[[np.ndarray], np.ndarray]  # stored weight → [groups, rows, columns]
+    back: Callable[[np.ndarray], np.ndarray]  # the inverse
+    groups: int
+    hessian: np.ndarray | None = None  # [groups, columns, columns], summed over calibration inputs
+
+    @property
+    def columns_key(self) -> tuple:
+        """Layers reading one tensor with equal keys (a transformer's Q, K and V) share H."""
+        if self.node.op_type != "Conv":
+            return (self.node.input[0],)
+        return (self.node.input[0], self.weight.shape[1:], self.groups,
+                *[(a.name, tuple(a.ints)) for a in self.node.attribute if a.ints])
+
+
+def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
+                  quantize: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
+    """``quantized`` with the stored weights of its Conv/Gemm/MatMul layers re-rounded by GPTQ, H from
+    their inputs in ``fp32`` (same node names) over ``batches``; ``quantize`` maps values already
+    divided by their scale onto the format's grid (as the recipe's own rounding)."""
+    layers = _layers(quantized, fp32)
+    if not layers:
+        return quantized
+    _measure_hessians(fp32, layers, batches)
+    for layer in layers:
+        assert layer.hessian is not None
+        scaled = layer.rows(layer.weight.astype(np.float64) / layer.scale)
+        values = quantize(layer.back(_gptq(scaled, layer.hessian, quantize)))  # already on the grid
+        layer.quantized.CopyFrom(numpy_helper.from_array(values, layer.quantized.name))
+    return quantized
+
+
+def _layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
+    """The layers of ``quantized`` that take a stored low-precision weight and that GPTQ can round."""
+    q_inits = {init.name: init for init in quantized.graph.initializer}
+    dq = {node.output[0]: node for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
+    f_nodes = {node.name: node for node in fp32.graph.node if node.name}
+    f_inits = {init.name: init for init in fp32.graph.initializer}
+    layers = []
+    for node in quantized.graph.node:
+        source = dq.get(node.input[1]) if node.op_type in ("Conv", "Gemm", "MatMul") and len(node.input) > 1 else None
+        original = f_nodes.get(node.name)
+        if source is None or original is None or source.input[0] not in q_inits or original.input[1] not in f_inits:
+            continue
+        weight = numpy_helper.to_array(f_inits[original.input[1]]).astype(np.float32)
+        shapes = _shapes(original, weight.shape)
+        if shapes is None:
+            continue
+        scale = numpy_helper.to_array(q_inits[source.input[1]]).astype(np.float64)
+        if scale.size > 1:  # per channel, along the DequantizeLinear's axis
+            shape = [1] * weight.ndim
+            shape[int_attribute(source, "axis", 1)] = -1
+            scale = scale.reshape(shape)
+        layers.append(_Layer(original, q_inits[source.input[0]], scale, weight, *shapes))
+    return layers
+
+
+def _shapes(node: onnx.NodeProto, shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """(weight → [groups, rows, columns], its inverse, groups) for a layer GPTQ handles, else None."""
+    if node.op_type == "Conv":
+        if len(shape) != 4 or _auto_pad(node) not in ("NOTSET", "VALID"):
+            return None
+        groups = int_attribute(node, "group", 1)
+        return (lambda w: w.reshape(groups, shape[0] // groups, -1)), (lambda g: g.reshape(shape)), groups
+    if len(shape) != 2 or (node.op_type == "Gemm" and int_attribute(node, "transA", 0)):
+        return None
+    if node.op_type == "Gemm" and int_attribute(node, "transB", 0):  # [out, in]
+        return (lambda w: w[None]), (lambda g: g[0]), 1
+    return (lambda w: w.T[None]), (lambda g: g[0].T), 1  # [in, out]
+
+
+def _auto_pad(node: onnx.NodeProto) -> str:
+    return next((a.s.decode() for a in node.attribute if a.name == "auto_pad"), "NOTSET")
+
+
+def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequence[Batch]) -> None:
+    """Sum x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, in one pass."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(fp32)
+    names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
+    existing = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in existing)
+    session = as_written_session(probe)
+    for batch in batches:
+        values = dict(zip(names, session.run(names, dict(batch))))
+        products: dict[tuple, np.ndarray] = {}
+        for layer in layers:
+            if layer.columns_key not in products:
+                columns = _columns(layer, values[layer.node.input[0]])
+                products[layer.columns_key] = (columns.transpose(1, 2) @ columns).double().numpy()
+            product = products[layer.columns_key]
+            layer.hessian = product if layer.hessian is None else layer.hessian + product
+
+
+def _columns(layer: _Layer, value: np.ndarray) -> "torch.Tensor":
+    """The layer's input as [groups, vectors, columns] in the column order of its reshaped weight."""
+    import torch
+
+    node = layer.node
+    if node.op_type != "Conv":
+        return torch.from_numpy(np.ascontiguousarray(value, np.float32).reshape(1, -1, value.shape[-1]))
+    kernel = layer.weight.shape[2:]
+    pads = [a.ints for a in node.attribute if a.name == "pads"]
+    top, left, bottom, right = pads[0] if pads else (0, 0, 0, 0)
+    strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [1, 1])
+    dilations = next((list(a.ints) for a in node.attribute if a.name == "dilations"), [1, 1])
+    x = torch.nn.functional.pad(torch.from_numpy(value), (left, right, top, bottom))
+    patches = torch.nn.functional.unfold(x, kernel, dilation=dilations, stride=strides)  # [n, c·k, positions]
+    n, width, positions = patches.shape
+    grouped = patches.reshape(n, layer.groups, width // layer.groups, positions).permute(1, 0, 3, 2)
+    return grouped.reshape(layer.groups, n * positions, width // layer.groups)
+
+
+def _gptq(weight: np.ndarray, hessian: np.ndarray, quantize: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Grid values for ``weight`` ([groups, rows, columns], in units of its scales) that keep
+    ``weight @ x`` close over inputs of second moment ``hessian`` ([groups, columns, columns])."""
+    import torch
+
+    w = torch.from_numpy(np.array(weight, np.float64))
+    h = torch.from_numpy(np.array(hessian, np.float64))
+    columns = w.shape[-1]
+    diagonal = torch.diagonal(h, dim1=1, dim2=2)
+    dead = diagonal == 0  # an input that is always zero: its weight is rounded to nearest
+    order = torch.argsort(diagonal, dim=1, descending=True)
+    w = torch.gather(w, 2, order[:, None, :].expand_as(w))
+    h = torch.gather(torch.gather(h, 1, order[:, :, None].expand_as(h)), 2, order[:, None, :].expand_as(h))
+    index = torch.arange(columns)
+    h[:, index, index] += DAMPING * diagonal.mean(1, keepdim=True) + torch.gather(dead, 1, order).double()
+    upper = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    grid = torch.zeros_like(w)
+    for start in range(0, columns, BLOCK):
+        end = min(start + BLOCK, columns)
+        block, errors = w[:, :, start:end].clone(), torch.zeros_like(w[:, :, start:end])
+        inverse = upper[:, start:end, start:end]
+        for i in range(end - start):
+            rounded = torch.from_numpy(quantize(block[:, :, i].numpy()).astype(np.float64))
+            grid[:, :, start + i] = rounded
+            error = (block[:, :, i] - rounded) / inverse[:, i, i][:, None]
+            block[:, :, i:] -= error[:, :, None] * inverse[:, i, i:][:, None, :]
+            errors[:, :, i] = error
+        w[:, :, end:] -= errors @ upper[:, start:end, end:]
+    restore = torch.argsort(order, dim=1)
+    return torch.gather(grid, 2, restore[:, None, :].expand_as(grid)).numpy()
