@@ -448,3 +448,21 @@ def test_gptq_rounds_every_linear_layer_of_a_transformer_including_those_sharing
     result = gptq.run(Case("tiny-bert", "int8", "onnxruntime"))
     assert result.status == "passed", result.message
     assert result.metrics["recipe"]["settings"]["gptq"] is True
+
+
+@pytest.mark.int8
+def test_gptq_keeps_nearest_rounding_and_names_the_layer_where_its_inputs_overflow(tmp_path):
+    """A calibration value whose square overflows float32 makes H infinite: that layer keeps
+    round-to-nearest (the graph stays usable) and the warning names it."""
+    weight = np.random.default_rng(0).normal(0, 0.1, (8, 4)).astype(np.float32)
+    model = _layer("MatMul", weight, ["n", 8], ["n", 4])
+    calibration = [{"x": np.full((2, 8), 1e30, np.float32)}]
+    recipe = QDQ(INT8).configured({"gptq": True})
+    ranges = calibrate(Cache(tmp_path / "cache"), model.SerializeToString(), recipe.tensors_to_calibrate(model),
+                       calibration)
+    plain = recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges)
+    nearest = {i.name: numpy_helper.to_array(i) for i in plain.graph.initializer}
+    with pytest.warns(UserWarning, match="layer 'layer' keeps nearest rounding: its inputs' second moments overflow"):
+        rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
+                                 calibration)
+    assert all(np.array_equal(nearest[i.name], numpy_helper.to_array(i)) for i in rounded.graph.initializer)

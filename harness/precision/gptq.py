@@ -18,6 +18,7 @@ MatMul with a constant 2-D weight are rounded this way; any other quantized laye
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -67,10 +68,19 @@ def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Se
     if not layers:
         return quantized
     _measure_hessians(fp32, layers, batches)
+    import torch
+
     for layer in layers:
         assert layer.hessian is not None
         scaled = layer.rows(layer.weight.astype(np.float64) / layer.scale)
-        values = quantize(layer.back(_gptq(scaled, layer.hessian, quantize)))  # already on the grid
+        try:
+            if not np.isfinite(layer.hessian).all():
+                raise ValueError(f"its inputs' second moments overflow ({layer.node.input[0]!r})")
+            grid = _gptq(scaled, layer.hessian, quantize)
+        except (ValueError, torch.linalg.LinAlgError) as error:  # H unusable: nearest rounding stays
+            warnings.warn(f"GPTQ: layer {layer.node.name!r} keeps nearest rounding: {error}", stacklevel=2)
+            continue
+        values = quantize(layer.back(grid))  # already on the grid
         layer.quantized.CopyFrom(numpy_helper.from_array(values, layer.quantized.name))
     return quantized
 
