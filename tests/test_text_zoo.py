@@ -54,7 +54,7 @@ def test_every_precision_holds_through_a_manifest(harness_pipeline, tmp_path):
     task: embedding
     calibration: harness.models.text:calibration
     eval: harness.models.text:evaluation
-    recipe: {{int8: {{smoothquant: 0.8}}}}
+    recipe: {{int8: {{smoothquant: 0.8, gptq: true}}, fp8: {{gptq: true}}}}
     tolerances:
       int8: {{min_cosine: 0.99, task_min: {{row_cosine_min: 0.98, similarity_spearman: 0.99}}}}
       fp8: {{min_cosine: 0.99, task_min: {{row_cosine_min: 0.98, similarity_spearman: 0.99}}}}
@@ -66,5 +66,6 @@ def test_every_precision_holds_through_a_manifest(harness_pipeline, tmp_path):
         assert set(result.metrics["task_metrics"]) >= {"row_cosine_min", "neighbour_agreement", "similarity_spearman"}
     recipe = result.metrics["recipe"]
     assert recipe["metrics"]["embedding"]["cosine"] >= 0.99 and recipe["settings"]["smoothquant"] is None
+    assert recipe["settings"]["gptq"] is True
     int8 = pipeline.run(Case("my-encoder", "int8", "onnxruntime")).metrics["recipe"]
     assert int8["settings"]["smoothquant"] == 0.8 and int8["metrics"]["embedding"]["cosine"] >= 0.99
