@@ -49,3 +49,37 @@ def test_loader_chain_carries_flags_profile_and_timing_cache(harness_pipeline, t
     assert strongly._network.strongly_typed and not strongly._config.int8
     with pytest.raises(UnsupportedError, match="implicit INT8 needs a calibrator"):
         make_loaders(Path("m.onnx"), build_plan("int8", "10.9.0"), options, tmp_path / "t.cache")
+
+
+def test_tensorrt_10_builds_int8_from_the_recipe_graph_where_ranges_do_not_describe_it():
+    """A user's own quantized graph, or a recipe that chooses weights (GPTQ) or rewrites the graph
+    (SmoothQuant): implicit INT8 would quantize the FP32 graph by itself, so the engine is built from
+    the Q/DQ graph (explicit quantization) with the INT8 flag, as FP8 is."""
+    int8 = build_plan("int8", "10.9.0", ranges_suffice=False)
+    assert (int8.graph, int8.flags, int8.implicit_int8_calibration, int8.strongly_typed) == ("recipe", {"int8"}, False, False)
+    assert build_plan("fp16", "10.9.0", ranges_suffice=False).graph == "fp32"
+
+
+@pytest.mark.parametrize("settings, suffice", [({}, True), ({"calibration": "mse"}, True), ({"gptq": True}, False),
+                                               ({"smoothquant": 0.5}, False), ({"bias_correction": True}, False),
+                                               ({"exclude": ["conv1"]}, False), ({"quantizer": "onnxruntime"}, False)])
+def test_which_int8_recipes_ranges_describe(settings, suffice):
+    from harness.precision import get_recipe
+
+    assert get_recipe("int8").configured(settings).ranges_describe_it is suffice
+
+
+def test_a_users_own_quantized_graph_gives_tensorrt_no_ranges(harness_pipeline, tmp_path):
+    from harness.run.pipeline import Pipeline
+
+    (tmp_path / "models.yaml").write_text(f"""models:
+  - name: mine
+    onnx: {harness_pipeline.store.fp32_onnx("digits-cnn")}
+    inputs: [{{name: input, shape: [8, 1, 28, 28]}}]
+    outputs: [logits]
+    calibration: synthetic
+    quantized: {{int8: {harness_pipeline.store.fp32_onnx("digits-cnn")}}}
+""")
+    store = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").store
+    assert store.for_case("mine", "int8", "tensorrt").ranges is None
+    assert store.for_case("mine", "fp8", "tensorrt").ranges is not None

@@ -64,7 +64,9 @@ class Artifacts:
     module: Callable[[], Any] | None
     onnx_path: Callable[[], Path]  # the recipe's graph
     fp32_onnx: Callable[[], Path]  # the exported FP32 graph (TensorRT 10's weakly typed path)
-    ranges: Callable[[], dict[str, float]]  # calibrated activation ranges (implicit INT8)
+    # calibrated activation ranges (implicit INT8); None where the graph is more than the FP32 graph plus
+    # ranges (a user's own quantized graph, a recipe that rewrites the graph or chooses weights)
+    ranges: Callable[[], dict[str, float]] | None
     calibration_batches: Callable[[], list[Batch]]
     cache: Cache
 

@@ -44,12 +44,17 @@ class BuildPlan:
     implicit_int8_calibration: bool
 
 
-def build_plan(precision: str, version: str) -> BuildPlan:
+def build_plan(precision: str, version: str, ranges_suffice: bool = True) -> BuildPlan:
+    """``ranges_suffice``: the recipe is the FP32 graph plus calibrated ranges. Where it is more (a user's
+    own quantized graph, SmoothQuant, GPTQ…), TensorRT 10 builds INT8 from the recipe's Q/DQ graph
+    (explicit quantization, as it builds FP8), since implicit INT8 would quantize the FP32 graph itself."""
     major = int(version.split(".")[0])
     if major >= 11:
         return BuildPlan(True, "recipe", frozenset({"tf32"}) if precision == "tf32" else frozenset(), False)
     if major == 10:
         graph, flags, calibrated = _LEGACY[precision]
+        if calibrated and not ranges_suffice:
+            return BuildPlan(False, "recipe", flags, False)
         return BuildPlan(False, "recipe" if graph != "fp32" else "fp32", flags, calibrated)
     raise UnsupportedError(f"TensorRT {version} is not supported: the harness targets TensorRT 10 and 11")
 
@@ -97,7 +102,7 @@ class TensorRTBackend(Backend):
         import tensorrt
         from polygraphy.backend.trt import EngineFromBytes
 
-        plan = build_plan(artifacts.recipe.name, tensorrt.__version__)
+        plan = build_plan(artifacts.recipe.name, tensorrt.__version__, artifacts.ranges is not None)
         onnx_path = artifacts.onnx_path() if plan.graph == "recipe" else artifacts.fp32_onnx()
         import torch
 
@@ -106,6 +111,8 @@ class TensorRTBackend(Backend):
         calibrator = None
         if plan.implicit_int8_calibration:  # TensorRT reads the harness's ranges from this cache file
             from polygraphy.backend.trt import Calibrator
+
+            assert artifacts.ranges is not None
 
             calibration_cache = artifacts.cache.root / "trt-calibration" / f"{onnx_path.stem}.cache"
             atomic_write_bytes(calibration_cache, to_trt_cache(artifacts.ranges()).encode())

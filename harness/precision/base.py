@@ -33,6 +33,13 @@ class Recipe:
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         return []
 
+    @property
+    def ranges_describe_it(self) -> bool:
+        """Whether the FP32 graph plus the calibrated ranges say everything this recipe does (so a runtime
+        that quantizes by itself from ranges, TensorRT 10's implicit INT8, computes the same function).
+        False where the recipe rewrites the graph or chooses weights itself."""
+        return False
+
     def calibration_recipe(self) -> "Recipe":
         """The recipe whose tensors are calibrated for this one: a superset, so variants that
         quantize fewer layers (sensitivity, fallback) reuse one calibration pass."""

@@ -207,6 +207,12 @@ class QDQ(Recipe):
         calibrator = self.options.calibrator
         return replace(calibrator, grid="e4m3") if self.fmt is FP8_E4M3 and calibrator.method == "mse" else calibrator
 
+    @property
+    def ranges_describe_it(self) -> bool:
+        opts = self.options
+        return not (opts.smoothquant is not None or opts.equalize or opts.gptq or opts.bias_correction or opts.exclude
+                    or opts.only is not None)
+
     def with_options(self, **changes: Any) -> "QDQ":
         return QDQ(self.fmt, replace(self.options, **changes))
 

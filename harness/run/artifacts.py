@@ -304,8 +304,10 @@ class ArtifactStore:
         spec = self.models.get(model)
         recipe = self.recipe(model, precision, self.backend(backend).recipe_target)
         module = None if spec.build is None else functools.partial(self.module, model)
+        ranges_suffice = recipe.ranges_describe_it and recipe.name not in spec.quantized
         return Artifacts(spec, recipe, module, onnx_path=lambda: self.precision_onnx(model, recipe),
-                         fp32_onnx=lambda: self.fp32_onnx(model), ranges=lambda: self.ranges(model, recipe),
+                         fp32_onnx=lambda: self.fp32_onnx(model),
+                         ranges=(lambda: self.ranges(model, recipe)) if ranges_suffice else None,
                          calibration_batches=lambda: self.calibration_batches(model), cache=self.cache)
 
     def recipe(self, model: str, precision: str, target: str) -> Recipe:
