@@ -13,7 +13,7 @@ which grid value each weight takes changes, so the graph keeps its layout and Te
 
 H is measured on the FP32 graph's inputs of each layer (the recipe's prepared graph), columns are
 taken in order of decreasing H diagonal ("act order") and H is damped by 1% of its mean diagonal,
-as GPTQ's reference does. Conv (2-D, explicit pads, any group count), Gemm (``transA`` 0) and
+as GPTQ's reference does. Conv (1-D and 2-D, explicit pads, any group count), Gemm (``transA`` 0) and
 MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
+UNFOLDED_VALUES = 1 << 26  # float32 values of unfolded input held at once (256 MB)
 
 
 @dataclass
@@ -113,7 +114,7 @@ def _layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
 def _shapes(node: onnx.NodeProto, shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
     """(weight → [groups, rows, columns], its inverse, groups) for a layer GPTQ handles, else None."""
     if node.op_type == "Conv":
-        if len(shape) != 4 or _auto_pad(node) not in ("NOTSET", "VALID"):
+        if len(shape) not in (3, 4) or _auto_pad(node) not in ("NOTSET", "VALID"):
             return None
         groups = int_attribute(node, "group", 1)
         return (lambda w: w.reshape(groups, shape[0] // groups, -1)), (lambda g: g.reshape(shape)), groups
@@ -141,25 +142,40 @@ def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequ
         products: dict[tuple, np.ndarray] = {}
         for layer in layers:
             if layer.columns_key not in products:
-                columns = _columns(layer, values[layer.node.input[0]])
-                products[layer.columns_key] = (columns.transpose(1, 2) @ columns).double().numpy()
+                products[layer.columns_key] = _second_moments(layer, values[layer.node.input[0]])
             product = products[layer.columns_key]
             layer.hessian = product if layer.hessian is None else layer.hessian + product
 
 
+def _second_moments(layer: _Layer, value: np.ndarray) -> np.ndarray:
+    """Σ x xᵀ over the layer's input column vectors, a few samples at a time: a Conv's unfolded patches
+    are its kernel size times the size of its input."""
+    taps = int(np.prod(layer.weight.shape[2:])) if layer.node.op_type == "Conv" else 1
+    step = max(1, UNFOLDED_VALUES // max(1, value[0].size * taps))
+    total = np.zeros(())
+    for start in range(0, len(value), step):
+        columns = _columns(layer, value[start:start + step])
+        total = total + (columns.transpose(1, 2) @ columns).double().numpy()
+    return total
+
+
 def _columns(layer: _Layer, value: np.ndarray) -> "torch.Tensor":
-    """The layer's input as [groups, vectors, columns] in the column order of its reshaped weight."""
+    """The layer's input as [groups, vectors, columns] in the column order of its reshaped weight (a 1-D
+    convolution as a 2-D one of height 1)."""
     import torch
 
     node = layer.node
     if node.op_type != "Conv":
         return torch.from_numpy(np.ascontiguousarray(value, np.float32).reshape(1, -1, value.shape[-1]))
-    kernel = layer.weight.shape[2:]
-    pads = [a.ints for a in node.attribute if a.name == "pads"]
-    top, left, bottom, right = pads[0] if pads else (0, 0, 0, 0)
-    strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [1, 1])
-    dilations = next((list(a.ints) for a in node.attribute if a.name == "dilations"), [1, 1])
-    x = torch.nn.functional.pad(torch.from_numpy(value), (left, right, top, bottom))
+    flat = value.ndim == 3
+    kernel = (1, *layer.weight.shape[2:]) if flat else layer.weight.shape[2:]
+    pads = next((list(a.ints) for a in node.attribute if a.name == "pads"), [0] * (2 * len(kernel)))
+    top, left, bottom, right = (0, pads[0], 0, pads[1]) if flat else pads
+    strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [1] * (value.ndim - 2))
+    dilations = next((list(a.ints) for a in node.attribute if a.name == "dilations"), [1] * (value.ndim - 2))
+    if flat:
+        value, strides, dilations = value[:, :, None, :], [1, *strides], [1, *dilations]
+    x = torch.nn.functional.pad(torch.from_numpy(np.ascontiguousarray(value)), (left, right, top, bottom))
     patches = torch.nn.functional.unfold(x, kernel, dilation=dilations, stride=strides)  # [n, c·k, positions]
     n, width, positions = patches.shape
     grouped = patches.reshape(n, layer.groups, width // layer.groups, positions).permute(1, 0, 3, 2)
