@@ -63,8 +63,8 @@ class _Layer:
 def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
                   quantize: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
     """``quantized`` with the stored weights of its Conv/Gemm/MatMul layers re-rounded by GPTQ, H from
-    their inputs in ``fp32`` (same node names) over ``batches``; ``quantize`` maps values already
-    divided by their scale onto the format's grid (as the recipe's own rounding)."""
+    their inputs in ``fp32`` (found by the layer's output name: node names may be empty) over ``batches``;
+    ``quantize`` maps values already divided by their scale onto the format's grid (the recipe's rounding)."""
     layers = _layers(quantized, fp32)
     if not layers:
         return quantized
@@ -90,12 +90,12 @@ def _layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
     """The layers of ``quantized`` that take a stored low-precision weight and that GPTQ can round."""
     q_inits = {init.name: init for init in quantized.graph.initializer}
     dq = {node.output[0]: node for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
-    f_nodes = {node.name: node for node in fp32.graph.node if node.name}
+    f_nodes = {node.output[0]: node for node in fp32.graph.node if node.output}  # outputs keep their names
     f_inits = {init.name: init for init in fp32.graph.initializer}
     layers = []
     for node in quantized.graph.node:
         source = dq.get(node.input[1]) if node.op_type in ("Conv", "Gemm", "MatMul") and len(node.input) > 1 else None
-        original = f_nodes.get(node.name)
+        original = f_nodes.get(node.output[0])
         if source is None or original is None or source.input[0] not in q_inits or original.input[1] not in f_inits:
             continue
         weight = numpy_helper.to_array(f_inits[original.input[1]]).astype(np.float32)
