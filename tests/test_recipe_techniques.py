@@ -476,3 +476,21 @@ def test_gptq_keeps_nearest_rounding_and_names_the_layer_where_its_inputs_overfl
         rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
                                  calibration)
     assert all(np.array_equal(nearest[i.name], numpy_helper.to_array(i)) for i in rounded.graph.initializer)
+
+
+@pytest.mark.int8
+def test_gptq_leaves_a_layer_too_wide_for_its_h_at_nearest_and_names_it(tmp_path, monkeypatch):
+    from harness.precision import gptq
+
+    monkeypatch.setattr(gptq, "MAX_COLUMNS", 32)
+    weight = np.random.default_rng(0).normal(0, 0.1, (64, 8)).astype(np.float32)
+    model = _layer("MatMul", weight, ["n", 64], ["n", 8], name="wide")
+    calibration = [{"x": np.random.default_rng(1).normal(0, 1, (16, 64)).astype(np.float32)}]
+    recipe = QDQ(INT8).configured({"gptq": True})
+    ranges = calibrate(Cache(tmp_path / "cache"), model.SerializeToString(), recipe.tensors_to_calibrate(model),
+                       calibration)
+    nearest = recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges)
+    with pytest.warns(UserWarning, match="layer 'wide' keeps nearest rounding: 64 inputs per output, more than 32"):
+        rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
+                                 calibration)
+    assert rounded.SerializeToString() == nearest.SerializeToString()

@@ -14,7 +14,8 @@ which grid value each weight takes changes, so the graph keeps its layout and Te
 H is measured on the FP32 graph's inputs of each layer (the recipe's prepared graph), columns are
 taken in order of decreasing H diagonal ("act order") and H is damped by 1% of its mean diagonal,
 as GPTQ's reference does. Conv (1-D and 2-D, explicit pads, any group count), Gemm (``transA`` 0) and
-MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest.
+MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest, as
+does one with more than ``MAX_COLUMNS`` inputs per output (a warning names it).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
 UNFOLDED_VALUES = 1 << 26  # float32 values of unfolded input held at once (256 MB)
+MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2 GiB)
 
 
 @dataclass
@@ -79,7 +81,8 @@ def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Se
                 raise ValueError(f"its inputs' second moments overflow ({layer.node.input[0]!r})")
             grid = _gptq(scaled, layer.hessian, quantize)
         except (ValueError, torch.linalg.LinAlgError) as error:  # H unusable: nearest rounding stays
-            warnings.warn(f"GPTQ: layer {layer.node.name!r} keeps nearest rounding: {error}", stacklevel=2)
+            warnings.warn(f"GPTQ: layer {layer.node.name or layer.node.output[0]!r} keeps nearest rounding: {error}",
+                          stacklevel=2)
             continue
         values = quantize(layer.back(grid))  # already on the grid
         layer.quantized.CopyFrom(numpy_helper.from_array(values, layer.quantized.name))
@@ -101,6 +104,12 @@ def _layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
         weight = numpy_helper.to_array(f_inits[original.input[1]]).astype(np.float32)
         shapes = _shapes(original, weight.shape)
         if shapes is None:
+            continue
+        columns = shapes[0](weight).shape[-1]
+        if columns > MAX_COLUMNS:
+            warnings.warn(f"GPTQ: layer {original.name or original.output[0]!r} keeps nearest rounding: "
+                          f"{columns} inputs per output, more than {MAX_COLUMNS} (H would take "
+                          f"{columns * columns * 8 / 2**30:.1f} GiB)", stacklevel=3)
             continue
         scale = numpy_helper.to_array(q_inits[source.input[1]]).astype(np.float64)
         if scale.size > 1:  # per channel, along the DequantizeLinear's axis
