@@ -15,7 +15,8 @@ H is measured on the FP32 graph's inputs of each layer (the recipe's prepared gr
 taken in order of decreasing H diagonal ("act order") and H is damped by 1% of its mean diagonal,
 as GPTQ's reference does. Conv (1-D and 2-D, explicit pads, any group count), Gemm (``transA`` 0) and
 MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest, as
-does one with more than ``MAX_COLUMNS`` inputs per output (a warning names it).
+does one with more than ``MAX_COLUMNS`` inputs per output, or with fewer calibration input vectors than
+inputs (H singular: GPTQ would fit the calibration set, not the layer); a warning names it.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class _Layer:
     back: Callable[[np.ndarray], np.ndarray]  # the inverse
     groups: int
     hessian: np.ndarray | None = None  # [groups, columns, columns], summed over calibration inputs
+    vectors: int = 0  # input column vectors summed into it (per group)
 
     @property
     def columns_key(self) -> tuple:
@@ -77,6 +79,9 @@ def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Se
         assert layer.hessian is not None
         scaled = layer.rows(layer.weight.astype(np.float64) / layer.scale)
         try:
+            if layer.vectors < scaled.shape[-1]:  # H = XᵀX has rank at most the number of vectors
+                raise ValueError(f"{layer.vectors} calibration input vectors for {scaled.shape[-1]} inputs make H "
+                                 "singular (give it more calibration data)")
             if not np.isfinite(layer.hessian).all():
                 raise ValueError(f"its inputs' second moments overflow ({layer.node.input[0]!r})")
             grid = _gptq(scaled, layer.hessian, quantize)
@@ -148,24 +153,26 @@ def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequ
     session = as_written_session(probe)
     for batch in batches:
         values = dict(zip(names, session.run(names, dict(batch))))
-        products: dict[tuple, np.ndarray] = {}
+        products: dict[tuple, tuple[np.ndarray, int]] = {}
         for layer in layers:
             if layer.columns_key not in products:
                 products[layer.columns_key] = _second_moments(layer, values[layer.node.input[0]])
-            product = products[layer.columns_key]
+            product, vectors = products[layer.columns_key]
             layer.hessian = product if layer.hessian is None else layer.hessian + product
+            layer.vectors += vectors
 
 
-def _second_moments(layer: _Layer, value: np.ndarray) -> np.ndarray:
-    """Σ x xᵀ over the layer's input column vectors, a few samples at a time: a Conv's unfolded patches
-    are its kernel size times the size of its input."""
+def _second_moments(layer: _Layer, value: np.ndarray) -> tuple[np.ndarray, int]:
+    """Σ x xᵀ over the layer's input column vectors, and their number, a few samples at a time: a
+    Conv's unfolded patches are its kernel size times the size of its input."""
     taps = int(np.prod(layer.weight.shape[2:])) if layer.node.op_type == "Conv" else 1
     step = max(1, UNFOLDED_VALUES // max(1, value[0].size * taps))
-    total = np.zeros(())
+    total, vectors = np.zeros(()), 0
     for start in range(0, len(value), step):
         columns = _columns(layer, value[start:start + step])
         total = total + (columns.transpose(1, 2) @ columns).double().numpy()
-    return total
+        vectors += columns.shape[1]
+    return total, vectors
 
 
 def _columns(layer: _Layer, value: np.ndarray) -> "torch.Tensor":
