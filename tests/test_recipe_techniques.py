@@ -460,22 +460,27 @@ def test_gptq_rounds_every_linear_layer_of_a_transformer_including_those_sharing
     assert result.metrics["recipe"]["settings"]["gptq"] is True
 
 
+def _assert_gptq_keeps_nearest(tmp_path: Path, inputs: int, calibration_rows: np.ndarray, message: str) -> None:
+    """A MatMul named 'layer' over ``inputs`` inputs, calibrated on ``calibration_rows``: GPTQ warns
+    ``message`` and leaves the graph exactly as rounding to nearest makes it."""
+    weight = np.random.default_rng(0).normal(0, 0.1, (inputs, 8)).astype(np.float32)
+    model = _layer("MatMul", weight, ["n", inputs], ["n", 8])
+    calibration = [{"x": calibration_rows.astype(np.float32)}]
+    recipe = QDQ(INT8).configured({"gptq": True})
+    ranges = calibrate(Cache(tmp_path / "cache"), model.SerializeToString(), recipe.tensors_to_calibrate(model),
+                       calibration)
+    nearest = recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges)
+    with pytest.warns(UserWarning, match=f"layer 'layer' keeps nearest rounding: {message}"):
+        rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
+                                 calibration)
+    assert rounded.SerializeToString() == nearest.SerializeToString()
+
+
 @pytest.mark.int8
 def test_gptq_keeps_nearest_rounding_and_names_the_layer_where_its_inputs_overflow(tmp_path):
     """A calibration value whose square overflows float32 makes H infinite: that layer keeps
     round-to-nearest (the graph stays usable) and the warning names it."""
-    weight = np.random.default_rng(0).normal(0, 0.1, (8, 4)).astype(np.float32)
-    model = _layer("MatMul", weight, ["n", 8], ["n", 4])
-    calibration = [{"x": np.full((16, 8), 1e30, np.float32)}]
-    recipe = QDQ(INT8).configured({"gptq": True})
-    ranges = calibrate(Cache(tmp_path / "cache"), model.SerializeToString(), recipe.tensors_to_calibrate(model),
-                       calibration)
-    plain = recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges)
-    nearest = {i.name: numpy_helper.to_array(i) for i in plain.graph.initializer}
-    with pytest.warns(UserWarning, match="layer 'layer' keeps nearest rounding: its inputs' second moments overflow"):
-        rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
-                                 calibration)
-    assert all(np.array_equal(nearest[i.name], numpy_helper.to_array(i)) for i in rounded.graph.initializer)
+    _assert_gptq_keeps_nearest(tmp_path, 8, np.full((16, 8), 1e30), "its inputs' second moments overflow")
 
 
 @pytest.mark.int8
@@ -483,31 +488,13 @@ def test_gptq_leaves_a_layer_too_wide_for_its_h_at_nearest_and_names_it(tmp_path
     from harness.precision import gptq
 
     monkeypatch.setattr(gptq, "MAX_COLUMNS", 32)
-    weight = np.random.default_rng(0).normal(0, 0.1, (64, 8)).astype(np.float32)
-    model = _layer("MatMul", weight, ["n", 64], ["n", 8], name="wide")
-    calibration = [{"x": np.random.default_rng(1).normal(0, 1, (16, 64)).astype(np.float32)}]
-    recipe = QDQ(INT8).configured({"gptq": True})
-    ranges = calibrate(Cache(tmp_path / "cache"), model.SerializeToString(), recipe.tensors_to_calibrate(model),
-                       calibration)
-    nearest = recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges)
-    with pytest.warns(UserWarning, match="layer 'wide' keeps nearest rounding: 64 inputs per output, more than 32"):
-        rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
-                                 calibration)
-    assert rounded.SerializeToString() == nearest.SerializeToString()
+    _assert_gptq_keeps_nearest(tmp_path, 64, np.random.default_rng(1).normal(0, 1, (128, 64)),
+                               "64 inputs per output, more than 32")
 
 
 @pytest.mark.int8
 def test_gptq_needs_more_calibration_vectors_than_a_layers_inputs(tmp_path):
     """32 calibration rows for 64 inputs: H = XᵀX has rank ≤ 32, so GPTQ would put the rounding error where
     the calibration set cannot see it; the layer keeps nearest rounding and the warning says why."""
-    weight = np.random.default_rng(0).normal(0, 0.1, (64, 8)).astype(np.float32)
-    model = _layer("MatMul", weight, ["n", 64], ["n", 8], name="few")
-    calibration = [{"x": np.random.default_rng(1).normal(0, 1, (32, 64)).astype(np.float32)}]
-    recipe = QDQ(INT8).configured({"gptq": True})
-    ranges = calibrate(Cache(tmp_path / "cache"), model.SerializeToString(), recipe.tensors_to_calibrate(model),
-                       calibration)
-    nearest = recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges)
-    with pytest.warns(UserWarning, match="layer 'few' keeps nearest rounding: 32 calibration input vectors for 64"):
-        rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
-                                 calibration)
-    assert rounded.SerializeToString() == nearest.SerializeToString()
+    _assert_gptq_keeps_nearest(tmp_path, 64, np.random.default_rng(1).normal(0, 1, (32, 64)),
+                               "32 calibration input vectors for 64 inputs")
