@@ -75,13 +75,14 @@ def detect_cpu() -> CPU:
     /proc/cpuinfo for the flags NumPy does not probe (AMX, AVX-VNNI)."""
     model, listed = platform.processor() or platform.machine(), set()
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                model = value.strip()
-            elif key.strip() == "flags":
-                listed = set(value.split())
-                break
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    listed = set(value.split())
+                    break
     except OSError:
         pass
     probed = _numpy_cpu_features()
