@@ -498,3 +498,42 @@ def test_gptq_needs_more_calibration_vectors_than_a_layers_inputs(tmp_path):
     the calibration set cannot see it; the layer keeps nearest rounding and the warning says why."""
     _assert_gptq_keeps_nearest(tmp_path, 64, np.random.default_rng(1).normal(0, 1, (32, 64)),
                                "32 calibration input vectors for 64 inputs")
+
+
+def _correlated_rows(seed: int, inputs: int = 64) -> list[dict]:
+    """Rows whose inputs all move together (±1 everywhere): rank-one second moments, exact on every grid."""
+    signs = np.where(np.random.default_rng(seed).random((4, 32, 1)) < 0.5, -1.0, 1.0)
+    return [{"x": np.repeat(s, inputs, axis=1).astype(np.float32)} for s in signs]
+
+
+@pytest.mark.fp4
+def test_gptq_rounds_nvfp4_weights_across_their_blocks(tmp_path):
+    """NVFP4 (E2M1 in blocks of 16, each with its own E4M3 scale) over 64 inputs that move together:
+    nearest rounding sums 64 weights' errors in the output, GPTQ leaves about one (it carries each
+    error into the columns not yet rounded, whatever their block's scale); 10·log10(64) = 18 dB,
+    asserted: half of it. The blocks' scales and the format's grid are kept."""
+    from harness.precision.fp4 import NVFP4Weights, nvfp4_scales, round_e2m1
+
+    weight = np.random.default_rng(0).normal(0, 0.1, (64, 32)).astype(np.float32)
+    model = _layer("MatMul", weight, ["n", 64], ["n", 32])
+    evaluation, reference = _correlated_rows(2), None
+    reference = _run(model, evaluation)
+    nearest = NVFP4Weights().apply(model)
+    rounded = NVFP4Weights().configured({"gptq": True}).apply_batches(model, _correlated_rows(1))
+    gain = _snr(reference, _run(rounded, evaluation)) - _snr(reference, _run(nearest, evaluation))
+    assert gain >= 10 * np.log10(64) / 2
+    values = numpy_helper.to_array(rounded.graph.initializer[0])
+    scales = nvfp4_scales(weight, 0)
+    assert np.array_equal((round_e2m1(values / scales) * scales).astype(np.float32), values)  # the blocks' grids
+
+
+@pytest.mark.fp4
+def test_fp4_takes_gptq_from_the_run_and_records_it(harness_pipeline, tmp_path):
+    from harness.errors import CalibrationError
+
+    gptq = Pipeline(harness_pipeline.cache.root, recipe_settings={"fp4": {"gptq": True}})
+    result = gptq.run(Case("digits-cnn", "fp4", "onnxruntime"))
+    assert result.status == "passed", result.message
+    assert result.metrics["recipe"]["settings"]["gptq"] is True
+    with pytest.raises(CalibrationError, match=r"unknown fp4 recipe setting\(s\) \['smoothquant'\]; known: \['gptq'\]"):
+        harness_pipeline.store.recipe("digits-cnn", "fp4", "emulated").configured({"smoothquant": 0.5})

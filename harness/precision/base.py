@@ -24,6 +24,7 @@ class Recipe:
     quantized: bool = False  # values rounded to a quantization grid: judged as recipe and runtime apart
     calibrator: Any = None  # a Calibrator for calibrated recipes
     calibration_data: bool = False  # calibrates itself from the calibration batches (apply_batches), not ranges
+    configurable: bool = False  # takes recipe settings (a manifest's recipe:, --recipe-option)
     runtime: Mapping[str, Any] = {}
 
     def params(self) -> dict[str, Any]:

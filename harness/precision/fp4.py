@@ -8,14 +8,14 @@ quantized: NVFP4 scales them per block at run time, which a static graph cannot 
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from harness.errors import UnsupportedError
+from harness.errors import CalibrationError, UnsupportedError
 from harness.precision.base import Recipe
 from harness.precision.graph import int_attribute
 from harness.precision.qdq import WEIGHTED_OPS
@@ -40,8 +40,9 @@ def round_e4m3(values: np.ndarray) -> np.ndarray:
     return values.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
 
-def fake_quantize_nvfp4(weight: np.ndarray, axis: int) -> np.ndarray:
-    """Quantize-dequantize ``weight`` in blocks of 16 along ``axis`` (the reduction axis)."""
+def nvfp4_scales(weight: np.ndarray, axis: int) -> np.ndarray:
+    """Each weight's scale (weight's shape): its block's E4M3 scale times the tensor's FP32 scale, blocks
+    of 16 along ``axis`` (the reduction axis); an all-zero block gets the tensor's scale."""
     moved = np.moveaxis(weight.astype(np.float32), axis, -1)
     length = moved.shape[-1]
     padded = np.pad(moved, [(0, 0)] * (moved.ndim - 1) + [(0, (-length) % BLOCK)])
@@ -50,9 +51,17 @@ def fake_quantize_nvfp4(weight: np.ndarray, axis: int) -> np.ndarray:
     block_amax = np.abs(blocks).max(axis=-1, keepdims=True)
     block_scale = round_e4m3(block_amax / E2M1_MAX / tensor_scale)
     safe = np.where(block_scale > 0, block_scale, 1.0) * tensor_scale
-    dequantized = round_e2m1(blocks / safe) * safe
-    out = dequantized.reshape(padded.shape)[..., :length]
-    return np.moveaxis(out, -1, axis).astype(np.float32)
+    return np.moveaxis(np.broadcast_to(safe, blocks.shape).reshape(padded.shape)[..., :length], -1, axis)
+
+
+def fake_quantize_nvfp4(weight: np.ndarray, axis: int) -> np.ndarray:
+    """Quantize-dequantize ``weight`` in blocks of 16 along ``axis`` (the reduction axis)."""
+    scales = nvfp4_scales(weight, axis)
+    return (round_e2m1(weight.astype(np.float32) / scales) * scales).astype(np.float32)
+
+
+def _block_scales(node: onnx.NodeProto, weight: np.ndarray) -> np.ndarray | None:
+    return nvfp4_scales(weight, _reduction_axis(node, weight.ndim)) if node.op_type in WEIGHTED_OPS else None
 
 
 def _reduction_axis(node: onnx.NodeProto, rank: int) -> int:
@@ -64,11 +73,31 @@ def _reduction_axis(node: onnx.NodeProto, rank: int) -> int:
 
 
 class NVFP4Weights(Recipe):
+    """``gptq``: weights rounded by GPTQ (harness.precision.gptq) on the same blocks and scales, H from the
+    calibration set: at 4 bits rounding to nearest loses most, and GPTQ was made for it."""
+
     name = "fp4"
     quantized = True
+    configurable = True
+
+    def __init__(self, gptq: bool = False):
+        self.gptq = gptq
+        self.calibration_data = gptq  # GPTQ's H comes from the calibration batches
+
+    def configured(self, settings: Mapping[str, Any]) -> Recipe:
+        unknown = set(settings) - {"gptq"}
+        if unknown:
+            raise CalibrationError(f"unknown fp4 recipe setting(s) {sorted(unknown)}; known: ['gptq']")
+        return NVFP4Weights(bool(settings.get("gptq", self.gptq)))
 
     def params(self) -> dict[str, Any]:
-        return {**super().params(), "block": BLOCK, "scale": "e4m3 per block, fp32 per tensor", "activations": None}
+        return {**super().params(), "block": BLOCK, "scale": "e4m3 per block, fp32 per tensor", "activations": None,
+                "gptq": self.gptq}
+
+    def apply_batches(self, model: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
+        from harness.precision.gptq import round_fake_quantized
+
+        return round_fake_quantized(self.apply(model), model, batches, _block_scales, round_e2m1)
 
     def for_target(self, target: str) -> Recipe:
         if target == "native":  # a TensorRT engine from this graph would be FP32 posing as FP4

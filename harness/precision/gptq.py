@@ -46,8 +46,8 @@ class _Layer:
     """One quantized weighted layer: where its rounded weight lives and how its input becomes columns."""
 
     node: onnx.NodeProto  # in the FP32 graph
-    quantized: onnx.TensorProto  # the stored low-precision weight (in the quantized graph)
-    scale: np.ndarray  # the stored weight's scale, shaped to broadcast against it
+    store: Callable[[np.ndarray], None]  # writes grid values (in units of ``scale``, weight layout) back
+    scale: np.ndarray  # the weight's scale, shaped to broadcast against it
     weight: np.ndarray  # FP32, as stored
     rows: Callable[[np.ndarray], np.ndarray]  # stored weight → [groups, rows, columns]
     back: Callable[[np.ndarray], np.ndarray]  # the inverse
@@ -69,9 +69,37 @@ def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Se
     """``quantized`` with the stored weights of its Conv/Gemm/MatMul layers re-rounded by GPTQ, H from
     their inputs in ``fp32`` (found by the layer's output name: node names may be empty) over ``batches``;
     ``quantize`` maps values already divided by their scale onto the format's grid (the recipe's rounding)."""
-    layers = _layers(quantized, fp32)
+    _round(_stored_layers(quantized, fp32, quantize), fp32, batches, quantize)
+    return quantized
+
+
+def round_fake_quantized(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
+                         scales: Callable[[onnx.NodeProto, np.ndarray], np.ndarray | None],
+                         quantize: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
+    """As :func:`round_weights`, for a graph whose weights hold their dequantized values in float (FP4's
+    simulation): ``scales(node, weight)`` gives each weight element's scale (its block's), or None for a
+    layer left as is; the rounded weights are written back as grid values times those scales."""
+    graph_weights = {init.name: init for init in quantized.graph.initializer}
+    layers = []
+    for node, original, weight in _twins(quantized, fp32):
+        scale = scales(original, weight) if node.input[1] in graph_weights else None
+        shapes = None if scale is None else _fitting_shapes(original, weight)
+        if shapes is not None:
+            init = graph_weights[node.input[1]]
+            layers.append(_Layer(original, _writer(init, lambda grid, s=scale: (grid * s).astype(np.float32)),
+                                 scale, weight, *shapes))
+    _round(layers, fp32, batches, quantize)
+    return quantized
+
+
+def _writer(init: onnx.TensorProto, encode: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], None]:
+    return lambda grid: init.CopyFrom(numpy_helper.from_array(encode(grid), init.name))
+
+
+def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch],
+           quantize: Callable[[np.ndarray], np.ndarray]) -> None:
     if not layers:
-        return quantized
+        return
     _measure_hessians(fp32, layers, batches)
     import torch
 
@@ -87,41 +115,54 @@ def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Se
             grid = _gptq(scaled, layer.hessian, quantize)
         except (ValueError, torch.linalg.LinAlgError) as error:  # H unusable: nearest rounding stays
             warnings.warn(f"GPTQ: layer {layer.node.name or layer.node.output[0]!r} keeps nearest rounding: {error}",
-                          stacklevel=2)
+                          stacklevel=3)
             continue
-        values = quantize(layer.back(grid))  # already on the grid
-        layer.quantized.CopyFrom(numpy_helper.from_array(values, layer.quantized.name))
-    return quantized
+        layer.store(layer.back(grid))
 
 
-def _layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
-    """The layers of ``quantized`` that take a stored low-precision weight and that GPTQ can round."""
-    q_inits = {init.name: init for init in quantized.graph.initializer}
-    dq = {node.output[0]: node for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
+def _twins(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto, np.ndarray]]:
+    """Each weighted layer of ``quantized`` with its FP32 twin (same output name) and the twin's weight."""
     f_nodes = {node.output[0]: node for node in fp32.graph.node if node.output}  # outputs keep their names
     f_inits = {init.name: init for init in fp32.graph.initializer}
-    layers = []
+    out = []
     for node in quantized.graph.node:
-        source = dq.get(node.input[1]) if node.op_type in ("Conv", "Gemm", "MatMul") and len(node.input) > 1 else None
-        original = f_nodes.get(node.output[0])
-        if source is None or original is None or source.input[0] not in q_inits or original.input[1] not in f_inits:
-            continue
-        weight = numpy_helper.to_array(f_inits[original.input[1]]).astype(np.float32)
-        shapes = _shapes(original, weight.shape)
+        original = f_nodes.get(node.output[0]) if node.op_type in ("Conv", "Gemm", "MatMul") else None
+        if original is not None and len(node.input) > 1 and original.input[1] in f_inits:
+            out.append((node, original, numpy_helper.to_array(f_inits[original.input[1]]).astype(np.float32)))
+    return out
+
+
+def _fitting_shapes(node: onnx.NodeProto, weight: np.ndarray):  # type: ignore[no-untyped-def]
+    """:func:`_shapes` for a layer GPTQ can round and whose H fits (else None, with a warning naming it)."""
+    shapes = _shapes(node, weight.shape)
+    if shapes is None:
+        return None
+    columns = shapes[0](weight).shape[-1]
+    if columns > MAX_COLUMNS:
+        warnings.warn(f"GPTQ: layer {node.name or node.output[0]!r} keeps nearest rounding: "
+                      f"{columns} inputs per output, more than {MAX_COLUMNS} (H would take "
+                      f"{columns * columns * 8 / 2**30:.1f} GiB)", stacklevel=4)
+        return None
+    return shapes
+
+
+def _stored_layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto,
+                   quantize: Callable[[np.ndarray], np.ndarray]) -> list[_Layer]:
+    """The layers of ``quantized`` that take a stored low-precision weight (through a DequantizeLinear)."""
+    q_inits = {init.name: init for init in quantized.graph.initializer}
+    dq = {node.output[0]: node for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
+    layers = []
+    for node, original, weight in _twins(quantized, fp32):
+        source = dq.get(node.input[1])
+        shapes = None if source is None or source.input[0] not in q_inits else _fitting_shapes(original, weight)
         if shapes is None:
-            continue
-        columns = shapes[0](weight).shape[-1]
-        if columns > MAX_COLUMNS:
-            warnings.warn(f"GPTQ: layer {original.name or original.output[0]!r} keeps nearest rounding: "
-                          f"{columns} inputs per output, more than {MAX_COLUMNS} (H would take "
-                          f"{columns * columns * 8 / 2**30:.1f} GiB)", stacklevel=3)
             continue
         scale = numpy_helper.to_array(q_inits[source.input[1]]).astype(np.float64)
         if scale.size > 1:  # per channel, along the DequantizeLinear's axis
             shape = [1] * weight.ndim
             shape[int_attribute(source, "axis", 1)] = -1
             scale = scale.reshape(shape)
-        layers.append(_Layer(original, q_inits[source.input[0]], scale, weight, *shapes))
+        layers.append(_Layer(original, _writer(q_inits[source.input[0]], quantize), scale, weight, *shapes))
     return layers
 
 

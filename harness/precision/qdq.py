@@ -195,6 +195,7 @@ class QDQ(Recipe):
 
     calibrated = True
     quantized = True
+    configurable = True
 
     def __init__(self, fmt: QuantFormat, options: QDQOptions | None = None):
         self.fmt = fmt

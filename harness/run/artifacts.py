@@ -314,9 +314,9 @@ class ArtifactStore:
         """The recipe of ``precision`` for a graph target, with the model's recipe settings, then
         this run's (``--recipe-option``, ``--calibration``) over them."""
         recipe = get_recipe(precision).for_target(target)
-        if not recipe.calibrated:
+        if not recipe.configurable:  # FP16, or a runtime's own layout (ONNX Runtime's CPU INT8)
             return recipe
         settings = {**self.models.get(model).recipe.get(precision, {}), **self.recipe_settings.get(precision, {})}
-        if self.calibrator is not None:
+        if self.calibrator is not None and recipe.calibrated:
             settings["calibration"] = self.calibrator.method
         return recipe.configured(settings)
