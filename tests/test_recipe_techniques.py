@@ -407,22 +407,23 @@ def test_gptq_rounds_a_cancelling_depthwise_filter_so_its_errors_cancel_too(tmp_
     assert gain >= 10 * np.log10(9) / 2
 
 
+def _correlated_rows(seed: int, inputs: int = 64) -> list[dict]:
+    """Rows whose inputs all move together (±1 everywhere): rank-one second moments, exact on every grid."""
+    signs = np.where(np.random.default_rng(seed).random((4, 32, 1)) < 0.5, -1.0, 1.0)
+    return [{"x": np.repeat(s, inputs, axis=1).astype(np.float32)} for s in signs]
+
+
 @pytest.mark.fp8
 def test_gptq_rounds_fp8_weights_of_a_linear_layer_on_correlated_inputs(tmp_path):
     """MatMul over 64 inputs that move together (each row ±1 everywhere, exact on the E4M3 grid): the
     output error of nearest rounding sums 64 weights' errors, GPTQ's about one; 10·log10(64) = 18 dB,
     asserted: half of it."""
-    rng = np.random.default_rng(0)
-    weight = rng.normal(0, 0.1, (64, 32)).astype(np.float32)
-
-    def rows(seed: int) -> list[dict]:
-        signs = np.where(np.random.default_rng(seed).random((4, 32, 1)) < 0.5, -1.0, 1.0)
-        return [{"x": np.repeat(s, 64, axis=1).astype(np.float32)} for s in signs]
-
     from harness.precision.qdq import FP8_E4M3
 
+    weight = np.random.default_rng(0).normal(0, 0.1, (64, 32)).astype(np.float32)
     model = _layer("MatMul", weight, ["n", 64], ["n", 32], name="")  # an unnamed node, as some exporters write
-    assert _rounding_gain(model, rows(1), rows(2), Cache(tmp_path / "cache"), FP8_E4M3) >= 10 * np.log10(64) / 2
+    gain = _rounding_gain(model, _correlated_rows(1), _correlated_rows(2), Cache(tmp_path / "cache"), FP8_E4M3)
+    assert gain >= 10 * np.log10(64) / 2
 
 
 @pytest.mark.int8
@@ -500,12 +501,6 @@ def test_gptq_needs_more_calibration_vectors_than_a_layers_inputs(tmp_path):
                                "32 calibration input vectors for 64 inputs")
 
 
-def _correlated_rows(seed: int, inputs: int = 64) -> list[dict]:
-    """Rows whose inputs all move together (±1 everywhere): rank-one second moments, exact on every grid."""
-    signs = np.where(np.random.default_rng(seed).random((4, 32, 1)) < 0.5, -1.0, 1.0)
-    return [{"x": np.repeat(s, inputs, axis=1).astype(np.float32)} for s in signs]
-
-
 @pytest.mark.fp4
 def test_gptq_rounds_nvfp4_weights_across_their_blocks(tmp_path):
     """NVFP4 (E2M1 in blocks of 16, each with its own E4M3 scale) over 64 inputs that move together:
@@ -516,7 +511,7 @@ def test_gptq_rounds_nvfp4_weights_across_their_blocks(tmp_path):
 
     weight = np.random.default_rng(0).normal(0, 0.1, (64, 32)).astype(np.float32)
     model = _layer("MatMul", weight, ["n", 64], ["n", 32])
-    evaluation, reference = _correlated_rows(2), None
+    evaluation = _correlated_rows(2)
     reference = _run(model, evaluation)
     nearest = NVFP4Weights().apply(model)
     rounded = NVFP4Weights().configured({"gptq": True}).apply_batches(model, _correlated_rows(1))
