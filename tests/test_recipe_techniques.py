@@ -427,6 +427,7 @@ def test_gptq_rounds_fp8_weights_of_a_linear_layer_on_correlated_inputs(tmp_path
 
 
 @pytest.mark.int8
+@pytest.mark.filterwarnings("ignore:GPTQ. layer '/6/Gemm' keeps nearest rounding")  # 256 rows, 512 inputs
 def test_gptq_keeps_the_recipes_grid_and_scales(harness_pipeline):
     """Only which grid value each weight takes changes: same scales, same layout, weights within the
     format's range, and the model's case still passes its tolerances."""
@@ -523,6 +524,7 @@ def test_gptq_rounds_nvfp4_weights_across_their_blocks(tmp_path):
 
 
 @pytest.mark.fp4
+@pytest.mark.filterwarnings("ignore:GPTQ. layer '/6/Gemm' keeps nearest rounding")  # 256 rows, 512 inputs
 def test_fp4_takes_gptq_from_the_run_and_records_it(harness_pipeline, tmp_path):
     from harness.errors import CalibrationError
 
