@@ -8,8 +8,9 @@ folded in from batch norm) sees an almost constant patch, and its output error i
 taps' rounding errors times that constant. GPTQ rounds one input column at a time and moves the
 columns not yet rounded to absorb the error, weighted by the inputs' second moments
 H = E[x xᵀ] measured on the calibration set; so the output error over those inputs is what gets
-minimized. The grid and the scales are the recipe's own (per-channel amax, INT8 or E4M3): only
-which grid value each weight takes changes, so the graph keeps its layout and TensorRT runs it alike.
+minimized. The grid and the scales are the recipe's own (per-channel amax with INT8 or E4M3; NVFP4's
+E2M1 with its blocks' scales): only which grid value each weight takes changes, so the graph keeps its
+layout and TensorRT runs it alike.
 
 H is measured on the FP32 graph's inputs of each layer (the recipe's prepared graph), columns are
 taken in order of decreasing H diagonal ("act order") and H is damped by 1% of its mean diagonal,
