@@ -63,7 +63,7 @@ def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axi
 
     def produce() -> bytes:
         amax: dict[str, np.ndarray] = {}
-        for values in _forward(model_bytes, tensors, batches):
+        for values in tensor_values(model_bytes, tensors, batches):
             for name, value in zip(tensors, values):
                 channels = np.moveaxis(value, axis, -1)
                 batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
@@ -78,7 +78,7 @@ def collect_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequ
                        bins: int = BINS) -> dict[str, Histogram]:
     """One forward pass per batch; every requested tensor's |x| is binned and then dropped."""
     histograms = {name: Histogram(bins) for name in tensors}
-    for values in _forward(model_bytes, tensors, batches):
+    for values in tensor_values(model_bytes, tensors, batches):
         for name, value in zip(tensors, values):
             histograms[name].add(value)
     return histograms
@@ -94,9 +94,9 @@ def as_written_session(model: onnx.ModelProto) -> Any:
     return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _forward(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> Iterator[list[np.ndarray]]:
+def tensor_values(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> Iterator[list[np.ndarray]]:
     """``tensors``' values, batch by batch, from the graph under ONNX Runtime with optimisations off
-    (so every tensor exists as named)."""
+    (so every tensor exists as named): what calibration, channel ranges and GPTQ's H are measured on."""
     from tqdm import tqdm
 
     model = onnx.load_from_string(model_bytes)

@@ -30,8 +30,8 @@ import onnx
 from onnx import numpy_helper
 
 from harness.models.spec import Batch
-from harness.precision.calibrate import as_written_session
-from harness.precision.graph import int_attribute
+from harness.precision.calibrate import tensor_values
+from harness.precision.graph import int_attribute, ints_attribute
 
 if TYPE_CHECKING:
     import torch
@@ -121,7 +121,8 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
         layer.store(layer.back(grid))
 
 
-def _twins(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto, np.ndarray]]:
+def _twins(quantized: onnx.ModelProto,
+           fp32: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto, np.ndarray]]:
     """Each weighted layer of ``quantized`` with its FP32 twin (same output name) and the twin's weight."""
     f_nodes = {node.output[0]: node for node in fp32.graph.node if node.output}  # outputs keep their names
     f_inits = {init.name: init for init in fp32.graph.initializer}
@@ -187,14 +188,9 @@ def _auto_pad(node: onnx.NodeProto) -> str:
 
 def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequence[Batch]) -> None:
     """Sum x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, in one pass."""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(fp32)
     names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
-    existing = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in existing)
-    session = as_written_session(probe)
-    for batch in batches:
-        values = dict(zip(names, session.run(names, dict(batch))))
+    for batch_values in tensor_values(fp32.SerializeToString(), names, batches):
+        values = dict(zip(names, batch_values))
         products: dict[tuple, tuple[np.ndarray, int]] = {}
         for layer in layers:
             if layer.columns_key not in products:
@@ -227,10 +223,10 @@ def _columns(layer: _Layer, value: np.ndarray) -> "torch.Tensor":
         return torch.from_numpy(np.ascontiguousarray(value, np.float32).reshape(1, -1, value.shape[-1]))
     flat = value.ndim == 3
     kernel = (1, *layer.weight.shape[2:]) if flat else layer.weight.shape[2:]
-    pads = next((list(a.ints) for a in node.attribute if a.name == "pads"), [0] * (2 * len(kernel)))
+    pads = ints_attribute(node, "pads", [0] * (2 * len(kernel)))
     top, left, bottom, right = (0, pads[0], 0, pads[1]) if flat else pads
-    strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [1] * (value.ndim - 2))
-    dilations = next((list(a.ints) for a in node.attribute if a.name == "dilations"), [1] * (value.ndim - 2))
+    strides = ints_attribute(node, "strides", [1] * (value.ndim - 2))
+    dilations = ints_attribute(node, "dilations", [1] * (value.ndim - 2))
     if flat:
         value, strides, dilations = value[:, :, None, :], [1, *strides], [1, *dilations]
     x = torch.nn.functional.pad(torch.from_numpy(np.ascontiguousarray(value)), (left, right, top, bottom))

@@ -23,6 +23,11 @@ def int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
     return next((a.i for a in node.attribute if a.name == name), default)
 
 
+def ints_attribute(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
+    """An integer-list attribute of ``node`` (``pads``, ``strides``, ``dilations``…), or ``default``."""
+    return next((list(a.ints) for a in node.attribute if a.name == name), default)
+
+
 def use_counts(graph: onnx.GraphProto) -> Counter[str]:
     """How many node inputs read each tensor: a tensor read once can be rescaled with its reader."""
     return Counter(name for node in graph.node for name in node.input)
