@@ -138,13 +138,16 @@ def _snr(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(reference.astype(np.float64) ** 2) / np.sum((candidate - reference) ** 2.0)))
 
 
-def _quantized(model: onnx.ModelProto, calibration: list[dict], cache: Cache, **settings) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    recipe = QDQ(INT8).configured(settings)
+def _quantized(model: onnx.ModelProto, calibration: list[dict], cache: Cache, fmt=INT8,
+               **settings) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The prepared FP32 graph and the recipe's graph, made as the artifact store makes them: prepare,
+    calibrate, apply, correct."""
+    recipe = QDQ(fmt).configured(settings)
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     prepared = recipe.prepare(copy, lambda graph, tensors, axis: channel_ranges(cache, graph, tensors, axis, calibration))
     ranges = calibrate(cache, prepared.SerializeToString(), recipe.tensors_to_calibrate(prepared), calibration)
-    return prepared, recipe.apply(prepared, ranges)
+    return prepared, recipe.correct(recipe.apply(prepared, ranges), prepared, calibration)
 
 
 @pytest.mark.int8
@@ -373,15 +376,8 @@ def _rounding_gain(model: onnx.ModelProto, calibration: list[dict], evaluation: 
                    fmt=INT8) -> float:
     """dB of output error GPTQ's rounding saves over rounding to nearest, on ``evaluation``."""
     reference = _run(model, evaluation)
-    snr = {}
-    for gptq in (False, True):
-        recipe = QDQ(fmt).configured({"gptq": gptq})
-        ranges = calibrate(cache, model.SerializeToString(), recipe.tensors_to_calibrate(model), calibration)
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        quantized = recipe.correct(recipe.apply(copy, ranges), model, calibration)
-        snr[gptq] = _snr(reference, _run(quantized, evaluation))
-    return snr[True] - snr[False]
+    nearest, rounded = (_quantized(model, calibration, cache, fmt, gptq=gptq)[1] for gptq in (False, True))
+    return _snr(reference, _run(rounded, evaluation)) - _snr(reference, _run(nearest, evaluation))
 
 
 @pytest.mark.int8
@@ -467,14 +463,10 @@ def _assert_gptq_keeps_nearest(tmp_path: Path, inputs: int, calibration_rows: np
     ``message`` and leaves the graph exactly as rounding to nearest makes it."""
     weight = np.random.default_rng(0).normal(0, 0.1, (inputs, 8)).astype(np.float32)
     model = _layer("MatMul", weight, ["n", inputs], ["n", 8])
-    calibration = [{"x": calibration_rows.astype(np.float32)}]
-    recipe = QDQ(INT8).configured({"gptq": True})
-    ranges = calibrate(Cache(tmp_path / "cache"), model.SerializeToString(), recipe.tensors_to_calibrate(model),
-                       calibration)
-    nearest = recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges)
+    calibration, cache = [{"x": calibration_rows.astype(np.float32)}], Cache(tmp_path / "cache")
+    _, nearest = _quantized(model, calibration, cache)
     with pytest.warns(UserWarning, match=f"layer 'layer' keeps nearest rounding: {message}"):
-        rounded = recipe.correct(recipe.apply(onnx.load_from_string(model.SerializeToString()), ranges), model,
-                                 calibration)
+        _, rounded = _quantized(model, calibration, cache, gptq=True)
     assert rounded.SerializeToString() == nearest.SerializeToString()
 
 
