@@ -115,10 +115,16 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
                 raise ValueError(f"its inputs' second moments overflow ({layer.node.input[0]!r})")
             grid = _gptq(scaled, layer.hessian, quantize)
         except (ValueError, torch.linalg.LinAlgError) as error:  # H unusable: nearest rounding stays
-            warnings.warn(f"GPTQ: layer {layer.node.name or layer.node.output[0]!r} keeps nearest rounding: {error}",
-                          stacklevel=3)
+            _keep_nearest(layer.node, str(error), stacklevel=3)
             continue
         layer.store(layer.back(grid))
+
+
+def _keep_nearest(node: onnx.NodeProto, why: str, stacklevel: int) -> None:
+    """Warn that ``node`` keeps nearest rounding and why, naming it by its name, else its output (exporters
+    may leave names empty); ``stacklevel`` as seen from the caller."""
+    warnings.warn(f"GPTQ: layer {node.name or node.output[0]!r} keeps nearest rounding: {why}",
+                  stacklevel=stacklevel + 1)
 
 
 def _twins(quantized: onnx.ModelProto,
@@ -141,9 +147,8 @@ def _fitting_shapes(node: onnx.NodeProto, weight: np.ndarray):  # type: ignore[n
         return None
     columns = shapes[0](weight).shape[-1]
     if columns > MAX_COLUMNS:
-        warnings.warn(f"GPTQ: layer {node.name or node.output[0]!r} keeps nearest rounding: "
-                      f"{columns} inputs per output, more than {MAX_COLUMNS} (H would take "
-                      f"{columns * columns * 8 / 2**30:.1f} GiB)", stacklevel=4)
+        _keep_nearest(node, f"{columns} inputs per output, more than {MAX_COLUMNS} (H would take "
+                            f"{columns * columns * 8 / 2**30:.1f} GiB)", stacklevel=4)
         return None
     return shapes
 
