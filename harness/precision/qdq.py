@@ -252,7 +252,8 @@ class QDQ(Recipe):
         return {**super().params(), "format": self.fmt.name, "ops": sorted(opts.ops),
                 "residual_add": opts.residual_add, "exclude": sorted(opts.exclude),
                 "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
-                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "gptq": opts.gptq, "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
+                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "gptq": opts.gptq,
+                "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
