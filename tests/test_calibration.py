@@ -7,6 +7,7 @@ import onnx
 import pytest
 
 from harness.errors import CalibrationError
+from harness.run.cases import Case
 from harness.run.pipeline import Pipeline
 from harness.precision import get_recipe
 from harness.precision.calibrate import FORWARD_PASSES
@@ -215,14 +216,44 @@ def test_sensitivity_ranks_layers_and_fallback_meets_a_tight_bound(harness_pipel
     recipe = get_recipe("int8")
     rows = layer_sensitivity(harness_pipeline.store, "resblock", recipe)
     graph = onnx.load(str(harness_pipeline.store.fp32_onnx("resblock")))
-    assert sorted(r.layer for r in rows) == sorted(n.name for n in recipe.quantized_nodes(graph))
+    weighted = [n.name for n in recipe.quantized_nodes(graph) if n.op_type in ("Conv", "Gemm", "MatMul")]
+    assert sorted(r.layer for r in rows) == sorted(weighted)
     assert [r.snr_db for r in rows] == sorted(r.snr_db for r in rows)
     full = evaluate_recipe(harness_pipeline.store, "resblock", recipe, Tolerance()).metrics["logits"]["cosine"]
     bound = 1 - (1 - full) / 4  # four times closer to FP32 than the fully quantized model
     chosen, kept, result = fallback_until_within(harness_pipeline.store, "resblock", recipe, Tolerance(min_cosine=bound))
     assert result.passed and kept and kept[0] == rows[0].layer
-    assert set(kept) <= set(chosen.options.exclude)
+    assert chosen.options.fallback_layers == tuple(kept)
     assert len(recipe.quantized_nodes(graph)) - len(chosen.quantized_nodes(graph)) == len(kept)
+
+
+@pytest.mark.int8
+def test_recipe_fallback_keeps_its_share_of_layers_most_sensitive_on_calibration_data(harness_pipeline):
+    """``fallback: 0.5``: the run's recipe keeps half of the weighted layers (rounded down) in FP32,
+    those most sensitive on the calibration set, in that order; it records them, its case's graph has
+    exactly those in float, and it is closer to FP32 there than with none kept."""
+    store = harness_pipeline.store
+    pipeline = Pipeline(store.cache.root, recipe_settings={"int8": {"fallback": 0.5}})
+    recipe = pipeline.store.recipe("resblock", "int8", "emulated")
+    kept = list(recipe.options.fallback_layers)
+    base = recipe.with_options(fallback_layers=())
+    ranking = [row.layer for row in layer_sensitivity(store, "resblock", base, data="calibration")]
+    assert kept and kept == ranking[:len(ranking) // 2]
+    snr = [evaluate_recipe(store, "resblock", r, Tolerance(), "calibration").metrics["logits"]["snr_db"]
+           for r in (base, recipe)]
+    assert snr[1] > snr[0]
+    assert recipe.params()["fallback"] == 0.5 and recipe.params()["fallback_layers"] == sorted(kept)
+    result = pipeline.run(Case("resblock", "int8", "onnxruntime"))
+    assert result.metrics["recipe"]["settings"]["fallback_layers"] == sorted(kept)
+    graph = onnx.load(str(pipeline.store.precision_onnx("resblock", recipe)))
+    float_weights = {n.name for n in graph.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")
+                     and not n.input[1].endswith("_dequantized")}
+    assert float_weights == set(kept)
+
+
+def test_fallback_share_must_be_a_fraction():
+    with pytest.raises(CalibrationError, match="fallback 10: expected a share of the layers between 0 and 1"):
+        get_recipe("int8").configured({"fallback": 10})
 
 
 def test_fp8_mse_weighs_e4m3_rounding_not_int8_steps():

@@ -325,23 +325,26 @@ def test_bias_correction_gives_each_layer_fp32s_output_means(harness_pipeline):
 
 @pytest.mark.int8
 def test_compare_recipes_puts_quantizers_side_by_side(harness_pipeline, tmp_path, capsys, monkeypatch):
-    """The command judges the harness's recipe, ONNX Runtime's quantize_static and a variant on the
-    same data, prints them, and writes them with the placement differences as JSON."""
+    """The command judges the harness's recipe, ONNX Runtime's quantize_static and variants on the
+    same data, prints them, and writes them with the placement differences as JSON; a fallback
+    variant's layers are chosen as a run's are."""
     import json
 
     from harness.run.cli import main
 
     monkeypatch.delenv("HARNESS_MODELOPT_PYTHON", raising=False)
     out = tmp_path / "comparison.json"
-    code = main(["compare-recipes", "resblock", "--variant", "mse:calibration=mse", "--json", str(out),
-                 "--cache-dir", str(harness_pipeline.cache.root)])
+    code = main(["compare-recipes", "resblock", "--variant", "mse:calibration=mse",
+                 "--variant", "fallback:fallback=0.5", "--json", str(out), "--cache-dir", str(harness_pipeline.cache.root)])
     printed = capsys.readouterr().out
     assert code == 0 and "layers not every quantizer puts in int8" in printed
     document = json.loads(out.read_text())
     labels = [q["label"] for q in document["quantizers"]]
-    assert labels[:2] == ["harness", "onnxruntime"] and labels[-1] == "mse"
-    assert all(q["metrics"]["cosine"] > 0.99 and q["coverage"]["quantized"] >= 3 for q in document["quantizers"])
-    assert isinstance(document["placement_differences"], dict)
+    assert labels[:2] == ["harness", "onnxruntime"] and labels[-2:] == ["mse", "fallback"]
+    assert all(q["metrics"]["cosine"] > 0.99 and q["coverage"]["quantized"] >= 3 for q in document["quantizers"][:-1])
+    harness, fallback = document["quantizers"][0], document["quantizers"][-1]
+    assert fallback["coverage"]["quantized"] == harness["coverage"]["quantized"] - harness["coverage"]["quantized"] // 2
+    assert [layer for layer, labels in document["placement_differences"].items() if "fallback" not in labels]
 
 
 def _on_grid(values: np.ndarray) -> np.ndarray:

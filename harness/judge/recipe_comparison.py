@@ -21,7 +21,7 @@ class QuantizerResult:
     settings: Mapping[str, Any]
     metrics: dict[str, Any]  # of the first output: cosine, snr_db, top1_agreement where a classifier
     coverage: dict[str, int]
-    seconds: float  # making the graph (calibration and quantization); ~0 where it was cached
+    seconds: float  # making the graph (calibration, fallback, quantization); ~0 where it was cached
     layers: set[str] = field(repr=False, default_factory=set)
 
 
@@ -33,8 +33,8 @@ def compare_quantizers(store: Any, model: str, precision: str,
     reference, output = store.reference(model), spec.outputs[0]
     results = []
     for label, settings in variants.items():
-        recipe = get_recipe(precision).configured(settings)
         start = time.perf_counter()
+        recipe = store.with_fallback(model, get_recipe(precision).configured(settings))
         path = store.precision_onnx(model, recipe)
         seconds = time.perf_counter() - start
         metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),

@@ -25,6 +25,7 @@ class Recipe:
     calibrator: Any = None  # a Calibrator for calibrated recipes
     calibration_data: bool = False  # calibrates itself from the calibration batches (apply_batches), not ranges
     configurable: bool = False  # takes recipe settings (a manifest's recipe:, --recipe-option)
+    fallback_pending: bool = False  # layers to keep in FP32 still to be chosen on the calibration set (fallback)
     runtime: Mapping[str, Any] = {}
 
     def params(self) -> dict[str, Any]:

@@ -9,8 +9,11 @@ convolution (through the ops TensorRT fuses into it) takes that input in the con
 and TensorRT fuses the Add there if its other input is quantized. Adds with no convolution behind
 them (a transformer's residual stream, an attention mask added to scores) stay in float.
 ``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just
-the named layers (sensitivity analysis). Convolutions TensorRT has no quantized kernel for in the
-format (:func:`tensorrt_quantizes_conv`) stay in float, as Model Optimizer leaves them.
+the named layers (sensitivity analysis); ``fallback`` (a share of the weighted layers) keeps that
+share of them in FP32, the most sensitive on the calibration set
+(:func:`harness.judge.sensitivity.choose_fallback`), and ``fallback_layers`` records those chosen.
+Convolutions TensorRT has no quantized kernel for in the format (:func:`tensorrt_quantizes_conv`) stay
+in float, as Model Optimizer leaves them.
 """
 from __future__ import annotations
 
@@ -96,6 +99,15 @@ def _activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _share(value: Any) -> float | None:
+    if value is None:
+        return None
+    share = float(value)
+    if not 0 < share < 1:
+        raise CalibrationError(f"fallback {value!r}: expected a share of the layers between 0 and 1 (e.g. 0.1)")
+    return share
 
 
 def _patterns(value: Any) -> tuple[str, ...]:
@@ -187,6 +199,8 @@ class QDQOptions:
     equalize: bool = False  # activation equalization between convolutions (harness.precision.equalize)
     gptq: bool = False  # weights rounded to minimize each layer's output error (harness.precision.gptq)
     bias_correction: bool = False  # output means matched to FP32's (harness.precision.bias_correction)
+    fallback: float | None = None  # share of the weighted layers accuracy-aware fallback keeps in FP32
+    fallback_layers: tuple[str, ...] | None = None  # the layers it kept (None: not chosen yet)
     tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
 
 
@@ -212,14 +226,19 @@ class QDQ(Recipe):
     def ranges_describe_it(self) -> bool:
         opts = self.options
         return not (opts.smoothquant is not None or opts.equalize or opts.gptq or opts.bias_correction or opts.exclude
-                    or opts.only is not None)
+                    or opts.only is not None or opts.fallback is not None or opts.fallback_layers)
 
     def with_options(self, **changes: Any) -> "QDQ":
         return QDQ(self.fmt, replace(self.options, **changes))
 
+    @property
+    def fallback_pending(self) -> bool:
+        return self.options.fallback is not None and self.options.fallback_layers is None
+
     def configured(self, settings: Mapping[str, Any]) -> Recipe:
         """Settings by name: ``calibration`` (a calibrator method), ``smoothquant`` (α, or null),
-        ``equalize``, ``gptq`` and ``bias_correction`` (bools), ``exclude`` (node-name patterns kept in float), and
+        ``equalize``, ``gptq`` and ``bias_correction`` (bools), ``exclude`` (node-name patterns kept in float),
+        ``fallback`` (the share of weighted layers accuracy-aware fallback keeps in FP32), and
         ``quantizer``:
         ``harness`` (this recipe), ``modelopt`` (NVIDIA Model Optimizer's ONNX PTQ, its own placement
         and calibration) or ``onnxruntime`` (ONNX Runtime's quantize_static, INT8 only), so that one
@@ -229,7 +248,8 @@ class QDQ(Recipe):
             return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
         parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
                  "equalize": ("equalize", bool), "exclude": ("exclude", _patterns),
-                 "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool)}
+                 "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool),
+                 "fallback": ("fallback", _share)}
         unknown = set(settings) - set(parse)
         if unknown:
             raise CalibrationError(f"unknown {self.name} recipe setting(s) {sorted(unknown)}; known: {sorted(parse)}")
@@ -254,10 +274,12 @@ class QDQ(Recipe):
                 "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
                 "smoothquant": opts.smoothquant, "equalize": opts.equalize, "gptq": opts.gptq,
                 "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
+                "fallback": opts.fallback,
+                "fallback_layers": None if opts.fallback_layers is None else sorted(opts.fallback_layers),
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
-        """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``only``."""
+        """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``fallback_layers``/``only``."""
         return [node for node, _ in self.quantized_inputs(model)]
 
     def quantized_inputs(self, model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, tuple[int, ...]]]:
@@ -277,6 +299,8 @@ class QDQ(Recipe):
             else:
                 continue
             if any(fnmatch.fnmatchcase(node.name, pattern) for pattern in self.options.exclude):
+                continue
+            if node.name in (self.options.fallback_layers or ()):
                 continue
             if self.options.only is not None and node.name not in self.options.only:
                 continue
@@ -317,7 +341,7 @@ class QDQ(Recipe):
         return quantized
 
     def calibration_recipe(self) -> "QDQ":
-        return self.with_options(only=None, exclude=())
+        return self.with_options(only=None, exclude=(), fallback_layers=None)
 
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         return list(_activation_readers(self.quantized_inputs(model), initializer_names(model)))

@@ -36,6 +36,7 @@ from harness.precision import Recipe, get_recipe
 from harness.precision.calibrate import calibrate, channel_ranges
 from harness.precision.calibrators import Calibrator
 from harness.precision.graph import quantized_layers
+from harness.precision.qdq import QDQ
 from harness.registry import Registry
 
 EVAL_BATCHES = 4  # synthetic evaluation batches, at least; more where the bounds need more samples
@@ -71,7 +72,7 @@ class ArtifactStore:
         self.tolerances, self.caps = tolerances, caps or detect()
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
         self._semantics, self._coverage, self._batch_keys, self._precision = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
-        self._evaluations = _Memo(MEMO_SIZE)
+        self._evaluations, self._fallbacks = _Memo(MEMO_SIZE), _Memo()
         self.mutation: Mutation | None = None
 
     def mutated(self, mutation: Mutation) -> "ArtifactStore":
@@ -153,8 +154,7 @@ class ArtifactStore:
 
         def make() -> Path:
             calibrated = recipe.calibrated or recipe.calibration_data
-            calibration = [self._batch_keys.get(("calibration", model), lambda: self._batches_key(
-                self.calibration_batches(model))), package_version("onnxruntime")] if calibrated else None
+            calibration = [self._data_key(model, "calibration"), package_version("onnxruntime")] if calibrated else None
             key = content_hash("precision", file_sha256(self.fp32_onnx(model)), recipe.params(), calibration,
                                source_fingerprint("harness.precision"))
 
@@ -233,7 +233,7 @@ class ArtifactStore:
         parts = self.backend(backend).outputs_key(artifacts, self.caps)
         if parts is None:
             return run()
-        return self._cached_arrays("outputs", [parts, self._eval_key(model)], run,
+        return self._cached_arrays("outputs", [parts, self._data_key(model, "evaluation")], run,
                                    {"model": model, "backend": backend, "precision": artifacts.recipe.name})
 
     def semantics(self, model: str, precision: str) -> dict[str, np.ndarray]:
@@ -241,16 +241,26 @@ class ArtifactStore:
         return self._semantics.get((model, precision), lambda: self.graph_semantics(
             model, self.precision_onnx(model, self.recipe(model, precision, "emulated"))))
 
-    def graph_semantics(self, model: str, path: Path) -> dict[str, np.ndarray]:
-        """The outputs of the graph at ``path`` over ``model``'s evaluation batches, evaluated as
-        written; cached by the graph's bytes, the batches, ONNX Runtime's version and the CPU."""
-        parts = [file_sha256(path), self._eval_key(model), *self.onnxruntime_cpu_parts("harness.judge.semantics")]
-        return self._cached_arrays("semantics", parts, lambda: (evaluate_semantics(path, self.eval_batches(model)), ""),
-                                   {"model": model, "graph": path.name})[0]
+    def graph_semantics(self, model: str, path: Path, data: str = "evaluation") -> dict[str, np.ndarray]:
+        """The outputs of the graph at ``path`` over ``model``'s evaluation (or calibration) batches,
+        evaluated as written; cached by the graph's bytes, the batches, ONNX Runtime's version and the CPU."""
+        batches = self.eval_batches(model) if data == "evaluation" else self.calibration_batches(model)
+        parts = [file_sha256(path), self._data_key(model, data), *self.onnxruntime_cpu_parts("harness.judge.semantics")]
+        return self._cached_arrays("semantics", parts, lambda: (evaluate_semantics(path, batches), ""),
+                                   {"model": model, "graph": path.name, "data": data})[0]
 
-    def _eval_key(self, model: str) -> str:
-        """Content key of the evaluation batches."""
-        return self._batch_keys.get(model, lambda: self._batches_key(self.eval_batches(model)))
+    def fp32_outputs(self, model: str, data: str = "evaluation") -> dict[str, np.ndarray]:
+        """What a recipe is judged against on ``data``: the reference outputs on the evaluation set,
+        the FP32 graph's own on the calibration set."""
+        if data == "evaluation":
+            return self.reference(model)
+        return self.graph_semantics(model, self.fp32_onnx(model), data)
+
+    def _data_key(self, model: str, data: str) -> str:
+        """Content key of the evaluation or calibration batches."""
+        if data == "evaluation":
+            return self._batch_keys.get(model, lambda: self._batches_key(self.eval_batches(model)))
+        return self._batch_keys.get(("calibration", model), lambda: self._batches_key(self.calibration_batches(model)))
 
     @staticmethod
     def _batches_key(batches: list[Batch]) -> str:
@@ -319,4 +329,25 @@ class ArtifactStore:
         settings = {**self.models.get(model).recipe.get(precision, {}), **self.recipe_settings.get(precision, {})}
         if self.calibrator is not None and recipe.calibrated:
             settings["calibration"] = self.calibrator.method
-        return recipe.configured(settings)
+        return self.with_fallback(model, recipe.configured(settings))
+
+    def with_fallback(self, model: str, recipe: Recipe) -> Recipe:
+        """``recipe`` with the layers its accuracy-aware fallback keeps in FP32 chosen, the most
+        sensitive on the calibration set (:func:`choose_fallback`); made once per content key of what
+        decides them, as the graphs it judges are. A recipe without ``fallback`` is returned as is."""
+        from harness.judge.sensitivity import choose_fallback
+
+        if not recipe.fallback_pending:
+            return recipe
+        assert isinstance(recipe, QDQ)
+
+        def choose() -> list[str]:
+            parts = [file_sha256(self.fp32_onnx(model)), recipe.params(),
+                     self._data_key(model, "calibration"), *self.onnxruntime_cpu_parts("harness.judge"),
+                     source_fingerprint("harness.precision"),
+                     None if self.mutation is None else [self.mutation.key(), self.mutation.precisions]]
+            return self.cached_json("fallback", parts, lambda: choose_fallback(self, model, recipe),
+                                    {"model": model, "precision": recipe.name})
+
+        kept = self._fallbacks.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), choose)
+        return recipe.with_options(fallback_layers=tuple(kept))

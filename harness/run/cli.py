@@ -270,8 +270,9 @@ def _sensitivity(args: argparse.Namespace) -> int:
     from harness.judge.sensitivity import fallback_until_within, layer_sensitivity
     from harness.judge.tolerances import Tolerance
 
-    pipeline = Pipeline(args.cache_dir, manifest=args.manifest, calibration=args.calibration,
-                        recipe_settings=recipe_settings(args.recipe_option))
+    settings = recipe_settings(args.recipe_option)
+    settings.setdefault(args.precision, {}).setdefault("fallback", None)  # every layer ranked, the model's fallback off
+    pipeline = Pipeline(args.cache_dir, manifest=args.manifest, calibration=args.calibration, recipe_settings=settings)
     pipeline.models.get(args.model)
     recipe = pipeline.store.recipe(args.model, args.precision, "emulated")
     print(f"{'layer':<48} {'op':<8} {'cosine':>9} {'snr_db':>7}   (only this layer quantized)")
