@@ -96,3 +96,22 @@ def test_table_overrides_in_order(tmp_path):
     tol = table.resolve("m", "int8", {"int8": {"min_cosine": 0.95, "max_norm_err": 0.1}})
     assert tol == Tolerance(min_cosine=0.95, min_top1=None, max_norm_err=0.5)
     assert table.resolve("other", "int8", {}) == Tolerance(min_cosine=0.99, min_top1=0.9)
+
+
+def test_top1_agreement_leaves_out_samples_fp32_does_not_decide():
+    """Flips on undecided samples are not counted (both counts are kept); one on a decided sample is."""
+    ref = np.eye(10, dtype=np.float32)
+    candidate = ref[[1, 0, 2, 3, 4, 5, 6, 7, 8, 9]]  # samples 0 and 1 flipped
+    undecided = np.zeros(10, bool)
+    undecided[[0, 1]] = True
+    judged = compare({"y": ref}, {"y": candidate}, Tolerance(min_top1=1.0), True, undecided)
+    metrics = judged.metrics["y"]
+    assert judged.passed and metrics["top1_agreement"] == 1.0 and metrics["top1_samples"] == 8
+    assert metrics["top1_undecided"] == 2 and metrics["top1_agreement_all"] == 0.8
+    undecided[1] = False
+    judged = compare({"y": ref}, {"y": candidate}, Tolerance(min_top1=1.0), True, undecided)
+    assert not judged.passed and judged.metrics["y"]["top1_agreement"] == pytest.approx(8 / 9)
+    assert "over the 9 samples FP32 decides at its inputs' resolution (1 undecided left out; over all: 0.8)" \
+        in judged.explain()
+    plain = compare({"y": ref}, {"y": candidate}, Tolerance(), True).metrics["y"]
+    assert plain["top1_samples"] == 10 and "top1_undecided" not in plain

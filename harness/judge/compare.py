@@ -65,7 +65,14 @@ class Comparison:
         return [check for check in self.checks if not check.passed]
 
     def explain(self) -> str:
-        lines = [check.describe() for check in self.failures()]
+        lines = []
+        for check in self.failures():
+            lines.append(check.describe())
+            counts = self.metrics.get(check.output, {})
+            if check.metric == "top1_agreement" and "top1_undecided" in counts:
+                lines.append(f"{check.output}: top1_agreement is over the {counts['top1_samples']} samples FP32 "
+                             f"decides at its inputs' resolution ({counts['top1_undecided']} undecided left out; "
+                             f"over all: {counts['top1_agreement_all']:.6g})")
         for output in sorted({check.output for check in self.failures()} & set(self.worst)):
             worst = ", ".join(f"{w['index']}: ref {w['reference']:.5g} got {w['candidate']:.5g}"
                               for w in self.worst[output])
@@ -91,8 +98,11 @@ def compare(
     candidate: dict[str, np.ndarray],
     tolerance: Tolerance,
     classification: bool = False,
+    undecided: np.ndarray | None = None,
 ) -> Comparison:
-    """Compare named outputs (batches already concatenated) under ``tolerance``."""
+    """Compare named outputs (batches already concatenated) under ``tolerance``; top-1 agreement leaves
+    out the ``undecided`` samples, those whose FP32 decision the input does not determine
+    (:mod:`harness.judge.decided`)."""
     result = Comparison()
     for name, ref in reference.items():
         if name not in candidate:
@@ -102,7 +112,7 @@ def compare(
         if out.shape != ref.shape:
             result.checks.append(Check(name, f"shape {out.shape} vs {ref.shape}", 0.0, 1.0, True))
             continue
-        metrics = _metrics(ref, out, classification)
+        metrics = _metrics(ref, out, classification, undecided)
         result.metrics[name] = metrics
         result.worst[name] = _worst(ref, out)
         result.checks += _checks(name, metrics, tolerance, result)
@@ -148,7 +158,7 @@ def cosine(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(np.array_equal(r, c)) if denom == 0 else float(np.clip(np.dot(r, c) / denom, -1.0, 1.0))
 
 
-def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str, Any]:
+def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool, undecided: np.ndarray | None) -> dict[str, Any]:
     r, c = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
     diff = np.abs(c - r)
     peak = np.max(np.abs(r)) if r.size else 0.0
@@ -168,9 +178,14 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str
     intervals = {k: v.to_dict() for k, v in (bootstrap_cosine_snr(ref, out) or {}).items()}
     if classification and ref.ndim >= 2:
         agree = ref.argmax(-1) == out.argmax(-1)
-        metrics["top1_samples"] = int(agree.size)
-        metrics["top1_agreement"] = float(np.mean(agree))
-        intervals["top1_agreement"] = proportion_interval(int(agree.sum()), int(agree.size)).to_dict()
+        counted = agree
+        if undecided is not None and undecided.shape == agree.shape:
+            counted = agree[~undecided]
+            metrics["top1_undecided"] = int(undecided.sum())
+            metrics["top1_agreement_all"] = float(np.mean(agree))
+        metrics["top1_samples"] = int(counted.size)
+        metrics["top1_agreement"] = float(np.mean(counted)) if counted.size else float("nan")
+        intervals["top1_agreement"] = proportion_interval(int(counted.sum()), int(counted.size)).to_dict()
     metrics["intervals"] = intervals
     return metrics
 
@@ -178,7 +193,7 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict[str
 def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparison) -> list[Check]:
     top1 = tol.min_top1
     if top1 is not None and "top1_agreement" in metrics:
-        resolution = resolve_agreement_bound(top1, metrics["top1_samples"], f"{name}: min_top1")
+        resolution = resolve_agreement_bound(top1, max(metrics["top1_samples"], 1), f"{name}: min_top1")
         result.note(resolution.warning)
         top1 = resolution.used
     bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),

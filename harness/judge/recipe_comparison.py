@@ -38,7 +38,7 @@ def compare_quantizers(store: Any, model: str, precision: str,
         path = store.precision_onnx(model, recipe)
         seconds = time.perf_counter() - start
         metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),
-                          spec.task == "classification").metrics[output]
+                          spec.task == "classification", store.undecided(model)).metrics[output]
         graph = onnx.load(str(path))
         results.append(QuantizerResult(label, dict(settings), metrics, quantized_layers(graph), seconds,
                                        quantized_layer_names(graph)))

@@ -37,7 +37,8 @@ def evaluate_recipe(store: Any, model: str, recipe: QDQ, tolerance: Tolerance,
     """The recipe's graph, evaluated as written (never a runtime's kernels), against FP32 on ``data``."""
     semantics = store.graph_semantics(model, store.precision_onnx(model, recipe), data)
     spec = store.models.get(model)
-    return compare(store.fp32_outputs(model, data), semantics, tolerance, spec.task == "classification")
+    undecided = store.undecided(model) if data == "evaluation" else None
+    return compare(store.fp32_outputs(model, data), semantics, tolerance, spec.task == "classification", undecided)
 
 
 def weighted_layers(store: Any, model: str, recipe: QDQ) -> list[onnx.NodeProto]:

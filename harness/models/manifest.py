@@ -79,6 +79,7 @@ def _input(item: dict[str, Any]) -> InputSpec:
         dtype=item.get("dtype", "float32"),
         value_range=tuple(item.get("range", (-1.0, 1.0))),  # type: ignore[arg-type]
         dynamic_axes={int(k): v for k, v in item.get("dynamic_axes", {0: "batch"}).items()},
+        resolution=None if item.get("resolution") is None else float(item["resolution"]),
     )
 
 

@@ -18,13 +18,17 @@ Batch = dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class InputSpec:
-    """A named input: its shape (batch first), dtype, value range and dynamic axes."""
+    """A named input: its shape (batch first), dtype, value range and dynamic axes; ``resolution``,
+    where known, is the step its data was recorded with, in the units the model reads (8-bit pixels
+    scaled to [-1, 1]: 2/255), below which a classifier's decision is not the input's
+    (:mod:`harness.judge.decided`)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
     value_range: tuple[float, float] = (-1.0, 1.0)
     dynamic_axes: Mapping[int, str] = field(default_factory=lambda: {0: "batch"})
+    resolution: float | None = None
 
     def sample(self, rng: np.random.Generator, batch: int | None = None) -> np.ndarray:
         """Random values in ``value_range`` (integers for integer dtypes)."""

@@ -27,6 +27,7 @@ from harness.errors import CalibrationError
 from harness.export import export_onnx, load_onnx
 from harness.export.torchscript import export_built
 from harness.judge.compare import concat
+from harness.judge.decided import undecided
 from harness.judge.mutations import Mutation
 from harness.judge.semantics import evaluate_semantics
 from harness.judge.tolerances import ToleranceTable
@@ -72,7 +73,7 @@ class ArtifactStore:
         self.tolerances, self.caps = tolerances, caps or detect()
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
         self._semantics, self._coverage, self._batch_keys, self._precision = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
-        self._evaluations, self._fallbacks = _Memo(MEMO_SIZE), _Memo()
+        self._evaluations, self._fallbacks, self._undecided = _Memo(MEMO_SIZE), _Memo(), _Memo()
         self.mutation: Mutation | None = None
 
     def mutated(self, mutation: Mutation) -> "ArtifactStore":
@@ -222,6 +223,34 @@ class ArtifactStore:
             return self.run_outputs(model, backend, self.for_case(model, "fp32", backend))[0]
 
         return self._references.get(model, compute)
+
+    def undecided(self, model: str) -> np.ndarray | None:
+        """The evaluation samples whose FP32 decision moves within half a step of an input's declared
+        ``resolution`` (:mod:`harness.judge.decided`): left out of top-1 agreement. None for a model that
+        is no classifier or declares no resolution; cached as the reference outputs are."""
+        spec = self.models.get(model)
+        if spec.task != "classification" or all(item.resolution is None for item in spec.inputs):
+            return None
+        backend = "torch" if spec.build is not None else "onnxruntime"
+        artifacts = self.for_case(model, "fp32", backend)
+        output = spec.outputs[0]
+
+        def find() -> tuple[dict[str, np.ndarray], str]:
+            with self.backend(backend).load(artifacts) as runner:
+                mask = undecided(self.reference(model)[output],
+                                 lambda batches: concat([runner.infer(batch) for batch in batches])[output],
+                                 self.eval_batches(model), spec.inputs)
+            return {"undecided": mask}, ""
+
+        def make() -> np.ndarray:
+            parts = self.backend(backend).outputs_key(artifacts, self.caps)
+            if parts is None:
+                return find()[0]["undecided"]
+            key = [parts, self._data_key(model, "evaluation"), [(item.name, item.resolution) for item in spec.inputs],
+                   source_fingerprint("harness.judge.decided")]
+            return self._cached_arrays("undecided", key, find, {"model": model})[0]["undecided"]
+
+        return self._undecided.get(model, make)
 
     def run_outputs(self, model: str, backend: str, artifacts: Artifacts) -> tuple[dict[str, np.ndarray], str]:
         """``backend``'s outputs on the evaluation batches and its runtime label: read from the

@@ -307,10 +307,12 @@ def _compare_recipes(args: argparse.Namespace) -> int:
         settings = recipe_settings([f"{args.precision}:{a}" for a in assignments.split(",") if a])
         variants[label] = {**own, **settings.get(args.precision, {})}
     results, differences = compare_quantizers(pipeline.store, args.model, args.precision, variants)
-    print(f"{'quantizer':<14} {'top1':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  settings")
+    print(f"{'quantizer':<14} {'top1':>6} {'(all)':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  "
+          "settings   (top1: on the samples FP32 decides at its inputs' resolution, where declared)")
     for r in results:
-        top1 = r.metrics.get("top1_agreement")
-        print(f"{r.label:<14} {_fmt(top1, '.3f', 6)} {r.metrics['cosine']:>9.5f} {r.metrics['snr_db']:>7.2f} "
+        top1, every = r.metrics.get("top1_agreement"), r.metrics.get("top1_agreement_all")
+        print(f"{r.label:<14} {_fmt(top1, '.3f', 6)} {_fmt(every, '.3f', 6)} {r.metrics['cosine']:>9.5f} "
+              f"{r.metrics['snr_db']:>7.2f} "
               f"{r.coverage['quantized']:>4}/{r.coverage['layers']:<4} {r.seconds:>8.1f}  {r.settings or '-'}")
     print(f"\nlayers not every quantizer puts in {args.precision}: {len(differences)}")
     for layer, labels in differences.items():

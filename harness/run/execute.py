@@ -134,9 +134,10 @@ class CaseExecutor:
 
     def _judge(self, spec: ModelSpec, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
                tolerance: Tolerance) -> Comparison:
-        """Outputs against the FP32 reference, the model's task metrics, and task accuracy where the
-        model has labels."""
-        comparison = compare(reference, outputs, tolerance, spec.task == "classification")
+        """Outputs against the FP32 reference (top-1 on the samples FP32 decides, where an input declares
+        its resolution), the model's task metrics, and task accuracy where the model has labels."""
+        comparison = compare(reference, outputs, tolerance, spec.task == "classification",
+                             self.store.undecided(spec.name))
         labels = self.store.eval_labels(spec.name)
         metric = spec.task_metric()
         if metric is not None:
