@@ -249,13 +249,17 @@ def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(harnes
     which TensorRT does run depthwise (output channels divisible by 8, 3×3), quantizes them all."""
     import onnx as onnx_module
 
-    from harness.precision.graph import quantized_layers
+    from harness.precision.graph import int_attribute, quantized_layers
 
     store = harness_pipeline.store
     counts = {p: quantized_layers(onnx_module.load(str(store.precision_onnx("dwblock", store.recipe("dwblock", p, "emulated")))))
               for p in ("int8", "fp8")}
-    assert counts["int8"] == {"layers": 4, "quantized": 4}
-    assert counts["fp8"] == {"layers": 4, "quantized": 2}  # the pointwise conv and the classifier
+    assert (counts["int8"]["layers"], counts["int8"]["quantized"], counts["int8"]["float_layers"]) == (4, 4, [])
+    assert (counts["fp8"]["layers"], counts["fp8"]["quantized"]) == (4, 2)  # the pointwise conv and the classifier
+    graph = onnx_module.load(str(store.fp32_onnx("dwblock")))
+    thin = {n.name for n in graph.graph.node if n.op_type == "Conv" and (
+        int_attribute(n, "group", 1) > 1 or n.input[0] in {i.name for i in graph.graph.input})}
+    assert set(counts["fp8"]["float_layers"]) == thin
 
 
 modelopt = pytest.mark.skipif(

@@ -72,6 +72,30 @@ def test_gate_fails_on_a_case_that_stopped_passing(record_path, tmp_path):
     assert proc.returncode == 1 and "REGRESSION: cnn-fp8-onnxruntime: was passed, now failed" in proc.stdout
 
 
+@pytest.mark.int8
+def test_gate_names_a_layer_left_in_float_though_another_came_back(harness_pipeline, tmp_path):
+    """Two real runs of resblock's INT8 case, each keeping a different weighted layer in float (as a
+    fallback that chose differently would): the counts agree, but a layer quantized in the baseline is
+    float now, and the gate names it."""
+    import time
+
+    from harness.judge.sensitivity import weighted_layers
+
+    store = harness_pipeline.store
+    recipe = store.recipe("resblock", "int8", "emulated")
+    first, second = [node.name for node in weighted_layers(store, "resblock", recipe)][:2]
+    paths = []
+    for run, kept in (("baseline", first), ("current", second)):
+        pipeline = Pipeline(harness_pipeline.cache.root, recipe_settings={"int8": {"exclude": [kept]}})
+        result = pipeline.run(Case("resblock", "int8", "onnxruntime"))
+        assert result.metrics["recipe"]["coverage"]["float_layers"] == [kept]
+        (tmp_path / run).mkdir()
+        paths.append(write_record(build_record([result.to_dict()], pipeline.caps, time.time()), tmp_path / run))
+    proc = harness("gate", "--baseline", str(paths[0]), "--current", str(paths[1]))
+    assert proc.returncode == 1
+    assert f"1 layer(s) quantized in the baseline left in float: {second}" in proc.stdout
+
+
 @pytest.mark.parametrize("content, message", [
     ('{"schema_version": 1, "cases": [', "is not valid JSON"),
     ('{"schema_version": 99, "cases": []}', "has schema_version 99; this harness reads schema_version 1"),

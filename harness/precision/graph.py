@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable
+from typing import Any, Iterable
 
 import onnx
 from onnx import TensorProto
@@ -70,11 +70,14 @@ def topological_sort(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes)
 
 
-def quantized_layers(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> dict[str, int]:
-    """How many weighted layers there are, and how many take a dequantized weight: a layer left in
-    float by mistake shows here even when it costs no accuracy."""
+def quantized_layers(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> dict[str, Any]:
+    """How many weighted layers there are and how many take a dequantized weight, and which (by node
+    name) do and do not: a layer left in float by mistake shows here even when it costs no accuracy,
+    and by name even when another layer took its place (a fallback that chose differently)."""
     weighted = [node for node in model.graph.node if node.op_type in set(ops) and len(node.input) > 1]
-    return {"layers": len(weighted), "quantized": len(quantized_layer_names(model, ops))}
+    quantized = quantized_layer_names(model, ops)
+    return {"layers": len(weighted), "quantized": len(quantized), "quantized_layers": sorted(quantized),
+            "float_layers": sorted(node.name for node in weighted if node.name not in quantized)}
 
 
 def quantized_layer_names(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> set[str]:

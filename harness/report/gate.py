@@ -106,12 +106,15 @@ def judge_case(case_id: str, old: dict[str, Any], new: dict[str, Any], rules: di
         new_view = new_recipe if label else new.get("metrics", {})
         _compare_view(f"{case_id}: {label}", old_view, new_view, rules, regressions, improvements)
     if old_recipe and new_recipe and "coverage" in old_recipe and "coverage" in new_recipe:
-        lost = old_recipe["coverage"]["quantized"] - new_recipe["coverage"]["quantized"]
+        old_cover, new_cover = old_recipe["coverage"], new_recipe["coverage"]
+        went_float = sorted(set(new_cover.get("float_layers", [])) & set(old_cover.get("quantized_layers", [])))
+        lost = max(old_cover["quantized"] - new_cover["quantized"], len(went_float))
         limit = rules.get("max_quantized_layers_lost")
         if limit is not None and lost > limit:
-            regressions.append(f"{case_id}: {new_recipe['coverage']['quantized']} of {new_recipe['coverage']['layers']} "
-                               f"weighted layers quantized, baseline {old_recipe['coverage']['quantized']}: "
-                               f"{lost} layer(s) left in float")
+            named = f": {', '.join(went_float[:5])}{', …' if len(went_float) > 5 else ''}" if went_float else ""
+            regressions.append(f"{case_id}: {new_cover['quantized']} of {new_cover['layers']} weighted layers "
+                               f"quantized, baseline {old_cover['quantized']}: {lost} layer(s) quantized in the "
+                               f"baseline left in float{named}")
     return regressions, improvements
 
 
