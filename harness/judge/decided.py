@@ -4,10 +4,10 @@ Top-1 agreement counts a quantized model's changed decisions; on a sample whose 
 FP32 scores almost alike, any rounding anywhere changes it, and so does moving the input by less
 than the step its data carries (a photograph's pixels are 8-bit: 1/255 of their range). Such a flip
 is not a regression: the input does not determine the decision. On trained networks and natural
-images these near-ties are what bounds agreement (BF16, whose rounding is near-lossless, flipped
-13 and 16 of 512 EfficientNet-Lite0 and -Lite1 decisions, 7 of each on such samples). Where a model's input
-declares its ``resolution`` (the step of its data, in the units the model reads), FP32 is run on
-``DITHERS`` copies of the evaluation inputs, each value moved uniformly within half a step; a
+images these near-ties are what bounds agreement (BF16, whose rounding is near-lossless, flipped 13
+and 16 of 512 EfficientNet-Lite0 and -Lite1 decisions, 7 of each on such samples). Where a model's
+input declares its ``resolution`` (the step of its data, in the units the model reads), FP32 is run
+on ``DITHERS`` copies of the evaluation inputs, each value moved uniformly within half a step; a
 sample whose FP32 decision changes on any copy is undecided, and top-1 agreement is judged on the
 others (:func:`harness.judge.compare.compare`; the count left out and the agreement over every
 sample are kept beside it). Random, not worst-case, movement: a worst-case one of 1/255 (an

@@ -4,7 +4,7 @@ as written) against FP32, and where their Q/DQ placements differ."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import onnx
@@ -12,7 +12,7 @@ import onnx
 from harness.judge.compare import compare
 from harness.judge.tolerances import Tolerance
 from harness.precision import get_recipe
-from harness.precision.graph import quantized_layer_names, quantized_layers
+from harness.precision.graph import quantized_layers
 
 
 @dataclass
@@ -20,9 +20,8 @@ class QuantizerResult:
     label: str
     settings: Mapping[str, Any]
     metrics: dict[str, Any]  # of the first output: cosine, snr_db, top1_agreement where a classifier
-    coverage: dict[str, int]
+    coverage: dict[str, Any]  # quantized_layers: counts, and the layers by name
     seconds: float  # making the graph (calibration, fallback, quantization); ~0 where it was cached
-    layers: set[str] = field(repr=False, default_factory=set)
 
 
 def compare_quantizers(store: Any, model: str, precision: str,
@@ -39,9 +38,9 @@ def compare_quantizers(store: Any, model: str, precision: str,
         seconds = time.perf_counter() - start
         metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),
                           spec.task == "classification", store.undecided(model)).metrics[output]
-        graph = onnx.load(str(path))
-        results.append(QuantizerResult(label, dict(settings), metrics, quantized_layers(graph), seconds,
-                                       quantized_layer_names(graph)))
-    every = set().union(*(r.layers for r in results)) if results else set()
-    differences = {layer: [r.label for r in results if layer in r.layers] for layer in sorted(every)}
+        coverage = quantized_layers(onnx.load(str(path)))
+        results.append(QuantizerResult(label, dict(settings), metrics, coverage, seconds))
+    every = set().union(*(r.coverage["quantized_layers"] for r in results)) if results else set()
+    differences = {layer: [r.label for r in results if layer in r.coverage["quantized_layers"]]
+                   for layer in sorted(every)}
     return results, {layer: labels for layer, labels in differences.items() if len(labels) < len(results)}

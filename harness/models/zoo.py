@@ -58,7 +58,8 @@ TOLERANCES = {"fp16": {"min_top1": 0.99, "min_cosine": 0.999}, "bf16": {"min_cos
 # the weighted layers in FP32 (at least 90% stay quantized), those that alone cost the output most on
 # the calibration set: for INT8 it picks block 0's depthwise layer and the stem that reads the image
 # first, the two largest single losses, on both networks (INT8 output SNR on the evaluation crops:
-# Lite0 22.4 → 27.6 dB, Lite1 20.1 → 26.8 dB); for FP8 pointwise projections (15.9 → 19.9, 15.7 → 19.1 dB).
+# Lite0 22.4 → 27.6 dB, Lite1 20.1 → 26.8 dB); for FP8 pointwise projections (15.9 → 19.9,
+# 15.7 → 19.1 dB).
 RECIPE = {"int8": {"gptq": True, "calibration": "percentile", "fallback": 0.1}, "fp8": {"gptq": True, "fallback": 0.1}}
 
 

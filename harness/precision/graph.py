@@ -73,16 +73,10 @@ def topological_sort(graph: onnx.GraphProto) -> None:
 def quantized_layers(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> dict[str, Any]:
     """How many weighted layers there are and how many take a dequantized weight, and which (by node
     name) do and do not: a layer left in float by mistake shows here even when it costs no accuracy,
-    and by name even when another layer took its place (a fallback that chose differently)."""
-    weighted = [node for node in model.graph.node if node.op_type in set(ops) and len(node.input) > 1]
-    quantized = quantized_layer_names(model, ops)
-    return {"layers": len(weighted), "quantized": len(quantized), "quantized_layers": sorted(quantized),
-            "float_layers": sorted(node.name for node in weighted if node.name not in quantized)}
-
-
-def quantized_layer_names(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> set[str]:
-    """The weighted layers (by node name) that take a dequantized weight: where a graph's Q/DQ placement
-    put them in low precision, to compare one quantizer's placement with another's."""
+    and by name even when another layer took its place (a fallback that chose differently); the names
+    also compare one quantizer's placement with another's."""
     dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
-    return {node.name for node in model.graph.node
-            if node.op_type in set(ops) and len(node.input) > 1 and node.input[1] in dequantized}
+    weighted = [node for node in model.graph.node if node.op_type in set(ops) and len(node.input) > 1]
+    quantized = sorted(node.name for node in weighted if node.input[1] in dequantized)
+    return {"layers": len(weighted), "quantized": len(quantized), "quantized_layers": quantized,
+            "float_layers": sorted(node.name for node in weighted if node.input[1] not in dequantized)}

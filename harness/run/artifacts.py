@@ -219,10 +219,14 @@ class ArtifactStore:
         """FP32 reference outputs: the torch module (on CUDA when present, TF32 off), or ONNX Runtime
         for an ONNX-only model."""
         def compute() -> dict[str, np.ndarray]:
-            backend = "torch" if self.models.get(model).build is not None else "onnxruntime"
+            backend = self._reference_backend(model)
             return self.run_outputs(model, backend, self.for_case(model, "fp32", backend))[0]
 
         return self._references.get(model, compute)
+
+    def _reference_backend(self, model: str) -> str:
+        """Where FP32 reference outputs come from: the torch module, or ONNX Runtime for an ONNX-only model."""
+        return "torch" if self.models.get(model).build is not None else "onnxruntime"
 
     def undecided(self, model: str) -> np.ndarray | None:
         """The evaluation samples whose FP32 decision moves within half a step of an input's declared
@@ -231,18 +235,18 @@ class ArtifactStore:
         spec = self.models.get(model)
         if spec.task != "classification" or all(item.resolution is None for item in spec.inputs):
             return None
-        backend = "torch" if spec.build is not None else "onnxruntime"
-        artifacts = self.for_case(model, "fp32", backend)
-        output = spec.outputs[0]
-
-        def find() -> tuple[dict[str, np.ndarray], str]:
-            with self.backend(backend).load(artifacts) as runner:
-                mask = undecided(self.reference(model)[output],
-                                 lambda batches: concat([runner.infer(batch) for batch in batches])[output],
-                                 self.eval_batches(model), spec.inputs)
-            return {"undecided": mask}, ""
 
         def make() -> np.ndarray:
+            backend, output = self._reference_backend(model), spec.outputs[0]
+            artifacts = self.for_case(model, "fp32", backend)
+
+            def find() -> tuple[dict[str, np.ndarray], str]:
+                with self.backend(backend).load(artifacts) as runner:
+                    mask = undecided(self.reference(model)[output],
+                                     lambda batches: concat([runner.infer(batch) for batch in batches])[output],
+                                     self.eval_batches(model), spec.inputs)
+                return {"undecided": mask}, ""
+
             parts = self.backend(backend).outputs_key(artifacts, self.caps)
             if parts is None:
                 return find()[0]["undecided"]
@@ -273,9 +277,9 @@ class ArtifactStore:
     def graph_semantics(self, model: str, path: Path, data: str = "evaluation") -> dict[str, np.ndarray]:
         """The outputs of the graph at ``path`` over ``model``'s evaluation (or calibration) batches,
         evaluated as written; cached by the graph's bytes, the batches, ONNX Runtime's version and the CPU."""
-        batches = self.eval_batches(model) if data == "evaluation" else self.calibration_batches(model)
         parts = [file_sha256(path), self._data_key(model, data), *self.onnxruntime_cpu_parts("harness.judge.semantics")]
-        return self._cached_arrays("semantics", parts, lambda: (evaluate_semantics(path, batches), ""),
+        return self._cached_arrays("semantics", parts,
+                                   lambda: (evaluate_semantics(path, self._batches(model, data)), ""),
                                    {"model": model, "graph": path.name, "data": data})[0]
 
     def fp32_outputs(self, model: str, data: str = "evaluation") -> dict[str, np.ndarray]:
@@ -285,11 +289,13 @@ class ArtifactStore:
             return self.reference(model)
         return self.graph_semantics(model, self.fp32_onnx(model), data)
 
+    def _batches(self, model: str, data: str) -> list[Batch]:
+        """The evaluation or the calibration batches (a user's calibration callable is called again)."""
+        return self.eval_batches(model) if data == "evaluation" else self.calibration_batches(model)
+
     def _data_key(self, model: str, data: str) -> str:
-        """Content key of the evaluation or calibration batches."""
-        if data == "evaluation":
-            return self._batch_keys.get(model, lambda: self._batches_key(self.eval_batches(model)))
-        return self._batch_keys.get(("calibration", model), lambda: self._batches_key(self.calibration_batches(model)))
+        """Content key of the evaluation or calibration batches, made once per process."""
+        return self._batch_keys.get((data, model), lambda: self._batches_key(self._batches(model, data)))
 
     @staticmethod
     def _batches_key(batches: list[Batch]) -> str:
