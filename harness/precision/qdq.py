@@ -81,7 +81,7 @@ def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt:
     return fmt is INT8 or int(np.prod(kernel)) <= 32
 
 
-def _activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
+def activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
                         weights: set[str]) -> dict[str, list[tuple[onnx.NodeProto, list[int]]]]:
     """Each activation tensor the plan quantizes (in first-read order), with the quantized nodes that
     read it and at which input indices."""
@@ -177,7 +177,7 @@ def _ancestors(graph: onnx.GraphProto, index: int, producer: Mapping[str, int]) 
     return depth
 
 
-def _weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
+def weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
     """Output-channel axis of a weight, or None for per-tensor."""
     if node.op_type == "Conv":
         return 0
@@ -344,12 +344,12 @@ class QDQ(Recipe):
         return self.with_options(only=None, exclude=(), fallback_layers=None)
 
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
-        return list(_activation_readers(self.quantized_inputs(model), initializer_names(model)))
+        return list(activation_readers(self.quantized_inputs(model), initializer_names(model)))
 
     def apply_impl(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
         graph = model.graph
         plan = self.quantized_inputs(model)
-        readers = _activation_readers(plan, initializer_names(model))
+        readers = activation_readers(plan, initializer_names(model))
         missing = [t for t in readers if t not in ranges]
         if missing:
             raise CalibrationError(f"no calibrated range for tensor(s) {missing[:5]} of graph {graph.name!r}")
@@ -364,7 +364,7 @@ class QDQ(Recipe):
             name = node.input[1]
             if name in weights and name not in quantized_weights:
                 quantized_weights[name] = f"{name}_dequantized"
-                new_nodes.append(self._weight_dq(graph, weights[name], _weight_axis(node, len(weights[name].dims))))
+                new_nodes.append(self._weight_dq(graph, weights[name], weight_axis(node, len(weights[name].dims))))
             if name in quantized_weights:
                 node.input[1] = quantized_weights[name]
         graph.node.extend(new_nodes)

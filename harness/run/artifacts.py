@@ -155,7 +155,7 @@ class ArtifactStore:
 
         def make() -> Path:
             calibrated = recipe.calibrated or recipe.calibration_data
-            calibration = [self._data_key(model, "calibration"), package_version("onnxruntime")] if calibrated else None
+            calibration = [self.data_key(model, "calibration"), package_version("onnxruntime")] if calibrated else None
             key = content_hash("precision", file_sha256(self.fp32_onnx(model)), recipe.params(), calibration,
                                source_fingerprint("harness.precision"))
 
@@ -250,7 +250,7 @@ class ArtifactStore:
             parts = self.backend(backend).outputs_key(artifacts, self.caps)
             if parts is None:
                 return find()[0]["undecided"]
-            key = [parts, self._data_key(model, "evaluation"), [(item.name, item.resolution) for item in spec.inputs],
+            key = [parts, self.data_key(model, "evaluation"), [(item.name, item.resolution) for item in spec.inputs],
                    source_fingerprint("harness.judge.decided")]
             return self._cached_arrays("undecided", key, find, {"model": model})[0]["undecided"]
 
@@ -266,7 +266,7 @@ class ArtifactStore:
         parts = self.backend(backend).outputs_key(artifacts, self.caps)
         if parts is None:
             return run()
-        return self._cached_arrays("outputs", [parts, self._data_key(model, "evaluation")], run,
+        return self._cached_arrays("outputs", [parts, self.data_key(model, "evaluation")], run,
                                    {"model": model, "backend": backend, "precision": artifacts.recipe.name})
 
     def semantics(self, model: str, precision: str) -> dict[str, np.ndarray]:
@@ -277,7 +277,7 @@ class ArtifactStore:
     def graph_semantics(self, model: str, path: Path, data: str = "evaluation") -> dict[str, np.ndarray]:
         """The outputs of the graph at ``path`` over ``model``'s evaluation (or calibration) batches,
         evaluated as written; cached by the graph's bytes, the batches, ONNX Runtime's version and the CPU."""
-        parts = [file_sha256(path), self._data_key(model, data), *self.onnxruntime_cpu_parts("harness.judge.semantics")]
+        parts = [file_sha256(path), self.data_key(model, data), *self.onnxruntime_cpu_parts("harness.judge.semantics")]
         return self._cached_arrays("semantics", parts,
                                    lambda: (evaluate_semantics(path, self._batches(model, data)), ""),
                                    {"model": model, "graph": path.name, "data": data})[0]
@@ -293,7 +293,7 @@ class ArtifactStore:
         """The evaluation or the calibration batches (a user's calibration callable is called again)."""
         return self.eval_batches(model) if data == "evaluation" else self.calibration_batches(model)
 
-    def _data_key(self, model: str, data: str) -> str:
+    def data_key(self, model: str, data: str) -> str:
         """Content key of the evaluation or calibration batches, made once per process."""
         return self._batch_keys.get((data, model), lambda: self._batches_key(self._batches(model, data)))
 
@@ -378,7 +378,7 @@ class ArtifactStore:
 
         def choose() -> list[str]:
             parts = [file_sha256(self.fp32_onnx(model)), recipe.params(),
-                     self._data_key(model, "calibration"), *self.onnxruntime_cpu_parts("harness.judge"),
+                     self.data_key(model, "calibration"), *self.onnxruntime_cpu_parts("harness.judge"),
                      source_fingerprint("harness.precision"),
                      None if self.mutation is None else [self.mutation.key(), self.mutation.precisions]]
             return self.cached_json("fallback", parts, lambda: choose_fallback(self, model, recipe),

@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                             help="a recipe to add, e.g. 'mse:calibration=mse' or 'sq:smoothquant=0.8' (repeatable)")
     quantizers.add_argument("--json", type=Path, help="also write the comparison here (for reports and history)")
     _common(quantizers)
+    formats = commands.add_parser("formats", help="which 8-bit format suits each tensor the INT8/FP8 recipes "
+                                                  "quantize: its rounding SNR in INT8 and in FP8 E4M3")
+    formats.add_argument("model")
+    formats.add_argument("--json", type=Path, help="also write every tensor's figures here")
+    _common(formats)
     report = commands.add_parser("report", help="render a run record as Markdown and a self-contained HTML page")
     report.add_argument("record", type=Path)
     report.add_argument("--history", type=Path, help="folder of earlier run records, for trends")
@@ -123,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
                     "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate,
                     "merge": _merge, "compare-timings": _compare_timings, "history": _history,
-                    "compare-recipes": _compare_recipes}
+                    "compare-recipes": _compare_recipes, "formats": _formats}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -324,6 +329,30 @@ def _compare_recipes(args: argparse.Namespace) -> int:
                                                                       if k not in ("error_histogram", "intervals")}}
                                    for r in results]}
         atomic_write_bytes(args.json, json.dumps(document, indent=1, default=str).encode())
+    return 0
+
+
+def _formats(args: argparse.Namespace) -> int:
+    """Each quantized tensor's rounding SNR in INT8 and FP8 E4M3 (:mod:`harness.judge.formats`)."""
+    from harness.judge.formats import format_fit, summarize
+    from harness.run.pipeline import Pipeline
+
+    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    fits = format_fit(pipeline.store, args.model)
+    print(f"{'tensor':<56} {'kind':<10} {'int8_db':>7} {'fp8_db':>7} {'lead':>6}  quantized by   "
+          "(rounding SNR on the calibration set; lead: INT8's over FP8)")
+    for fit in fits:
+        int8, fp8 = fit.snr_db["int8"], fit.snr_db["fp8"]
+        print(f"{fit.tensor[-56:]:<56} {fit.kind:<10} {int8:>7.1f} {fp8:>7.1f} {int8 - fp8:>+6.1f}  "
+              f"{', '.join(fit.quantized_by) or '-'}")
+    summary = summarize(fits)
+    for kind, row in summary.items():
+        print(f"\n{kind}s: {row['tensors']}; finer in int8: {row['finer']['int8']}, in fp8: {row['finer']['fp8']}; "
+              f"median SNR int8 {row['median_snr_db']['int8']:.1f} dB, fp8 {row['median_snr_db']['fp8']:.1f} dB; "
+              f"median lead of int8 {row['median_int8_lead_db']:+.1f} dB")
+    if args.json:
+        document = {"model": args.model, "summary": summary, "tensors": [vars(fit) for fit in fits]}
+        atomic_write_bytes(args.json, json.dumps(document, indent=1).encode())
     return 0
 
 
