@@ -5,6 +5,9 @@ holding the SHA-256 of its bytes and the readable inputs of its key. Writes go t
 file in the same directory and are renamed into place, so a reader never sees half a file;
 a per-key ``flock`` lets concurrent pytest-xdist workers build each artifact once. An artifact
 whose bytes no longer match its sidecar is moved aside (``*.corrupt``) and rebuilt, never used.
+A hit touches the sidecar, so its time is the entry's last use: :meth:`Cache.prune` removes the
+least recently used entries (every code change re-keys what it touches, so a nightly runner's
+cache otherwise only grows).
 """
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ import functools
 import hashlib
 import json
 import os
+import re
 import tempfile
+import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -106,15 +111,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock held for the ``with`` block (works across processes)."""
+def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
+    """An exclusive advisory lock held for the ``with`` block (works across processes); with
+    ``wait=False`` the block runs at once and is told whether it holds the lock (False: someone else does)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+        try:
+            yield held
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if held:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+GRACE_S = 3600.0  # entries used this recently may be in use by a running process: prune keeps them
+_ENTRY_NAME = re.compile(r"^\.?([0-9a-f]{64})")  # an artifact, its sidecar, a temporary (dot first), a *.corrupt
 
 
 @dataclass
@@ -139,6 +154,8 @@ class Cache:
         path = self.path(kind, key, suffix)
         if self._valid(kind, path):
             self.stats[f"{kind}.hit"] += 1
+            with contextlib.suppress(OSError):  # last use, for prune; a read-only cache still serves
+                os.utime(_sidecar(path))
             return path
         with file_lock(self.root / "locks" / kind / f"{key}.lock"):
             if self._valid(kind, path):  # another worker built it while we waited
@@ -150,6 +167,58 @@ class Cache:
             atomic_write_bytes(_sidecar(path), json.dumps(meta, indent=1, default=str).encode())
             self.stats[f"{kind}.miss"] += 1
             return path
+
+    def prune(self, max_bytes: int | None = None, unused_for_s: float | None = None,
+              grace_s: float = GRACE_S) -> "PruneResult":
+        """Remove whole entries, least recently used first: every one unused for ``unused_for_s``
+        seconds, then more until the cache holds at most ``max_bytes``. An entry used within ``grace_s``
+        (a run in progress may hold its path) or being built (its lock held) stays; so do lock files
+        and anything not laid out as an entry. Leftovers of an entry (a crashed write's temporary, a
+        quarantined ``*.corrupt`` file) go with it."""
+        now = time.time()
+        entries = sorted(self._entries(), key=lambda entry: entry.last_use)
+        size = sum(entry.size for entry in entries)
+        result = PruneResult(kept_bytes=size)
+        for entry in entries:
+            stale = unused_for_s is not None and now - entry.last_use > unused_for_s
+            if not stale and (max_bytes is None or result.kept_bytes <= max_bytes):
+                continue
+            if now - entry.last_use <= grace_s or not self._remove(entry):
+                continue
+            result.removed += 1
+            result.freed_bytes += entry.size
+            result.kept_bytes -= entry.size
+        result.kept = len(entries) - result.removed
+        return result
+
+    def _entries(self) -> Iterator["_Entry"]:
+        """Each entry's files (artifact, sidecar, leftovers), grouped by kind and key."""
+        if not self.root.is_dir():
+            return
+        for kind in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != "locks"):
+            for shard in sorted(p for p in kind.iterdir() if p.is_dir() and len(p.name) == 2):
+                groups: dict[str, list[Path]] = {}
+                for item in shard.iterdir():
+                    match = _ENTRY_NAME.match(item.name)
+                    if item.is_file() and match and match.group(1).startswith(shard.name):
+                        groups.setdefault(match.group(1), []).append(item)
+                for key, files in groups.items():
+                    try:
+                        stats = [f.stat() for f in files]
+                    except FileNotFoundError:  # removed meanwhile (rebuilt, quarantined, pruned elsewhere)
+                        continue
+                    size, last_use = sum(st.st_size for st in stats), max(st.st_mtime for st in stats)
+                    yield _Entry(kind.name, key, files, size, last_use)
+
+    def _remove(self, entry: "_Entry") -> bool:
+        """Delete an entry's files under its lock, unless someone holds the lock (building it)."""
+        with file_lock(self.root / "locks" / entry.kind / f"{entry.key}.lock", wait=False) as held:
+            if not held:
+                return False
+            for item in entry.files:
+                with contextlib.suppress(FileNotFoundError):
+                    item.unlink()
+        return True
 
     def _valid(self, kind: str, path: Path) -> bool:
         sidecar = _sidecar(path)
@@ -171,6 +240,25 @@ class Cache:
         for item in (path, _sidecar(path)):
             with contextlib.suppress(FileNotFoundError):
                 os.replace(item, item.with_name(item.name + ".corrupt"))
+
+
+@dataclass
+class _Entry:
+    kind: str
+    key: str
+    files: list[Path]
+    size: int
+    last_use: float
+
+
+@dataclass
+class PruneResult:
+    """What :meth:`Cache.prune` removed and kept (entries, bytes)."""
+
+    removed: int = 0
+    freed_bytes: int = 0
+    kept: int = 0
+    kept_bytes: int = 0
 
 
 def _sidecar(path: Path) -> Path:

@@ -1,5 +1,6 @@
 """The artifact cache: content keys, atomic writes, corruption detection, multi-process safety."""
 import multiprocessing
+import os
 import time
 from pathlib import Path
 
@@ -98,3 +99,66 @@ def test_a_warm_run_reads_every_artifact_and_imports_no_torch(tmp_path):
     assert misses == {} and records[-1]["cache"]["outputs.hit"] >= 4
     if not nvidia_driver_present():
         assert "NO_TORCH" in warm.stdout and "TORCH_IMPORTED" in cold.stdout
+
+
+def _aged(cache: Cache, key: str, hours: float, size: int = 1000) -> Path:
+    """An entry of ``size`` bytes last used ``hours`` ago."""
+    path = cache.get_or_create("precision", key, ".onnx", lambda: b"x" * size)
+    past = time.time() - hours * 3600
+    for item in (path, path.with_name(path.name + ".json")):
+        os.utime(item, (past, past))
+    return path
+
+
+def _entry_bytes(path: Path) -> int:
+    return path.stat().st_size + path.with_name(path.name + ".json").stat().st_size
+
+
+def test_prune_removes_the_least_recently_used_entries_down_to_the_size(tmp_path):
+    """Four entries made 5, 4, 3 and 2 hours ago; the oldest is read again (a hit is a use), so the two
+    next-oldest go when the cache may keep two; what is removed is rebuilt on its next use."""
+    cache = Cache(tmp_path)
+    keys = [c * 64 for c in "abcd"]
+    paths = [_aged(cache, key, hours) for key, hours in zip(keys, (5, 4, 3, 2))]
+    cache.get_or_create("precision", keys[0], ".onnx", lambda: pytest.fail("a hit must not rebuild"))
+    result = cache.prune(max_bytes=2 * _entry_bytes(paths[0]))
+    assert (result.removed, result.kept) == (2, 2)
+    assert [p.exists() for p in paths] == [True, False, False, True]
+    assert result.kept_bytes == 2 * _entry_bytes(paths[0]) and result.freed_bytes == result.kept_bytes
+    built = []
+    cache.get_or_create("precision", keys[1], ".onnx", lambda: built.append(1) or b"x" * 1000)
+    assert built == [1]
+
+
+def test_prune_keeps_what_a_run_may_be_using_and_what_is_being_built(tmp_path):
+    """Entries used within the grace period stay whatever the size; an entry whose lock another builder
+    holds stays; files the cache did not lay out (Hypothesis's example database) are never touched;
+    an old entry's leftovers (a crashed write's temporary, a quarantined copy) go with it."""
+    from harness.cache import file_lock
+
+    cache = Cache(tmp_path)
+    recent = cache.get_or_create("semantics", "1" * 64, ".npz", lambda: b"r" * 1000)
+    building = _aged(cache, "2" * 64, hours=30)
+    old = _aged(cache, "3" * 64, hours=30)
+    leftovers = [old.with_name(f".{old.name}.abc123.tmp"), old.with_name(old.name + ".corrupt")]
+    for item in leftovers:
+        item.write_bytes(b"junk")
+        os.utime(item, (time.time() - 30 * 3600,) * 2)
+    foreign = tmp_path / "hypothesis" / "0123456789abcdef" / "fedcba9876543210"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_bytes(b"example")
+    with file_lock(tmp_path / "locks" / "precision" / f"{'2' * 64}.lock"):
+        result = cache.prune(max_bytes=0, unused_for_s=24 * 3600)
+    assert result.removed == 1 and not old.exists() and not any(item.exists() for item in leftovers)
+    assert recent.exists() and building.exists() and foreign.exists()
+
+
+def test_the_prune_command_reads_sizes_and_days(tmp_path, capsys):
+    from harness.run.cli import main
+
+    cache = Cache(tmp_path)
+    kept, gone = _aged(cache, "e" * 64, hours=2), _aged(cache, "f" * 64, hours=24 * 15)
+    assert main(["prune-cache", "--cache-dir", str(tmp_path), "--unused-days", "14", "--max-size", "1G"]) == 0
+    assert kept.exists() and not gone.exists()
+    assert "removed 1 artifacts" in capsys.readouterr().out
+    assert main(["prune-cache", "--cache-dir", str(tmp_path)]) == 2

@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     formats.add_argument("model")
     formats.add_argument("--json", type=Path, help="also write every tensor's figures here")
     _common(formats)
+    prune = commands.add_parser("prune-cache", help="remove the artifacts used least recently: those unused for "
+                                                     "--unused-days, then more down to --max-size")
+    prune.add_argument("--max-size", type=_size, help="what the cache may keep, e.g. 20G, 500M (bytes without a unit)")
+    prune.add_argument("--unused-days", type=float, help="remove every artifact unused for this many days")
+    prune.add_argument("--cache-dir", type=Path, default=Path(".harness_cache"))
     report = commands.add_parser("report", help="render a run record as Markdown and a self-contained HTML page")
     report.add_argument("record", type=Path)
     report.add_argument("--history", type=Path, help="folder of earlier run records, for trends")
@@ -128,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {"run": _run, "models": _models, "env": _env, "sensitivity": _sensitivity, "report": _report,
                     "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate,
                     "merge": _merge, "compare-timings": _compare_timings, "history": _history,
-                    "compare-recipes": _compare_recipes, "formats": _formats}
+                    "compare-recipes": _compare_recipes, "formats": _formats,
+                    "prune-cache": _prune_cache}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -353,6 +359,27 @@ def _formats(args: argparse.Namespace) -> int:
     if args.json:
         document = {"model": args.model, "summary": summary, "tensors": [vars(fit) for fit in fits]}
         atomic_write_bytes(args.json, json.dumps(document, indent=1).encode())
+    return 0
+
+
+def _size(text: str) -> int:
+    """Bytes from '20G', '500M', '1.5T' or a plain number."""
+    units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+    text = text.strip().upper().removesuffix("B")
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 20G, 500M, or bytes)") from None
+
+
+def _prune_cache(args: argparse.Namespace) -> int:
+    from harness.cache import Cache
+
+    if args.max_size is None and args.unused_days is None:
+        raise HarnessError("prune-cache needs --max-size, --unused-days or both")
+    result = Cache(args.cache_dir).prune(args.max_size, None if args.unused_days is None else args.unused_days * 86400)
+    print(f"{args.cache_dir}: removed {result.removed} artifacts ({result.freed_bytes / 2 ** 30:.2f} GiB), "
+          f"kept {result.kept} ({result.kept_bytes / 2 ** 30:.2f} GiB)")
     return 0
 
 
