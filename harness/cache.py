@@ -183,7 +183,7 @@ class Cache:
             stale = unused_for_s is not None and now - entry.last_use > unused_for_s
             if not stale and (max_bytes is None or result.kept_bytes <= max_bytes):
                 continue
-            if now - entry.last_use <= grace_s or not self._remove(entry):
+            if now - entry.last_use <= grace_s or not self._remove(entry, now - grace_s):
                 continue
             result.removed += 1
             result.freed_bytes += entry.size
@@ -204,16 +204,19 @@ class Cache:
                         groups.setdefault(match.group(1), []).append(item)
                 for key, files in groups.items():
                     try:
-                        stats = [f.stat() for f in files]
+                        size, last_use = sum(f.stat().st_size for f in files), _last_use(files)
                     except FileNotFoundError:  # removed meanwhile (rebuilt, quarantined, pruned elsewhere)
                         continue
-                    size, last_use = sum(st.st_size for st in stats), max(st.st_mtime for st in stats)
                     yield _Entry(kind.name, key, files, size, last_use)
 
-    def _remove(self, entry: "_Entry") -> bool:
-        """Delete an entry's files under its lock, unless someone holds the lock (building it)."""
+    def _remove(self, entry: "_Entry", used_since: float) -> bool:
+        """Delete an entry's files under its lock, unless someone holds the lock (building it) or a hit
+        touched it after ``used_since`` while the cache was being listed."""
         with file_lock(self.root / "locks" / entry.kind / f"{entry.key}.lock", wait=False) as held:
-            if not held:
+            try:
+                if not held or _last_use(entry.files) > used_since:
+                    return False
+            except FileNotFoundError:  # another prune, or a quarantine, got there first
                 return False
             for item in entry.files:
                 with contextlib.suppress(FileNotFoundError):
@@ -259,6 +262,11 @@ class PruneResult:
     freed_bytes: int = 0
     kept: int = 0
     kept_bytes: int = 0
+
+
+def _last_use(files: list[Path]) -> float:
+    """An entry's last use: its newest file's time (a hit touches the sidecar)."""
+    return max(f.stat().st_mtime for f in files)
 
 
 def _sidecar(path: Path) -> Path:
