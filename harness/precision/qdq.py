@@ -82,7 +82,7 @@ def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt:
 
 
 def activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
-                        weights: set[str]) -> dict[str, list[tuple[onnx.NodeProto, list[int]]]]:
+                       weights: set[str]) -> dict[str, list[tuple[onnx.NodeProto, list[int]]]]:
     """Each activation tensor the plan quantizes (in first-read order), with the quantized nodes that
     read it and at which input indices."""
     readers: dict[str, list[tuple[onnx.NodeProto, list[int]]]] = {}
