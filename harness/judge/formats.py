@@ -28,7 +28,7 @@ from harness.cache import file_sha256, source_fingerprint
 from harness.precision import get_recipe
 from harness.precision.calibrate import calibrate, tensor_values
 from harness.precision.graph import initializer_names
-from harness.precision.qdq import QDQ, QuantFormat, WEIGHTED_OPS, activation_readers, weight_axis
+from harness.precision.qdq import QDQ, QuantFormat, WEIGHTED_OPS, activation_readers, weight_axis, weight_scales
 
 PRECISIONS = ("int8", "fp8")
 
@@ -96,9 +96,8 @@ def _measure(graph: onnx.ModelProto, recipes: Mapping[str, QDQ], batches: list, 
     if not tensors:
         return list(_weight_fits(graph, recipes))
     graph_bytes = graph.SerializeToString()
-    scales = {p: {t: max(amax, 1e-12) / r.fmt.qmax
-                  for t, amax in calibrate(cache, graph_bytes, tensors, batches, r.calibrator).items()}
-              for p, r in recipes.items()}
+    ranges = {p: calibrate(cache, graph_bytes, tensors, batches, r.calibrator) for p, r in recipes.items()}
+    scales = {p: {t: recipes[p].fmt.scale(amax) for t, amax in found.items()} for p, found in ranges.items()}
     energy = {(t, p): [0.0, 0.0] for t in tensors for p in recipes}
     for values in tensor_values(graph_bytes, tensors, batches):
         for tensor, value in zip(tensors, values):
@@ -127,10 +126,7 @@ def _weight_fits(graph: onnx.ModelProto, recipes: Mapping[str, QDQ]) -> Iterable
         seen.add(node.input[1])
         values = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float32)
         axis = weight_axis(node, values.ndim)
-        reduce = tuple(i for i in range(values.ndim) if i != axis)
-        amax = np.abs(values).max(axis=reduce, keepdims=True) if axis is not None else np.abs(values).max()
-        snr = {p: snr_db(*rounding_snr(values, np.maximum(amax, 1e-12) / r.fmt.qmax, r.fmt))
-               for p, r in recipes.items()}
+        snr = {p: snr_db(*rounding_snr(values, weight_scales(values, axis, r.fmt), r.fmt)) for p, r in recipes.items()}
         by = [p for p in recipes if node.output[0] in quantized[p]]
         yield TensorFit(node.input[1], "weight", _label(node), snr, by)
 

@@ -22,7 +22,7 @@ from onnx import numpy_helper
 from harness.errors import HarnessError
 from harness.models.spec import Batch
 from harness.precision.graph import int_attribute
-from harness.precision.qdq import FP8_E4M3, INT8, WEIGHTED_OPS, QuantFormat
+from harness.precision.qdq import FP8_E4M3, INT8, WEIGHTED_OPS, QuantFormat, weight_scales
 from harness.registry import Registry
 
 DEFAULT_CATALOGUE = Path(__file__).resolve().parents[2] / "fixtures" / "mutations.yaml"
@@ -177,7 +177,7 @@ def per_tensor_weights(model: onnx.ModelProto, site: str) -> None:
             continue
         fmt = fmt_of[quantized.data_type]
         values = _dequantized_weight(node, inits)
-        one = np.float32(max(np.abs(values).max(), 1e-12) / fmt.qmax)
+        one = weight_scales(values, None, fmt)
         _set(model, node.input[0], fmt.quantize(values / one))
         _set(model, node.input[1], np.full_like(scale, one))
 

@@ -48,6 +48,11 @@ class QuantFormat:
     qmax: float
     np_type: Any
 
+    def scale(self, amax: Any) -> np.ndarray:
+        """The symmetric scale that maps ``amax`` (a range, or one per channel) onto ``qmax``, as float32; a
+        range of zero gets a tiny scale instead of a division by zero."""
+        return np.asarray(np.maximum(amax, 1e-12) / self.qmax, dtype=np.float32)
+
     def quantize(self, scaled: np.ndarray) -> np.ndarray:
         """Round values already divided by their scale, as ONNX QuantizeLinear would."""
         clipped = np.clip(scaled, -self.qmax, self.qmax)
@@ -175,6 +180,13 @@ def _ancestors(graph: onnx.GraphProto, index: int, producer: Mapping[str, int]) 
                     following.append(parent)
         frontier = following
     return depth
+
+
+def weight_scales(values: np.ndarray, axis: int | None, fmt: QuantFormat) -> np.ndarray:
+    """A weight's symmetric scales: one per output channel along ``axis`` (the other axes kept with size
+    1, so they broadcast against the weight), or one for the whole tensor where ``axis`` is None."""
+    reduce = None if axis is None else tuple(i for i in range(values.ndim) if i != axis)
+    return fmt.scale(np.abs(values).max(axis=reduce, keepdims=axis is not None))
 
 
 def weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
@@ -379,9 +391,9 @@ class QDQ(Recipe):
                         consumers: list[tuple[onnx.NodeProto, list[int]]]) -> list[onnx.NodeProto]:
         """One Q/DQ pair on ``tensor``, feeding the given inputs of its quantized consumers (a
         residual Add's input from a convolution keeps the float tensor)."""
-        scale = np.float32(max(float(amax), 1e-12) / self.fmt.qmax)
+        scale = self.fmt.scale(float(amax))
         names = {k: f"{tensor}_{k}" for k in ("scale", "zero_point", "quantized", "dequantized")}
-        graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), names["scale"]),
+        graph.initializer.extend([numpy_helper.from_array(scale, names["scale"]),
                                   self._zero_point(names["zero_point"], None)])
         for node, indices in consumers:
             for index in indices:
@@ -395,15 +407,9 @@ class QDQ(Recipe):
 
     def _weight_dq(self, graph: onnx.GraphProto, weight: onnx.TensorProto, axis: int | None) -> onnx.NodeProto:
         values = numpy_helper.to_array(weight).astype(np.float32)
-        if axis is None:
-            amax = np.array(np.abs(values).max(), np.float32)
-            shape: tuple[int, ...] = ()
-        else:
-            reduce = tuple(i for i in range(values.ndim) if i != axis)
-            amax = np.abs(values).max(axis=reduce).astype(np.float32)
-            shape = tuple(1 if i != axis else -1 for i in range(values.ndim))
-        scale = (np.maximum(amax, 1e-12) / self.fmt.qmax).astype(np.float32)
-        quantized = self.fmt.quantize(values / scale.reshape(shape or ()))
+        scales = weight_scales(values, axis, self.fmt)
+        quantized = self.fmt.quantize(values / scales)
+        scale = scales if axis is None else scales.reshape(-1)
         base = weight.name
         graph.initializer.remove(weight)
         graph.initializer.extend([
