@@ -1,1 +1,1 @@
-pytest_plugins = ["harness.run.pytest_plugin"]
+pytest_plugins = ["quantverdict.run.pytest_plugin"]

@@ -4,5 +4,5 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
-python3 -m harness env | tee "$OUT/env.json"
+python3 -m quantverdict env | tee "$OUT/env.json"
 python3 -m pytest -q -rs -p no:cacheprovider --rootdir=. -c pytest.ini --report-dir="$OUT" --junitxml="$OUT/junit.xml" "$@" 2>&1 | tail -60

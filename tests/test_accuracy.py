@@ -6,8 +6,8 @@ options (``--models resnet18,cnn --precisions int8``).
 import pytest
 
 
-def test_accuracy(case, harness_pipeline, record_case):
-    result = harness_pipeline.run(case)
+def test_accuracy(case, qv_pipeline, record_case):
+    result = qv_pipeline.run(case)
     record_case(result)
     if result.status == "skipped":
         pytest.skip(result.message)

@@ -4,9 +4,9 @@ import numpy as np
 import onnx
 import pytest
 
-from harness.precision import get_recipe
-from harness.precision.calibrate import collect_histograms
-from harness.precision.calibrators import Calibrator
+from quantverdict.precision import get_recipe
+from quantverdict.precision.calibrate import collect_histograms
+from quantverdict.precision.calibrators import Calibrator
 
 pytestmark = [pytest.mark.benchmark, pytest.mark.int8, pytest.mark.slow]
 
@@ -15,10 +15,10 @@ METHODS = {"max": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_calibration_time_harness(benchmark, harness_pipeline, method):
-    model_bytes = harness_pipeline.store.fp32_onnx("resnet50").read_bytes()
+def test_calibration_time_harness(benchmark, qv_pipeline, method):
+    model_bytes = qv_pipeline.store.fp32_onnx("resnet50").read_bytes()
     tensors = get_recipe("int8").tensors_to_calibrate(onnx.load_from_string(model_bytes))
-    batches = harness_pipeline.store.calibration_batches("resnet50")
+    batches = qv_pipeline.store.calibration_batches("resnet50")
     calibrator = Calibrator(method)
 
     def run():
@@ -32,13 +32,13 @@ def test_calibration_time_harness(benchmark, harness_pipeline, method):
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_calibration_time_onnxruntime(benchmark, harness_pipeline, method, tmp_path, ort_quantize_static):
+def test_calibration_time_onnxruntime(benchmark, qv_pipeline, method, tmp_path, ort_quantize_static):
     from onnxruntime.quantization import CalibrationMethod
 
-    batches = harness_pipeline.store.calibration_batches("resnet50")
+    batches = qv_pipeline.store.calibration_batches("resnet50")
 
     def run():
-        ort_quantize_static(harness_pipeline.store.fp32_onnx("resnet50"), tmp_path / "out.onnx", batches,
+        ort_quantize_static(qv_pipeline.store.fp32_onnx("resnet50"), tmp_path / "out.onnx", batches,
                             calibrate_method=getattr(CalibrationMethod, METHODS[method]),
                             extra_options={"QuantizeBias": False})
 
@@ -52,18 +52,18 @@ CASES = [(m, p, b) for m in ("cnn", "resnet18", "resnet50") for p in ("fp32", "i
 
 
 @pytest.mark.parametrize("model, precision, batch", CASES, ids=[f"{m}-{p}-onnxruntime-b{b}" for m, p, b in CASES])
-def test_inference(benchmark, harness_pipeline, model, precision, batch):
+def test_inference(benchmark, qv_pipeline, model, precision, batch):
     """Timed through pytest-benchmark; the last timed call's outputs are then judged against the
     untimed outputs for the same input (MLPerf TEST01), so a fast-but-wrong run cannot pass."""
-    from harness.backends.onnxrt import OnnxRuntimeRunner
-    from harness.capabilities import detect
-    from harness.judge.timed import judge_timed_outputs
-    from harness.perf.bench import with_slowdown
+    from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+    from quantverdict.capabilities import detect
+    from quantverdict.judge.timed import judge_timed_outputs
+    from quantverdict.perf.bench import with_slowdown
 
-    spec = harness_pipeline.models.get(model)
-    path = harness_pipeline.store.precision_onnx(model, get_recipe(precision))
+    spec = qv_pipeline.models.get(model)
+    path = qv_pipeline.store.precision_onnx(model, get_recipe(precision))
     feeds = spec.sample_batches(3, seed=5, batch=batch)  # rotated, so no single input stays cached
-    with OnnxRuntimeRunner(harness_pipeline.store.fp32_onnx(model), ["CPUExecutionProvider"], True) as fp32:
+    with OnnxRuntimeRunner(qv_pipeline.store.fp32_onnx(model), ["CPUExecutionProvider"], True) as fp32:
         reference = [fp32.infer(feed) for feed in feeds]
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=True) as runner:
         judged = [runner.infer(feed) for feed in feeds]
@@ -79,40 +79,40 @@ def test_inference(benchmark, harness_pipeline, model, precision, batch):
                                     gpu=None, onnxruntime=detect().packages.get("onnxruntime"))
         turn, outputs = benchmark.pedantic(with_slowdown(timed), rounds=10 if model == "resnet50" and batch == 32
                                            else 30, warmup_rounds=2)
-    tolerance = harness_pipeline.tolerances.resolve(model, precision, spec.tolerances)
+    tolerance = qv_pipeline.tolerances.resolve(model, precision, spec.tolerances)
     check = judge_timed_outputs(judged[turn], [outputs], reference[turn], tolerance)
     assert check.passed, check.explain()
 
 
-from harness.perf.speedup import load_floors, measure  # noqa: E402
+from quantverdict.perf.speedup import load_floors, measure  # noqa: E402
 
 FLOORS = load_floors()
 
 
 @pytest.mark.parametrize("floor", FLOORS, ids=[f.id for f in FLOORS])
-def test_speedup_floor(floor, harness_pipeline, benchmark):
+def test_speedup_floor(floor, qv_pipeline, benchmark):
     reason = floor.skip_reason()
     if reason:
         pytest.skip(reason)
-    ratio = benchmark.pedantic(lambda: measure(harness_pipeline, floor), rounds=1, iterations=1)
+    ratio = benchmark.pedantic(lambda: measure(qv_pipeline, floor), rounds=1, iterations=1)
     benchmark.extra_info.update(ratio=ratio.__dict__, floor=floor.floor)
     assert not ratio.below(floor.floor), (
         f"{floor.id}: {floor.fast} runs {ratio.median:.2f}× {floor.base} "
         f"(interval {ratio.low:.2f}–{ratio.high:.2f} over {ratio.rounds} interleaved rounds), floor {floor.floor}×")
 
 
-def test_harness_timing_agrees_with_a_bare_session_loop(benchmark, harness_pipeline):
+def test_harness_timing_agrees_with_a_bare_session_loop(benchmark, qv_pipeline):
     """The harness's timing of ONNX Runtime (runner + time_call) against a hand-written
     ``session.run`` loop, interleaved: the interval of their ratio must include a point within 3%."""
     import time
 
     import onnxruntime
 
-    from harness.backends.onnxrt import OnnxRuntimeRunner
-    from harness.perf.bench import Timing, interleaved_ratio, time_call
+    from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+    from quantverdict.perf.bench import Timing, interleaved_ratio, time_call
 
-    path = harness_pipeline.store.fp32_onnx("resnet18")
-    feed = harness_pipeline.models.get("resnet18").sample_batches(1, seed=5, batch=8)[0]
+    path = qv_pipeline.store.fp32_onnx("resnet18")
+    feed = qv_pipeline.models.get("resnet18").sample_batches(1, seed=5, batch=8)[0]
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
     def hand() -> Timing:
@@ -127,4 +127,4 @@ def test_harness_timing_agrees_with_a_bare_session_loop(benchmark, harness_pipel
         ratio = benchmark.pedantic(lambda: interleaved_ratio(
             hand, lambda: time_call(lambda: runner.infer(feed), repeats=10), rounds=5), rounds=1, iterations=1)
     benchmark.extra_info.update(agreement=ratio.__dict__)
-    assert ratio.low <= 1.03 and ratio.high >= 0.97, f"harness/hand-loop time ratio {ratio}"
+    assert ratio.low <= 1.03 and ratio.high >= 0.97, f"quantverdict/hand-loop time ratio {ratio}"

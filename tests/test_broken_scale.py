@@ -6,16 +6,16 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from harness.judge.compare import compare, concat
-from harness.precision import get_recipe
+from quantverdict.judge.compare import compare, concat
+from quantverdict.precision import get_recipe
 
 
 @pytest.mark.int8
 @pytest.mark.onnxruntime
-def test_int8_with_one_scale_times_100_violates_tolerance(harness_pipeline, tmp_path):
-    from harness.backends.onnxrt import OnnxRuntimeRunner
+def test_int8_with_one_scale_times_100_violates_tolerance(qv_pipeline, tmp_path):
+    from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 
-    good = onnx.load(str(harness_pipeline.store.precision_onnx("cnn", get_recipe("int8"))))
+    good = onnx.load(str(qv_pipeline.store.precision_onnx("cnn", get_recipe("int8"))))
     scale = next(init for init in good.graph.initializer if init.name.endswith("_scale")
                  and init.name.startswith("input"))
     scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 100, scale.name))
@@ -23,9 +23,9 @@ def test_int8_with_one_scale_times_100_violates_tolerance(harness_pipeline, tmp_
     onnx.save(good, str(broken))
 
     with OnnxRuntimeRunner(broken, ["CPUExecutionProvider"], optimize=True) as runner:
-        candidate = concat([runner.infer(b) for b in harness_pipeline.store.eval_batches("cnn")])
-    tolerance = harness_pipeline.tolerances.resolve("cnn", "int8", {})
-    result = compare(harness_pipeline.store.reference("cnn"), candidate, tolerance, classification=True)
+        candidate = concat([runner.infer(b) for b in qv_pipeline.store.eval_batches("cnn")])
+    tolerance = qv_pipeline.tolerances.resolve("cnn", "int8", {})
+    result = compare(qv_pipeline.store.reference("cnn"), candidate, tolerance, classification=True)
 
     assert not result.passed
     message = result.explain()
@@ -37,18 +37,18 @@ def test_int8_with_one_scale_times_100_violates_tolerance(harness_pipeline, tmp_
 
 @pytest.mark.int8
 @pytest.mark.onnxruntime
-def test_first_diverging_layer_is_the_consumer_of_the_broken_scale(harness_pipeline, tmp_path):
-    from harness.judge.diagnose import first_divergence
+def test_first_diverging_layer_is_the_consumer_of_the_broken_scale(qv_pipeline, tmp_path):
+    from quantverdict.judge.diagnose import first_divergence
 
-    model = onnx.load(str(harness_pipeline.store.precision_onnx("cnn", get_recipe("int8"))))
+    model = onnx.load(str(qv_pipeline.store.precision_onnx("cnn", get_recipe("int8"))))
     scale = next(init for init in model.graph.initializer if init.name == "/2/MaxPool_output_0_scale")
     scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 100, scale.name))
     broken = tmp_path / "broken.onnx"
     onnx.save(model, str(broken))
-    found = first_divergence(harness_pipeline.store.fp32_onnx("cnn"), broken, harness_pipeline.store.eval_batches("cnn")[0], 0.99)
+    found = first_divergence(qv_pipeline.store.fp32_onnx("cnn"), broken, qv_pipeline.store.eval_batches("cnn")[0], 0.99)
     assert found is not None and (found["node"], found["op"]) == ("/3/Conv", "Conv") and found["cosine"] < 0.99
-    intact = harness_pipeline.store.precision_onnx("cnn", get_recipe("int8"))
-    assert first_divergence(harness_pipeline.store.fp32_onnx("cnn"), intact, harness_pipeline.store.eval_batches("cnn")[0], 0.99) is None
+    intact = qv_pipeline.store.precision_onnx("cnn", get_recipe("int8"))
+    assert first_divergence(qv_pipeline.store.fp32_onnx("cnn"), intact, qv_pipeline.store.eval_batches("cnn")[0], 0.99) is None
 
 
 def test_first_divergence_skips_constants_and_never_reports_nan(tmp_path):
@@ -58,7 +58,7 @@ def test_first_divergence_skips_constants_and_never_reports_nan(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from harness.judge.diagnose import first_divergence
+    from quantverdict.judge.diagnose import first_divergence
 
     def graph(mask_value: float, gate_scale: float) -> Path:
         nodes = [helper.make_node("Constant", [], ["mask"], value=numpy_helper.from_array(np.full((1, 4), mask_value,

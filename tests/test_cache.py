@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.cache import Cache, atomic_write_bytes, content_hash
+from quantverdict.cache import Cache, atomic_write_bytes, content_hash
 
 
 def test_content_hash_sees_every_part():
@@ -75,7 +75,7 @@ def test_concurrent_workers_build_an_artifact_once(tmp_path):
 
 
 def test_a_warm_run_reads_every_artifact_and_imports_no_torch(tmp_path):
-    """The second `harness run` of the same matrix finds the export, precision graphs, reference,
+    """The second `quantverdict run` of the same matrix finds the export, precision graphs, reference,
     semantics and runtime outputs by content key: it builds no module (so, on a CPU-only machine,
     never imports torch, for quantized cases: FP32's elementwise check goes through Polygraphy's
     comparator, which imports torch to ask whether arrays are tensors) and prints the same table."""
@@ -83,10 +83,10 @@ def test_a_warm_run_reads_every_artifact_and_imports_no_torch(tmp_path):
     import subprocess
     import sys
 
-    from harness.capabilities import nvidia_driver_present
+    from quantverdict.capabilities import nvidia_driver_present
 
-    script = ("import runpy, sys; sys.argv = ['harness'] + sys.argv[1:]\n"
-              "try:\n    runpy.run_module('harness', run_name='__main__')\nexcept SystemExit as exit:\n"
+    script = ("import runpy, sys; sys.argv = ['quantverdict'] + sys.argv[1:]\n"
+              "try:\n    runpy.run_module('quantverdict', run_name='__main__')\nexcept SystemExit as exit:\n"
               "    print('TORCH_IMPORTED' if 'torch' in sys.modules else 'NO_TORCH'); raise\n")
     command = [sys.executable, "-c", script, "run", "--models", "cnn,digits-cnn", "--precisions", "int8,fp8",
                "--backends", "onnxruntime", "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path)]
@@ -134,7 +134,7 @@ def test_prune_keeps_what_a_run_may_be_using_and_what_is_being_built(tmp_path):
     """Entries used within the grace period stay whatever the size; an entry whose lock another builder
     holds stays; files the cache did not lay out (Hypothesis's example database) are never touched;
     an old entry's leftovers (a crashed write's temporary, a quarantined copy) go with it."""
-    from harness.cache import file_lock
+    from quantverdict.cache import file_lock
 
     cache = Cache(tmp_path)
     recent = cache.get_or_create("semantics", "1" * 64, ".npz", lambda: b"r" * 1000)
@@ -154,7 +154,7 @@ def test_prune_keeps_what_a_run_may_be_using_and_what_is_being_built(tmp_path):
 
 
 def test_the_prune_command_reads_sizes_and_days(tmp_path, capsys):
-    from harness.run.cli import main
+    from quantverdict.run.cli import main
 
     cache = Cache(tmp_path)
     kept, gone = _aged(cache, "e" * 64, hours=2), _aged(cache, "f" * 64, hours=24 * 15)

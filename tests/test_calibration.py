@@ -6,16 +6,16 @@ import numpy as np
 import onnx
 import pytest
 
-from harness.errors import CalibrationError
-from harness.run.cases import Case
-from harness.run.pipeline import Pipeline
-from harness.precision import get_recipe
-from harness.precision.calibrate import FORWARD_PASSES
-from harness.precision.calibrators import METHODS, Calibrator, Histogram
-from harness.judge.semantics import evaluate_semantics
-from harness.judge.sensitivity import evaluate_recipe, fallback_until_within, layer_sensitivity
-from harness.precision.trt_cache import from_trt_cache, to_trt_cache
-from harness.judge.tolerances import Tolerance
+from quantverdict.errors import CalibrationError
+from quantverdict.run.cases import Case
+from quantverdict.run.pipeline import Pipeline
+from quantverdict.precision import get_recipe
+from quantverdict.precision.calibrate import FORWARD_PASSES
+from quantverdict.precision.calibrators import METHODS, Calibrator, Histogram
+from quantverdict.judge.semantics import evaluate_semantics
+from quantverdict.judge.sensitivity import evaluate_recipe, fallback_until_within, layer_sensitivity
+from quantverdict.precision.trt_cache import from_trt_cache, to_trt_cache
+from quantverdict.judge.tolerances import Tolerance
 
 
 def gaussian_with_outliers(seed: int = 0) -> list[np.ndarray]:
@@ -57,15 +57,15 @@ def test_unknown_method_is_named():
 
 @pytest.mark.int8
 @pytest.mark.parametrize("method", list(METHODS))
-def test_digits_int8_accuracy_per_calibrator(method, harness_pipeline):
+def test_digits_int8_accuracy_per_calibrator(method, qv_pipeline):
     """Judged on the graph's semantics: the same verdict on every CPU."""
     recipe = get_recipe("int8").with_options(calibrator=Calibrator(method))
-    tolerance = harness_pipeline.tolerances.resolve("digits-cnn", "int8", {})
-    result = evaluate_recipe(harness_pipeline.store, "digits-cnn", recipe, tolerance)
-    labels = harness_pipeline.models.get("digits-cnn").eval_data().labels
-    semantics = evaluate_semantics(harness_pipeline.store.precision_onnx("digits-cnn", recipe),
-                                   harness_pipeline.store.eval_batches("digits-cnn"))["logits"]
-    reference = harness_pipeline.store.reference("digits-cnn")["logits"]
+    tolerance = qv_pipeline.tolerances.resolve("digits-cnn", "int8", {})
+    result = evaluate_recipe(qv_pipeline.store, "digits-cnn", recipe, tolerance)
+    labels = qv_pipeline.models.get("digits-cnn").eval_data().labels
+    semantics = evaluate_semantics(qv_pipeline.store.precision_onnx("digits-cnn", recipe),
+                                   qv_pipeline.store.eval_batches("digits-cnn"))["logits"]
+    reference = qv_pipeline.store.reference("digits-cnn")["logits"]
     drop = 100 * (np.mean(reference.argmax(1) == labels) - np.mean(semantics.argmax(1) == labels))
     assert drop <= tolerance.max_accuracy_drop, f"{method}: INT8 loses {drop:.2f} points of digits accuracy"
     assert result.passed, result.explain()
@@ -73,11 +73,11 @@ def test_digits_int8_accuracy_per_calibrator(method, harness_pipeline):
 
 @pytest.mark.int8
 @pytest.mark.parametrize("method", list(METHODS))
-def test_resnet18_int8_within_tolerance_per_calibrator(method, harness_pipeline):
+def test_resnet18_int8_within_tolerance_per_calibrator(method, qv_pipeline):
     """On the graph's semantics (CPU-independent), under the tolerance table's bounds."""
     recipe = get_recipe("int8").with_options(calibrator=Calibrator(method))
-    result = evaluate_recipe(harness_pipeline.store, "resnet18", recipe,
-                             harness_pipeline.tolerances.resolve("resnet18", "int8", {}))
+    result = evaluate_recipe(qv_pipeline.store, "resnet18", recipe,
+                             qv_pipeline.tolerances.resolve("resnet18", "int8", {}))
     assert result.passed, result.explain()
 
 
@@ -166,7 +166,7 @@ def test_corrupt_calibration_cache_is_detected_and_rebuilt(tmp_path):
     assert fresh.cache.stats["calibration.corrupt"] == 1 and data.with_name(data.name + ".corrupt").exists()
 
 
-def test_trt_cache_round_trip_and_format(harness_pipeline):
+def test_trt_cache_round_trip_and_format(qv_pipeline):
     ranges = {"input": 2.0, "/conv1/Relu_output_0": 0.123456, "x:with:colons": 1e-6}
     text = to_trt_cache(ranges)
     lines = text.splitlines()
@@ -182,7 +182,7 @@ def test_trt_cache_round_trip_and_format(harness_pipeline):
 
 @pytest.mark.fp8
 def test_fp8_e4m3_error_matches_its_3_bit_mantissa():
-    from harness.precision.qdq import FP8_E4M3
+    from quantverdict.precision.qdq import FP8_E4M3
 
     rng = np.random.default_rng(3)
     x = rng.uniform(2 ** -6, 448, size=100_000).astype(np.float32)  # the normal range of E4M3
@@ -193,46 +193,46 @@ def test_fp8_e4m3_error_matches_its_3_bit_mantissa():
 
 
 @pytest.mark.fp8
-def test_own_fp8_scales_beat_onnxruntime_fp8_quantization(harness_pipeline, tmp_path, ort_quantize_static):
+def test_own_fp8_scales_beat_onnxruntime_fp8_quantization(qv_pipeline, tmp_path, ort_quantize_static):
     import onnxruntime
     from onnxruntime.quantization import CalibrationMethod, QuantType
 
     theirs = tmp_path / "cnn-fp8-ort.onnx"
-    ort_quantize_static(harness_pipeline.store.fp32_onnx("cnn"), theirs, harness_pipeline.store.calibration_batches("cnn"),
+    ort_quantize_static(qv_pipeline.store.fp32_onnx("cnn"), theirs, qv_pipeline.store.calibration_batches("cnn"),
                         activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN,
                         calibrate_method=CalibrationMethod.Distribution)
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(str(theirs), options, providers=["CPUExecutionProvider"])
-    reference = harness_pipeline.store.reference("cnn")["logits"]
-    their_out = np.concatenate([session.run(None, b)[0] for b in harness_pipeline.store.eval_batches("cnn")])
-    ours = evaluate_recipe(harness_pipeline.store, "cnn", get_recipe("fp8"), Tolerance()).metrics["logits"]
+    reference = qv_pipeline.store.reference("cnn")["logits"]
+    their_out = np.concatenate([session.run(None, b)[0] for b in qv_pipeline.store.eval_batches("cnn")])
+    ours = evaluate_recipe(qv_pipeline.store, "cnn", get_recipe("fp8"), Tolerance()).metrics["logits"]
     their_err = float(np.abs(their_out - reference).max())
     assert ours["max_abs_err"] * 3 < their_err, (ours["max_abs_err"], their_err)
 
 
 @pytest.mark.int8
-def test_sensitivity_ranks_layers_and_fallback_meets_a_tight_bound(harness_pipeline):
+def test_sensitivity_ranks_layers_and_fallback_meets_a_tight_bound(qv_pipeline):
     recipe = get_recipe("int8")
-    rows = layer_sensitivity(harness_pipeline.store, "resblock", recipe)
-    graph = onnx.load(str(harness_pipeline.store.fp32_onnx("resblock")))
+    rows = layer_sensitivity(qv_pipeline.store, "resblock", recipe)
+    graph = onnx.load(str(qv_pipeline.store.fp32_onnx("resblock")))
     weighted = [n.name for n in recipe.quantized_nodes(graph) if n.op_type in ("Conv", "Gemm", "MatMul")]
     assert sorted(r.layer for r in rows) == sorted(weighted)
     assert [r.snr_db for r in rows] == sorted(r.snr_db for r in rows)
-    full = evaluate_recipe(harness_pipeline.store, "resblock", recipe, Tolerance()).metrics["logits"]["cosine"]
+    full = evaluate_recipe(qv_pipeline.store, "resblock", recipe, Tolerance()).metrics["logits"]["cosine"]
     bound = 1 - (1 - full) / 4  # four times closer to FP32 than the fully quantized model
-    chosen, kept, result = fallback_until_within(harness_pipeline.store, "resblock", recipe, Tolerance(min_cosine=bound))
+    chosen, kept, result = fallback_until_within(qv_pipeline.store, "resblock", recipe, Tolerance(min_cosine=bound))
     assert result.passed and kept and kept[0] == rows[0].layer
     assert chosen.options.fallback_layers == tuple(kept)
     assert len(recipe.quantized_nodes(graph)) - len(chosen.quantized_nodes(graph)) == len(kept)
 
 
 @pytest.mark.int8
-def test_recipe_fallback_keeps_its_share_of_layers_most_sensitive_on_calibration_data(harness_pipeline):
+def test_recipe_fallback_keeps_its_share_of_layers_most_sensitive_on_calibration_data(qv_pipeline):
     """``fallback: 0.5``: the run's recipe keeps half of the weighted layers (rounded down) in FP32,
     those most sensitive on the calibration set, in that order; it records them, its case's graph has
     exactly those in float, and it is closer to FP32 there than with none kept."""
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     pipeline = Pipeline(store.cache.root, recipe_settings={"int8": {"fallback": 0.5}})
     recipe = pipeline.store.recipe("resblock", "int8", "emulated")
     kept = list(recipe.options.fallback_layers)
@@ -260,7 +260,7 @@ def test_fp8_mse_weighs_e4m3_rounding_not_int8_steps():
     """On heavy-tailed values the int8-grid MSE threshold clips the tail (uniform steps cost every value
     step²/12), while E4M3's relative rounding makes clipping cost more than it saves: the FP8 threshold
     keeps the maximum. An FP8 recipe's mse calibrator is the E4M3 one, and says so in its key."""
-    from harness.precision.qdq import FP8_E4M3, INT8, QDQ, QDQOptions
+    from quantverdict.precision.qdq import FP8_E4M3, INT8, QDQ, QDQOptions
 
     histogram = Histogram()
     histogram.add(np.random.default_rng(0).standard_t(3, 100_000))

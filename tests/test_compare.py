@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from harness.errors import ResolutionWarning
-from harness.judge.compare import Comparison, compare, task_accuracy
-from harness.judge.intervals import proportion_interval
-from harness.judge.tolerances import Tolerance, ToleranceTable
+from quantverdict.errors import ResolutionWarning
+from quantverdict.judge.compare import Comparison, compare, task_accuracy
+from quantverdict.judge.intervals import proportion_interval
+from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 
 
 def test_element_fails_only_when_both_atol_and_rtol_are_exceeded():

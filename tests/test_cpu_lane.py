@@ -6,19 +6,19 @@ from collections import Counter
 import onnx
 import pytest
 
-from harness.backends.onnxrt import OnnxRuntimeRunner, integer_kernel_config
-from harness.judge.compare import compare, concat
-from harness.precision import get_recipe
+from quantverdict.backends.onnxrt import OnnxRuntimeRunner, integer_kernel_config
+from quantverdict.judge.compare import compare, concat
+from quantverdict.precision import get_recipe
 
 pytestmark = [pytest.mark.int8, pytest.mark.onnxruntime]
 
 
-def test_the_cpu_lane_graph_is_made_of_node_units_that_onnxruntime_fuses(harness_pipeline, tmp_path):
+def test_the_cpu_lane_graph_is_made_of_node_units_that_onnxruntime_fuses(qv_pipeline, tmp_path):
     import onnxruntime
 
     recipe = get_recipe("int8").for_target("onnxruntime-cpu")
     assert recipe.params()["layout"] == "QDQ node units" and get_recipe("fp8").for_target("onnxruntime-cpu").name == "fp8"
-    path = harness_pipeline.store.precision_onnx("resblock", recipe)
+    path = qv_pipeline.store.precision_onnx("resblock", recipe)
     graph = onnx.load(str(path)).graph
     producer = {out: node for node in graph.node for out in node.output}
     convs = [node for node in graph.node if node.op_type == "Conv"]
@@ -34,11 +34,11 @@ def test_the_cpu_lane_graph_is_made_of_node_units_that_onnxruntime_fuses(harness
 
 
 @pytest.mark.parametrize("model", ["resblock", "digits-cnn"])
-def test_the_cpu_lane_stays_within_the_int8_tolerance(harness_pipeline, model):
-    spec = harness_pipeline.models.get(model)
-    path = harness_pipeline.store.precision_onnx(model, get_recipe("int8").for_target("onnxruntime-cpu"))
+def test_the_cpu_lane_stays_within_the_int8_tolerance(qv_pipeline, model):
+    spec = qv_pipeline.models.get(model)
+    path = qv_pipeline.store.precision_onnx(model, get_recipe("int8").for_target("onnxruntime-cpu"))
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], True, integer_kernel_config()) as runner:
-        outputs = concat([runner.infer(batch) for batch in harness_pipeline.store.eval_batches(model)])
-    tolerance = harness_pipeline.tolerances.resolve(model, "int8", spec.tolerances)
-    result = compare(harness_pipeline.store.reference(model), outputs, tolerance, spec.task == "classification")
+        outputs = concat([runner.infer(batch) for batch in qv_pipeline.store.eval_batches(model)])
+    tolerance = qv_pipeline.tolerances.resolve(model, "int8", spec.tolerances)
+    result = compare(qv_pipeline.store.reference(model), outputs, tolerance, spec.task == "classification")
     assert result.passed, result.explain()

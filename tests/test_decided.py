@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from harness.judge.decided import dithered
-from harness.models.spec import InputSpec
-from harness.run.cases import Case
-from harness.run.pipeline import Pipeline
+from quantverdict.judge.decided import dithered
+from quantverdict.models.spec import InputSpec
+from quantverdict.run.cases import Case
+from quantverdict.run.pipeline import Pipeline
 
 TWO_CLASSES = """import numpy as np
 import torch

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.models import digits
-from harness.run.pipeline import Case
+from quantverdict.models import digits
+from quantverdict.run.pipeline import Case
 
 
 def test_training_is_deterministic_and_accurate():
@@ -22,8 +22,8 @@ def test_training_is_deterministic_and_accurate():
 
 @pytest.mark.int8
 @pytest.mark.onnxruntime
-def test_int8_reports_task_accuracy_delta(harness_pipeline):
-    result = harness_pipeline.run(Case("digits-cnn", "int8", "onnxruntime"))
+def test_int8_reports_task_accuracy_delta(qv_pipeline):
+    result = qv_pipeline.run(Case("digits-cnn", "int8", "onnxruntime"))
     task = result.metrics["task"]
     assert task["reference_accuracy"] >= 0.95
     assert task["accuracy_drop_points"] == pytest.approx(100 * (task["reference_accuracy"] - task["accuracy"]))

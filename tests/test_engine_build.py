@@ -4,11 +4,11 @@ from dataclasses import replace
 import pytest
 from onnx import TensorProto, helper
 
-from harness.backends.trt_engine import BuildOptions, build_engine
-from harness.cache import Cache
-from harness.capabilities import package_version
-from harness.errors import UnsupportedError
-from harness.run.pipeline import Pipeline
+from quantverdict.backends.trt_engine import BuildOptions, build_engine
+from quantverdict.cache import Cache
+from quantverdict.capabilities import package_version
+from quantverdict.errors import UnsupportedError
+from quantverdict.run.pipeline import Pipeline
 
 pytestmark = [
     pytest.mark.tensorrt_rtx,
@@ -23,9 +23,9 @@ SM89 = (8, 9)
 
 @pytest.mark.parametrize("precision", [pytest.param(p, marks=getattr(pytest.mark, p)) for p in PRECISIONS])
 @pytest.mark.parametrize("model", MODELS)
-def test_engine_builds_for_sm89(model, precision, harness_pipeline):
-    artifacts = harness_pipeline.store.for_case(model, precision, "tensorrt_rtx")
-    engine = harness_pipeline.backend("tensorrt_rtx").build(artifacts, SM89)
+def test_engine_builds_for_sm89(model, precision, qv_pipeline):
+    artifacts = qv_pipeline.store.for_case(model, precision, "tensorrt_rtx")
+    engine = qv_pipeline.backend("tensorrt_rtx").build(artifacts, SM89)
     assert engine.stat().st_size > 10_000
     assert artifacts.recipe.params().get("mode", "native") == "native"  # real low-precision graph
 
@@ -43,9 +43,9 @@ def test_second_build_is_a_cache_hit_and_other_inputs_rebuild(tmp_path):
 
 
 @pytest.mark.fp8
-def test_fp8_for_sm86_is_predicted_and_really_fails(harness_pipeline):
-    backend = harness_pipeline.backend("tensorrt_rtx")
-    artifacts = harness_pipeline.store.for_case("cnn", "fp8", "tensorrt_rtx")
+def test_fp8_for_sm86_is_predicted_and_really_fails(qv_pipeline):
+    backend = qv_pipeline.backend("tensorrt_rtx")
+    artifacts = qv_pipeline.store.for_case("cnn", "fp8", "tensorrt_rtx")
     with pytest.raises(UnsupportedError, match=r"fp8 needs compute capability ≥ 8\.9; the build target is 8\.6"):
         backend.build(artifacts, (8, 6))
     import tensorrt_rtx
@@ -53,10 +53,10 @@ def test_fp8_for_sm86_is_predicted_and_really_fails(harness_pipeline):
     # Bypassing the prediction, the builder itself refuses: the matrix matches reality.
     with pytest.raises(UnsupportedError, match="could not build an engine for compute capability 8.6"):
         build_engine(tensorrt_rtx, "tensorrt_rtx", artifacts.onnx_path(), "fp8",
-                     BuildOptions(target_cc=(8, 6)), Cache(harness_pipeline.cache.root))
+                     BuildOptions(target_cc=(8, 6)), Cache(qv_pipeline.cache.root))
 
 
-def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, harness_pipeline):
+def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, qv_pipeline):
     import tensorrt_rtx
 
     graph = helper.make_graph(
@@ -70,7 +70,7 @@ def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, harness_
     with pytest.raises(UnsupportedError, match=r"hardswish\.onnx \(bf16 recipe\): node 1 'act' \(op HardSwish\)") as info:
         build_engine(tensorrt_rtx, "tensorrt_rtx", path, "bf16", BuildOptions(target_cc=SM89), Cache(tmp_path / "c"))
     assert info.value.ops == ("HardSwish",)
-    spec = replace(harness_pipeline.models.get("mobilenetv3"), unsupported_ops={"tensorrt_rtx": ["HardSwish"]})
+    spec = replace(qv_pipeline.models.get("mobilenetv3"), unsupported_ops={"tensorrt_rtx": ["HardSwish"]})
     assert spec.declared_unsupported("tensorrt_rtx", info.value.ops)
     assert not spec.declared_unsupported("tensorrt", info.value.ops)  # declared for one backend only
-    assert not harness_pipeline.models.get("mobilenetv3").declared_unsupported("tensorrt_rtx", info.value.ops)
+    assert not qv_pipeline.models.get("mobilenetv3").declared_unsupported("tensorrt_rtx", info.value.ops)

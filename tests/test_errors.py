@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cache import Cache
-from harness.errors import CalibrationError, InputSpecError, ModelFileError, UnknownNameError
-from harness.export import export_onnx, load_onnx
-from harness.models import InputSpec
-from harness.run.pipeline import Case, Pipeline
+from quantverdict.cache import Cache
+from quantverdict.errors import CalibrationError, InputSpecError, ModelFileError, UnknownNameError
+from quantverdict.export import export_onnx, load_onnx
+from quantverdict.models import InputSpec
+from quantverdict.run.pipeline import Case, Pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,16 +24,16 @@ def test_missing_onnx_file_is_named(tmp_path):
         load_onnx(tmp_path / "nowhere.onnx")
 
 
-def test_corrupt_onnx_file_is_named(tmp_path, harness_pipeline):
-    good = harness_pipeline.store.fp32_onnx("cnn").read_bytes()
+def test_corrupt_onnx_file_is_named(tmp_path, qv_pipeline):
+    good = qv_pipeline.store.fp32_onnx("cnn").read_bytes()
     broken = tmp_path / "truncated.onnx"
     broken.write_bytes(good[: len(good) // 3])
     with pytest.raises(ModelFileError, match=r"corrupt or invalid ONNX file .*truncated\.onnx"):
         load_onnx(broken)
 
 
-def test_wrong_input_shape_names_model_and_input(tmp_path, harness_pipeline):
-    spec = harness_pipeline.models.get("cnn")
+def test_wrong_input_shape_names_model_and_input(tmp_path, qv_pipeline):
+    spec = qv_pipeline.models.get("cnn")
     wrong = replace(spec, inputs=[InputSpec("input", (4, 5, 32, 32))])
     cache = Cache(tmp_path / "cache")
     with pytest.raises(InputSpecError, match=r"model 'cnn' rejects its declared inputs input\(4, 5, 32, 32\)"):
@@ -41,13 +41,13 @@ def test_wrong_input_shape_names_model_and_input(tmp_path, harness_pipeline):
     assert cache_files(tmp_path / "cache") == []
 
 
-def test_unknown_precision_suggests_the_close_name(harness_pipeline):
+def test_unknown_precision_suggests_the_close_name(qv_pipeline):
     with pytest.raises(UnknownNameError, match=r"unknown precision 'int9'; did you mean 'int8'"):
-        harness_pipeline.cases(models=["cnn"], precisions=["int9"])
+        qv_pipeline.cases(models=["cnn"], precisions=["int9"])
 
 
 def test_cli_reports_unknown_precision_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--models", "cnn", "--precisions", "int9",
+    proc = subprocess.run([sys.executable, "-m", "quantverdict", "run", "--models", "cnn", "--precisions", "int9",
                            "--report-dir", str(tmp_path), "--cache-dir", str(tmp_path / "c")],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
@@ -70,7 +70,7 @@ def test_user_onnx_model_that_is_corrupt_errors_the_case(tmp_path):
 
 def test_quantizing_without_calibration_set_is_refused(tmp_path):
     (tmp_path / "models.yaml").write_text(
-        "models:\n  - name: uncalibrated\n    build: harness.models.nets:ResidualBlock\n"
+        "models:\n  - name: uncalibrated\n    build: quantverdict.models.nets:ResidualBlock\n"
         "    inputs: [{name: input, shape: [2, 3, 16, 16]}]\n    outputs: [logits]\n")
     pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
     result = pipeline.run(Case("uncalibrated", "int8", "onnxruntime"))

@@ -5,7 +5,7 @@ import onnxruntime
 import pytest
 import torch
 
-from harness.export import load_onnx
+from quantverdict.export import load_onnx
 
 MODELS = ["mlp", "cnn", "resblock", "dwblock", "transformer-block", "digits-cnn", "mobilenetv3", "resnet18"]
 
@@ -13,9 +13,9 @@ MODELS = ["mlp", "cnn", "resblock", "dwblock", "transformer-block", "digits-cnn"
 @pytest.mark.fp32
 @pytest.mark.onnxruntime
 @pytest.mark.parametrize("name", MODELS)
-def test_onnxruntime_matches_torch_at_another_batch_size(name, harness_pipeline):
-    spec = harness_pipeline.models.get(name)
-    path = harness_pipeline.store.fp32_onnx(name)
+def test_onnxruntime_matches_torch_at_another_batch_size(name, qv_pipeline):
+    spec = qv_pipeline.models.get(name)
+    path = qv_pipeline.store.fp32_onnx(name)
     model = load_onnx(path)
     assert [i.name for i in model.graph.input] == [i.name for i in spec.inputs]
     assert [o.name for o in model.graph.output] == list(spec.outputs)
@@ -24,17 +24,17 @@ def test_onnxruntime_matches_torch_at_another_batch_size(name, harness_pipeline)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, feed)[0]
     with torch.no_grad():
-        want = harness_pipeline.store.module(name)(*[torch.from_numpy(feed[i.name]) for i in spec.inputs]).numpy()
+        want = qv_pipeline.store.module(name)(*[torch.from_numpy(feed[i.name]) for i in spec.inputs]).numpy()
     assert got.shape == want.shape and got.shape[0] == batch
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
 
-def test_export_is_cached_by_content(harness_pipeline, tmp_path):
-    from harness.cache import Cache
-    from harness.export import export_onnx
+def test_export_is_cached_by_content(qv_pipeline, tmp_path):
+    from quantverdict.cache import Cache
+    from quantverdict.export import export_onnx
 
     cache = Cache(tmp_path)
-    spec = harness_pipeline.models.get("cnn")
+    spec = qv_pipeline.models.get("cnn")
     module = spec.build().eval()
     first = export_onnx(spec, module, cache)
     assert export_onnx(spec, module, cache) == first

@@ -1,5 +1,5 @@
 """Which 8-bit format suits a tensor: rounding SNR in INT8 and FP8 E4M3, against each format's own
-arithmetic (harness/judge/formats.py)."""
+arithmetic (quantverdict/judge/formats.py)."""
 import json
 import math
 
@@ -8,9 +8,9 @@ import onnx
 from hypothesis import given, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from harness.judge.formats import format_fit, format_recipes, rounding_snr, snr_db, summarize
-from harness.precision.calibrate import as_written_session
-from harness.precision.qdq import FP8_E4M3, INT8
+from quantverdict.judge.formats import format_fit, format_recipes, rounding_snr, snr_db, summarize
+from quantverdict.precision.calibrate import as_written_session
+from quantverdict.precision.qdq import FP8_E4M3, INT8
 
 
 def _int8_expected_db(values: np.ndarray, step: float) -> float:
@@ -68,12 +68,12 @@ def test_int8_rounds_no_value_in_range_by_more_than_half_a_step(values):
     assert noise <= values.size * 0.25 + 1e-9 and signal == np.sum(np.square(values, dtype=np.float64))
 
 
-def test_format_fit_measures_what_the_recipes_graph_does(harness_pipeline):
+def test_format_fit_measures_what_the_recipes_graph_does(qv_pipeline):
     """On a real model (dwblock: uniform input, a ReLU6 depthwise block), the INT8 figures are the
     INT8 recipe graph's own rounding, run by ONNX Runtime as written: each activation's Q→DQ output
     against its FP32 value, each weight's dequantized initializer against FP32's; FP8 leaves the
     depthwise and stem inputs to the layers TensorRT runs in FP8."""
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     fits = {fit.tensor: fit for fit in format_fit(store, "dwblock")}
     recipe = format_recipes(store.models.get("dwblock").recipe)["int8"]
     graph = onnx.load(str(store.precision_onnx("dwblock", recipe)))
@@ -122,13 +122,13 @@ def _qdq_pair(graph: onnx.ModelProto, tensor: str):
     return as_written_session(model)
 
 
-def test_the_formats_command_prints_and_writes_every_tensor(tmp_path, harness_pipeline, capsys):
-    from harness.run.cli import main
+def test_the_formats_command_prints_and_writes_every_tensor(tmp_path, qv_pipeline, capsys):
+    from quantverdict.run.cli import main
 
     out = tmp_path / "formats.json"
-    assert main(["formats", "dwblock", "--cache-dir", str(harness_pipeline.store.cache.root), "--json", str(out)]) == 0
+    assert main(["formats", "dwblock", "--cache-dir", str(qv_pipeline.store.cache.root), "--json", str(out)]) == 0
     document = json.loads(out.read_text())
-    fits = format_fit(harness_pipeline.store, "dwblock")
+    fits = format_fit(qv_pipeline.store, "dwblock")
     assert [row["tensor"] for row in document["tensors"]] == [fit.tensor for fit in fits]
     assert document["summary"] == json.loads(json.dumps(summarize(fits)))
     assert "finer in int8" in capsys.readouterr().out

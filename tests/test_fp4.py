@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.precision.fp4 import BLOCK, E2M1_GRID, fake_quantize_nvfp4, round_e2m1, round_e4m3
+from quantverdict.precision.fp4 import BLOCK, E2M1_GRID, fake_quantize_nvfp4, round_e2m1, round_e4m3
 
 pytestmark = pytest.mark.fp4
 

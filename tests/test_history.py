@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from harness.judge.changepoint import Policy, classify
-from harness.report.history import judge_history, load_policies
-from harness.run.cli import main
+from quantverdict.judge.changepoint import Policy, classify
+from quantverdict.report.history import judge_history, load_policies
+from quantverdict.run.cli import main
 
 NIGHTLY_TIME = load_policies(None, "nightly")["time"]
 
@@ -51,7 +51,7 @@ def test_a_real_history_with_a_slowdown_and_an_accuracy_change(tmp_path, monkeyp
     """20 runs of this harness on this machine: 20 ms slower per call from run 12, and INT8 calibrated
     by MSE instead of max from run 12 (+0.4 dB); both are found at run 12, nothing else moves."""
     for run in range(1, 21):
-        monkeypatch.setenv("HARNESS_BENCH_SLOWDOWN_MS", "20" if run >= 12 else "0")
+        monkeypatch.setenv("QUANTVERDICT_BENCH_SLOWDOWN_MS", "20" if run >= 12 else "0")
         calibration = "mse" if run >= 12 else "max"
         code = main(["run", "--models", "mlp", "--precisions", "fp32,int8", "--backends", "onnxruntime", "--time",
                      "--calibration", calibration, "--report-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache")])
@@ -87,8 +87,8 @@ def test_the_history_page_shows_what_changed_since_the_last_good_run(tmp_path):
     """Two runner classes, 28 nights; on one of them latency steps up 15% from night 20, when torch
     changed: the page's table names night 19 as the last good run, the commits and the torch change,
     and the chart of that series is labelled with its runner class; the other class stays stable."""
-    from harness.report.history import append
-    from harness.report.history_page import history_section
+    from quantverdict.report.history import append
+    from quantverdict.report.history_page import history_section
 
     rng = np.random.default_rng(5)
     db = tmp_path / "history.sqlite"

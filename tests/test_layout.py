@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "harness"
+PACKAGE = Path(__file__).resolve().parents[1] / "quantverdict"
 SHARED = {"__init__", "__main__", "cache", "capabilities", "errors", "registry"}
 # Stages from the bottom up; a module may import its own stage and the ones below it only.
 LAYERS = {"shared": 0, "models": 1, "export": 2, "precision": 3, "backends": 4, "judge": 5,
@@ -14,14 +14,14 @@ LAYERS = {"shared": 0, "models": 1, "export": 2, "precision": 3, "backends": 4, 
 
 
 def _stage(module: str) -> str:
-    if module == "harness.__main__":  # the entry point is the CLI's
+    if module == "quantverdict.__main__":  # the entry point is the CLI's
         return "run"
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "shared"
 
 
 def _modules() -> dict[str, Path]:
-    return {".".join(("harness", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+    return {".".join(("quantverdict", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
             for path in PACKAGE.rglob("*.py")}
 
 
@@ -32,12 +32,12 @@ def _imports(path: Path) -> set[str]:
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in found if name.startswith("harness.")}
+    return {name for name in found if name.startswith("quantverdict.")}
 
 
 def test_every_module_lives_in_a_stage_folder_or_is_shared():
     loose = [p.stem for p in PACKAGE.glob("*.py") if p.stem not in SHARED]
-    assert not loose, f"modules at the top of harness/ that belong in a stage folder: {loose}"
+    assert not loose, f"modules at the top of quantverdict/ that belong in a stage folder: {loose}"
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders <= set(LAYERS), f"folders with no place in the layering: {folders - set(LAYERS)}"
 
@@ -52,12 +52,12 @@ def test_imports_go_only_downwards(module):
 
 @pytest.mark.parametrize("stage", ["precision", "models", "report"])
 def test_no_backend_imports_below_the_backends(stage):
-    offenders = {m: sorted(n for n in _imports(p) if n.startswith("harness.backends"))
+    offenders = {m: sorted(n for n in _imports(p) if n.startswith("quantverdict.backends"))
                  for m, p in _modules().items() if _stage(m) == stage}
     assert not any(offenders.values()), {m: n for m, n in offenders.items() if n}
 
 
 def test_importing_the_recipes_loads_neither_torch_nor_onnxruntime():
-    code = "import sys, harness.precision; print(sorted({'torch', 'onnxruntime'} & set(sys.modules)))"
+    code = "import sys, quantverdict.precision; print(sorted({'torch', 'onnxruntime'} & set(sys.modules)))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"

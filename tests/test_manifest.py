@@ -1,15 +1,15 @@
 """User models from a manifest: loading, errors that name the entry, and a run through the pipeline."""
 import pytest
 
-from harness.errors import HarnessError
-from harness.models.manifest import load_manifest
-from harness.run.pipeline import Case, Pipeline
+from quantverdict.errors import HarnessError
+from quantverdict.models.manifest import load_manifest
+from quantverdict.run.pipeline import Case, Pipeline
 
 
-def test_example_manifest_model_runs_int8(harness_pipeline):
-    spec = harness_pipeline.models.get("user-convnet")
+def test_example_manifest_model_runs_int8(qv_pipeline):
+    spec = qv_pipeline.models.get("user-convnet")
     assert [i.name for i in spec.inputs] == ["image"] and spec.tolerances["int8"]["min_cosine"] == 0.995
-    result = harness_pipeline.run(Case("user-convnet", "int8", "onnxruntime"))
+    result = qv_pipeline.run(Case("user-convnet", "int8", "onnxruntime"))
     assert result.status == "passed", result.message
     assert result.tolerance["min_cosine"] == 0.995  # the manifest's own bound was applied
 
@@ -31,17 +31,17 @@ def test_unimportable_factory_names_the_entry(tmp_path):
 
 def test_duplicate_model_name_is_refused(tmp_path):
     manifest = tmp_path / "models.yaml"
-    manifest.write_text("models:\n  - name: cnn\n    build: harness.models.synthetic:ResidualBlock\n"
+    manifest.write_text("models:\n  - name: cnn\n    build: quantverdict.models.synthetic:ResidualBlock\n"
                         "    inputs: [{name: input, shape: [1, 3, 8, 8]}]\n    outputs: [y]\n")
     with pytest.raises(HarnessError, match="model .cnn. is registered twice"):
         Pipeline(tmp_path / "cache", manifest=manifest)
 
 
-def _user_quantized_manifest(harness_pipeline, tmp_path, ort_quantize_static, **options) -> Pipeline:
+def _user_quantized_manifest(qv_pipeline, tmp_path, ort_quantize_static, **options) -> Pipeline:
     """An ONNX-only model whose INT8 graph the user made with ONNX Runtime's own quantizer."""
     import shutil
 
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     shutil.copy(store.fp32_onnx("cnn"), tmp_path / "net.onnx")
     ort_quantize_static(tmp_path / "net.onnx", tmp_path / "net-int8.onnx", store.calibration_batches("cnn"),
                         per_channel=True, **options)
@@ -52,22 +52,22 @@ def _user_quantized_manifest(harness_pipeline, tmp_path, ort_quantize_static, **
 
 
 @pytest.mark.int8
-def test_a_users_own_quantized_onnx_is_judged_like_a_recipe(harness_pipeline, tmp_path, ort_quantize_static):
-    pipeline = _user_quantized_manifest(harness_pipeline, tmp_path, ort_quantize_static)
+def test_a_users_own_quantized_onnx_is_judged_like_a_recipe(qv_pipeline, tmp_path, ort_quantize_static):
+    pipeline = _user_quantized_manifest(qv_pipeline, tmp_path, ort_quantize_static)
     result = pipeline.run(Case("user-quantized", "int8", "onnxruntime"))
     assert result.status == "passed", result.message
     recipe = result.metrics["recipe"]
     assert recipe["user_graph"].endswith("net-int8.onnx") and recipe["passed"]
     assert recipe["coverage"]["quantized"] == recipe["coverage"]["layers"] == 3
     assert result.metrics["fidelity"]["passed"]
-    ours = harness_pipeline.run(Case("cnn", "int8", "onnxruntime")).metrics["recipe"]["metrics"]["logits"]["snr_db"]
+    ours = qv_pipeline.run(Case("cnn", "int8", "onnxruntime")).metrics["recipe"]["metrics"]["logits"]["snr_db"]
     theirs = recipe["metrics"]["logits"]["snr_db"]
     assert abs(ours - theirs) < 20  # both real INT8 graphs of one network: the same order of error
 
 
 @pytest.mark.int8
-def test_a_corrupt_user_quantized_onnx_is_named(harness_pipeline, tmp_path, ort_quantize_static):
-    pipeline = _user_quantized_manifest(harness_pipeline, tmp_path, ort_quantize_static)
+def test_a_corrupt_user_quantized_onnx_is_named(qv_pipeline, tmp_path, ort_quantize_static):
+    pipeline = _user_quantized_manifest(qv_pipeline, tmp_path, ort_quantize_static)
     (tmp_path / "net-int8.onnx").write_bytes(b"not a model")
     result = pipeline.run(Case("user-quantized", "int8", "onnxruntime"))
     assert result.status == "error" and "net-int8.onnx" in result.message

@@ -2,15 +2,15 @@
 and no false alarm on clean reruns from a cold cache."""
 import pytest
 
-from harness.judge.mutations import Mutation, NotApplicable, load_catalogue
-from harness.run.mutate import run_campaign
+from quantverdict.judge.mutations import Mutation, NotApplicable, load_catalogue
+from quantverdict.run.mutate import run_campaign
 
 MODELS = ["cnn", "digits-cnn", "resblock"]
 
 
 @pytest.fixture(scope="module")
-def campaign(harness_pipeline):
-    return run_campaign(harness_pipeline, MODELS, load_catalogue(), reruns=1)
+def campaign(qv_pipeline):
+    return run_campaign(qv_pipeline, MODELS, load_catalogue(), reruns=1)
 
 
 def test_every_kind_of_the_catalogue_is_planted(campaign):
@@ -37,11 +37,11 @@ def test_a_layer_left_in_float_is_caught_though_it_costs_no_accuracy(campaign):
     assert unquantized and all("baseline" in p.caught_by for p in unquantized)
 
 
-def test_an_fp32_equivalent_rescale_overflows_fp16_only(harness_pipeline):
-    from harness.run.cases import Case
+def test_an_fp32_equivalent_rescale_overflows_fp16_only(qv_pipeline):
+    from quantverdict.run.cases import Case
 
     defect = Mutation("fp16_overflow_rescale", "first", {"exponent": 16}, ("fp16",))
-    fp16 = harness_pipeline.mutated(defect).run(Case("cnn", "fp16", "onnxruntime"))
+    fp16 = qv_pipeline.mutated(defect).run(Case("cnn", "fp16", "onnxruntime"))
     assert fp16.status == "failed" and "nonfinite" in fp16.message
 
 

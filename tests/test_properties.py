@@ -11,21 +11,21 @@ from hypothesis import given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis import strategies as st
 
-from harness.cache import Cache
-from harness.capabilities import package_version
-from harness.precision import get_recipe
-from harness.precision.qdq import FP8_E4M3, INT8, QDQ
-from harness.precision.trt_cache import from_trt_cache, to_trt_cache
-from harness.generate.properties import (export_matches_torch, low_precision_within_format_bound,
+from quantverdict.cache import Cache
+from quantverdict.capabilities import package_version
+from quantverdict.precision import get_recipe
+from quantverdict.precision.qdq import FP8_E4M3, INT8, QDQ
+from quantverdict.precision.trt_cache import from_trt_cache, to_trt_cache
+from quantverdict.generate.properties import (export_matches_torch, low_precision_within_format_bound,
                                 quantized_layer_within_scale_bound, saved_on_failure)
-from harness.generate.strategies import architectures, input_batches, quantizable_layers
+from quantverdict.generate.strategies import architectures, input_batches, quantizable_layers
 
 REGRESSIONS = Path(__file__).resolve().parent.parent / "fixtures" / "regressions"
 
 
 @pytest.fixture(scope="module")
-def cache(harness_pipeline):
-    return Cache(harness_pipeline.cache.root)
+def cache(qv_pipeline):
+    return Cache(qv_pipeline.cache.root)
 
 
 @pytest.mark.fp32
@@ -65,14 +65,14 @@ def test_trt_calibration_cache_round_trips(ranges):
 @pytest.mark.skipif(package_version("tensorrt-rtx") is None, reason="tensorrt-rtx not installed (pip install -e '.[rtx]')")
 @settings(max_examples=8)
 @given(arch=architectures(), precision=st.sampled_from(["fp32", "fp16", "int8"]))
-def test_tensorrt_rtx_builds_generated_models(arch, precision, harness_pipeline, tmp_path_factory):
-    from harness.backends.trt_engine import BuildOptions, build_engine
-    from harness.generate.properties import _fp32_graph
+def test_tensorrt_rtx_builds_generated_models(arch, precision, qv_pipeline, tmp_path_factory):
+    from quantverdict.backends.trt_engine import BuildOptions, build_engine
+    from quantverdict.generate.properties import _fp32_graph
 
     import onnx
     import tensorrt_rtx
 
-    cache = Cache(harness_pipeline.cache.root)
+    cache = Cache(qv_pipeline.cache.root)
     _, path = _fp32_graph(arch, cache)
     recipe = get_recipe(precision).for_target("native")
     graph = onnx.load(str(path))
@@ -110,7 +110,7 @@ def test_planted_rounding_bug_is_found_and_shrunk(cache, tmp_path):
     with pytest.raises(AssertionError, match="exceeds its scale-derived bound"):
         property_with_bug()
     [saved] = list(tmp_path.glob("*.json"))  # only the shrunk example remains
-    from harness.generate.arch import Architecture
+    from quantverdict.generate.arch import Architecture
     import json
 
     document = json.loads(saved.read_text())

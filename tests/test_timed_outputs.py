@@ -3,14 +3,14 @@ configuration that is fast because it computes something else cannot post its ti
 import numpy as np
 import pytest
 
-from harness.backends.base import Artifacts, Runner
-from harness.backends.onnxrt import OnnxRuntimeBackend, OnnxRuntimeRunner
-from harness.judge.timed import judge_timed_outputs
-from harness.judge.tolerances import Tolerance
-from harness.perf.bench import sample_positions, time_call
-from harness.precision import get_recipe
-from harness.run.cases import Case
-from harness.run.pipeline import Pipeline
+from quantverdict.backends.base import Artifacts, Runner
+from quantverdict.backends.onnxrt import OnnxRuntimeBackend, OnnxRuntimeRunner
+from quantverdict.judge.timed import judge_timed_outputs
+from quantverdict.judge.tolerances import Tolerance
+from quantverdict.perf.bench import sample_positions, time_call
+from quantverdict.precision import get_recipe
+from quantverdict.run.cases import Case
+from quantverdict.run.pipeline import Pipeline
 
 TOLERANCE = Tolerance(min_cosine=0.999)
 

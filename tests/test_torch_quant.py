@@ -3,9 +3,9 @@ layer computes its Q/DQ semantics, and the transformer models' INT8/FP8 cases ru
 import numpy as np
 import pytest
 
-from harness.capabilities import GPU, Capabilities, detect
-from harness.models import BUILTIN
-from harness.run.cases import Case
+from quantverdict.capabilities import GPU, Capabilities, detect
+from quantverdict.models import BUILTIN
+from quantverdict.run.cases import Case
 
 SPECS = {spec.name: spec for spec in BUILTIN}
 CUDA = detect().gpu
@@ -15,7 +15,7 @@ needs_fp8 = pytest.mark.skipif(CUDA is None or CUDA.compute_capability < (8, 9),
 
 
 def test_each_precision_names_its_kernel_and_the_capability_it_needs():
-    from harness.backends.torch_quant import TorchQuantBackend
+    from quantverdict.backends.torch_quant import TorchQuantBackend
 
     backend, spec = TorchQuantBackend(), SPECS["transformer-block"]
     ampere, hopper = Capabilities(GPU("A100", (8, 0)), {"torch": "2"}), Capabilities(GPU("H100", (9, 0)), {"torch": "2"})
@@ -36,7 +36,7 @@ def test_a_quantized_linear_computes_its_qdq_semantics(mode):
     (1.3e-4 measured here on H100 for K = 80); row-wise scaling returns BF16 (2^-8)."""
     import torch
 
-    from harness.backends.torch_quant import FP8_MAX, INT8_MAX, quant_linear
+    from quantverdict.backends.torch_quant import FP8_MAX, INT8_MAX, quant_linear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(72, 40).cuda()
@@ -65,8 +65,8 @@ def test_a_quantized_linear_computes_its_qdq_semantics(mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["int8", "fp8"])
 @pytest.mark.parametrize("model", ["transformer-block", "mlp"])
-def test_transformer_and_mlp_cases_run_their_linears_on_the_gpu(harness_pipeline, model, precision):
-    result = harness_pipeline.run(Case(model, precision, "torch_quant"))
+def test_transformer_and_mlp_cases_run_their_linears_on_the_gpu(qv_pipeline, model, precision):
+    result = qv_pipeline.run(Case(model, precision, "torch_quant"))
     assert result.status == "passed", result.message
     engine = result.metrics["engine"]
     assert engine["quantized_linears"] >= 2 and engine["mode"] == precision

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends.trt import build_plan, make_loaders
-from harness.backends.trt_engine import BuildOptions, profile_from_spec
-from harness.errors import UnsupportedError
+from quantverdict.backends.trt import build_plan, make_loaders
+from quantverdict.backends.trt_engine import BuildOptions, profile_from_spec
+from quantverdict.errors import UnsupportedError
 
 pytestmark = pytest.mark.tensorrt
 
@@ -35,8 +35,8 @@ def test_older_tensorrt_is_refused_by_name():
         build_plan("int8", "8.6.1")
 
 
-def test_loader_chain_carries_flags_profile_and_timing_cache(harness_pipeline, tmp_path):
-    spec = harness_pipeline.models.get("resnet18")
+def test_loader_chain_carries_flags_profile_and_timing_cache(qv_pipeline, tmp_path):
+    spec = qv_pipeline.models.get("resnet18")
     options = BuildOptions(profiles=profile_from_spec(spec))
     assert options.profiles == (("input", (1, 3, 224, 224), (4, 3, 224, 224), (8, 3, 224, 224)),)
     loaders = make_loaders(Path("model.onnx"), build_plan("fp16", "10.9.0"), options, tmp_path / "timing.cache")
@@ -64,21 +64,21 @@ def test_tensorrt_10_builds_int8_from_the_recipe_graph_where_ranges_do_not_descr
                                                ({"smoothquant": 0.5}, False), ({"bias_correction": True}, False),
                                                ({"exclude": ["conv1"]}, False), ({"quantizer": "onnxruntime"}, False)])
 def test_which_int8_recipes_ranges_describe(settings, suffice):
-    from harness.precision import get_recipe
+    from quantverdict.precision import get_recipe
 
     assert get_recipe("int8").configured(settings).ranges_describe_it is suffice
 
 
-def test_a_users_own_quantized_graph_gives_tensorrt_no_ranges(harness_pipeline, tmp_path):
-    from harness.run.pipeline import Pipeline
+def test_a_users_own_quantized_graph_gives_tensorrt_no_ranges(qv_pipeline, tmp_path):
+    from quantverdict.run.pipeline import Pipeline
 
     (tmp_path / "models.yaml").write_text(f"""models:
   - name: mine
-    onnx: {harness_pipeline.store.fp32_onnx("digits-cnn")}
+    onnx: {qv_pipeline.store.fp32_onnx("digits-cnn")}
     inputs: [{{name: input, shape: [8, 1, 28, 28]}}]
     outputs: [logits]
     calibration: synthetic
-    quantized: {{int8: {harness_pipeline.store.fp32_onnx("digits-cnn")}}}
+    quantized: {{int8: {qv_pipeline.store.fp32_onnx("digits-cnn")}}}
 """)
     store = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").store
     assert store.for_case("mine", "int8", "tensorrt").ranges is None

@@ -10,19 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.judge.mutations import Mutation
-from harness.models import BUILTIN
-from harness.report.gate import gate, load_policy
-from harness.run.cases import Case
-from harness.run.pipeline import Pipeline
+from quantverdict.judge.mutations import Mutation
+from quantverdict.models import BUILTIN
+from quantverdict.report.gate import gate, load_policy
+from quantverdict.run.cases import Case
+from quantverdict.run.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.int8
 @pytest.mark.onnxruntime
-def test_a_quantized_case_has_a_recipe_verdict_and_a_fidelity_verdict(harness_pipeline):
-    result = harness_pipeline.run(Case("digits-cnn", "int8", "onnxruntime"))
+def test_a_quantized_case_has_a_recipe_verdict_and_a_fidelity_verdict(qv_pipeline):
+    result = qv_pipeline.run(Case("digits-cnn", "int8", "onnxruntime"))
     metrics = result.metrics
     assert result.status == "passed", result.message
     assert metrics["recipe"]["passed"] and "Q/DQ as written" in metrics["recipe"]["evaluator"]
@@ -35,15 +35,15 @@ def test_a_quantized_case_has_a_recipe_verdict_and_a_fidelity_verdict(harness_pi
     assert "cosine" in metrics["metrics"]["logits"]["intervals"]
 
 
-def test_the_record_names_the_cpu_its_instruction_sets_and_the_runner_class(harness_pipeline):
-    env = harness_pipeline.caps.to_dict()
+def test_the_record_names_the_cpu_its_instruction_sets_and_the_runner_class(qv_pipeline):
+    env = qv_pipeline.caps.to_dict()
     assert env["cpu"]["logical_cpus"] >= 1 and env["cpu"]["isa_class"] in env["runner_class"]
     assert ("avx2" in env["cpu"]["isa"]) == ("avx2" in open("/proc/cpuinfo").read())
 
 
 @pytest.mark.int8
-def test_a_defect_in_the_graph_is_blamed_on_the_recipe(harness_pipeline):
-    mutant = harness_pipeline.mutated(Mutation("clipped_range", "first", {"factor": 0.05}))
+def test_a_defect_in_the_graph_is_blamed_on_the_recipe(qv_pipeline):
+    mutant = qv_pipeline.mutated(Mutation("clipped_range", "first", {"factor": 0.05}))
     result = mutant.run(Case("cnn", "int8", "onnxruntime"))
     assert result.status == "failed" and "the recipe regressed" in result.message
     assert not result.metrics["recipe"]["passed"] and result.metrics["fidelity"]["passed"]
@@ -53,16 +53,16 @@ def test_a_defect_in_the_graph_is_blamed_on_the_recipe(harness_pipeline):
 @pytest.mark.int8
 @pytest.mark.skipif(shutil.which("qemu-x86_64") is None,
                     reason="emulating an AVX2-only CPU needs qemu-user (apt-get install qemu-user; .ci/run does)")
-def test_on_an_avx2_only_cpu_the_runtime_is_blamed_and_the_harness_setting_agrees_with_vnni(harness_pipeline, tmp_path):
+def test_on_an_avx2_only_cpu_the_runtime_is_blamed_and_the_harness_setting_agrees_with_vnni(qv_pipeline, tmp_path):
     """The whole harness, real ONNX Runtime and torch, on an emulated Haswell (AVX2, no VNNI). With ONNX
     Runtime's default kernels the transformer block's INT8 case fails as a runtime divergence (the recipe
     passes); with the harness's default setting it passes, as on a VNNI machine."""
     model = "transformer-block"
-    harness_pipeline.run(Case(model, "int8", "onnxruntime"))  # export and calibrate outside the emulator
-    command = ["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-m", "harness", "run", "--models", model,
-               "--precisions", "int8", "--backends", "onnxruntime", "--cache-dir", str(harness_pipeline.cache.root)]
+    qv_pipeline.run(Case(model, "int8", "onnxruntime"))  # export and calibrate outside the emulator
+    command = ["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-m", "quantverdict", "run", "--models", model,
+               "--precisions", "int8", "--backends", "onnxruntime", "--cache-dir", str(qv_pipeline.cache.root)]
     started = {setting: subprocess.Popen([*command, "--report-dir", str(tmp_path / setting)], cwd=REPO, text=True,
-                                         env={**os.environ, "HARNESS_ORT_X64_QUANT_PRECISION": setting},
+                                         env={**os.environ, "QUANTVERDICT_ORT_X64_QUANT_PRECISION": setting},
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for setting in ("0", "auto")}  # side by side: each spends seconds importing under emulation
     runs = {}
@@ -81,7 +81,7 @@ def test_on_an_avx2_only_cpu_the_runtime_is_blamed_and_the_harness_setting_agree
 
 
 def _record(pipeline: Pipeline, cases: list[Case], path: Path, runner_class: str | None = None) -> Path:
-    from harness.report.record import build_record
+    from quantverdict.report.record import build_record
 
     record = build_record([pipeline.run(c).to_dict() for c in cases], pipeline.caps, 0.0)
     if runner_class:
@@ -91,23 +91,23 @@ def _record(pipeline: Pipeline, cases: list[Case], path: Path, runner_class: str
 
 
 @pytest.mark.int8
-def test_pytest_baseline_catches_what_the_tolerance_table_lets_through(harness_pipeline, tmp_path):
+def test_pytest_baseline_catches_what_the_tolerance_table_lets_through(qv_pipeline, tmp_path):
     """A DQ scale 1.25× its Q's costs digits-cnn ~28 dB of SNR yet passes every absolute bound;
     against a baseline record it fails, in the case itself."""
     case = Case("digits-cnn", "int8", "onnxruntime")
-    baseline = _record(harness_pipeline, [case], tmp_path / "base.json")
+    baseline = _record(qv_pipeline, [case], tmp_path / "base.json")
     defect = Mutation("qdq_mismatch", "middle", {"factor": 1.25})
-    assert harness_pipeline.mutated(defect).run(case).status == "passed"  # the table alone misses it
-    judged = Pipeline(harness_pipeline.cache.root, baseline=baseline).mutated(defect)
+    assert qv_pipeline.mutated(defect).run(case).status == "passed"  # the table alone misses it
+    judged = Pipeline(qv_pipeline.cache.root, baseline=baseline).mutated(defect)
     result = judged.run(case)
     assert result.status == "failed" and "regressed against baseline" in result.message
     assert any("recipe SNR" in line for line in result.metrics["baseline"]["regressions"])
 
 
 @pytest.mark.int8
-def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(harness_pipeline, tmp_path):
+def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(qv_pipeline, tmp_path):
     case = Case("cnn", "int8", "onnxruntime")
-    record = json.loads(_record(harness_pipeline, [case], tmp_path / "base.json").read_text())
+    record = json.loads(_record(qv_pipeline, [case], tmp_path / "base.json").read_text())
     record["cases"][0]["metrics"]["recipe"]["metrics"]["logits"]["snr_db"] += 10  # the baseline was better
     (tmp_path / "base.json").write_text(json.dumps(record))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_accuracy.py",
@@ -119,9 +119,9 @@ def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(harness_pip
 
 
 @pytest.mark.int8
-def test_gate_compares_runtimes_only_within_a_runner_class(harness_pipeline, tmp_path):
+def test_gate_compares_runtimes_only_within_a_runner_class(qv_pipeline, tmp_path):
     case = Case("cnn", "int8", "onnxruntime")
-    base = json.loads(_record(harness_pipeline, [case], tmp_path / "a.json", "x86_64 avx2; no GPU").read_text())
+    base = json.loads(_record(qv_pipeline, [case], tmp_path / "a.json", "x86_64 avx2; no GPU").read_text())
     current = json.loads(json.dumps(base))
     current["environment"]["runner_class"] = "x86_64 avx512_vnni; no GPU"
     current["cases"][0]["metrics"]["metrics"]["logits"]["snr_db"] -= 10  # the runtime differs on another CPU
@@ -132,11 +132,11 @@ def test_gate_compares_runtimes_only_within_a_runner_class(harness_pipeline, tmp
 
 
 @pytest.mark.parametrize("spec", BUILTIN, ids=lambda s: s.name)
-def test_builtin_evaluation_sets_resolve_every_bound(spec, harness_pipeline):
+def test_builtin_evaluation_sets_resolve_every_bound(spec, qv_pipeline):
     """No bound of the tolerance table is finer than the built-ins' evaluation sets can resolve."""
-    batches = harness_pipeline.store.eval_batches(spec.name)
+    batches = qv_pipeline.store.eval_batches(spec.name)
     samples = sum(len(next(iter(b.values()))) for b in batches)
     labelled = spec.eval_data is not None
     if spec.task != "classification" and not labelled:
         return
-    assert samples >= harness_pipeline.tolerances.samples_to_resolve(spec.name, spec.tolerances, labelled)
+    assert samples >= qv_pipeline.tolerances.samples_to_resolve(spec.name, spec.tolerances, labelled)

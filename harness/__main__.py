@@ -1,5 +1,0 @@
-import sys
-
-from harness.run.cli import main
-
-sys.exit(main())

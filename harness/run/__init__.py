@@ -1,2 +1,0 @@
-"""The run: enumerating cases, making their artifacts, running and judging one case, and the two
-front ends that drive it (``python -m harness`` and the pytest plugin)."""

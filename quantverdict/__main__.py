@@ -1,0 +1,5 @@
+import sys
+
+from quantverdict.run.cli import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""torch → ONNX (FP32) with named I/O, dynamic axes and a chosen opset; checked and cached.
+
+Also the one place that reads ONNX files from users, so every corrupt or missing file is
+reported the same way.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from quantverdict.cache import Cache, content_hash, source_fingerprint
+from quantverdict.errors import InputSpecError, ModelFileError
+from quantverdict.models.spec import ModelSpec
+
+DEFAULT_OPSET = 19  # float8 Q/DQ needs 19; TensorRT 10/11 and ONNX Runtime ≥ 1.15 parse it
+
+
+def load_onnx(path: Path) -> onnx.ModelProto:
+    """Read and check an ONNX file; the error names the file and what is wrong with it."""
+    if not path.is_file():
+        raise ModelFileError(f"ONNX file not found: {path}")
+    try:
+        model = onnx.load_from_string(path.read_bytes())
+        onnx.checker.check_model(model)
+    except Exception as exc:  # protobuf DecodeError, ValidationError, …
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelFileError(f"corrupt or invalid ONNX file {path}: {first_line}") from exc
+    return model
+
+
+def torch_model_hash(module: "object") -> str:
+    """Hash of the architecture (its repr) and every parameter and buffer."""
+    state = module.state_dict()  # type: ignore[attr-defined]
+    return content_hash(repr(module), {k: v.detach().cpu().numpy() for k, v in state.items()})
+
+
+def export_onnx(spec: ModelSpec, module: "object", cache: Cache, opset: int | None = None) -> Path:
+    """The cached FP32 ONNX export of ``module``, keyed by its weights; the torch model is checked
+    against its spec first."""
+    return export_built(spec, "weights:" + torch_model_hash(module), lambda: module, cache, opset)
+
+
+def export_built(spec: ModelSpec, identity: str, module: Callable[[], "object"], cache: Cache,
+                 opset: int | None = None) -> Path:
+    """The cached FP32 ONNX export of the module ``identity`` names (its weights' hash, or a spec's
+    build key): ``module`` is called only on a cache miss, so a warm run never builds it."""
+    from quantverdict.capabilities import package_version
+
+    opset = opset or DEFAULT_OPSET
+    torch_version = package_version("torch")
+    key = content_hash("onnx-export", identity, [repr(i) for i in spec.inputs], list(spec.outputs), opset,
+                       torch_version, source_fingerprint("quantverdict.export"))
+
+    def produce() -> bytes:
+        import torch
+
+        built = module()
+        sample = spec.sample_batches(1, seed=0)[0]
+        args = tuple(torch.from_numpy(sample[i.name]) for i in spec.inputs)
+        _check_inputs(spec, built, args)
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript exporter deprecation notices
+            torch.onnx.export(
+                built, args, buffer, input_names=[i.name for i in spec.inputs],
+                output_names=list(spec.outputs), opset_version=opset, dynamo=False,
+                dynamic_axes={i.name: dict(i.dynamic_axes) for i in spec.inputs},
+            )
+        model = onnx.load_from_string(buffer.getvalue())
+        onnx.checker.check_model(model, full_check=True)
+        return buffer.getvalue()
+
+    return cache.get_or_create("onnx", key, ".onnx", produce,
+                               {"model": spec.name, "opset": opset, "torch": torch_version, "identity": identity})
+
+
+def _check_inputs(spec: ModelSpec, module: "object", args: tuple) -> None:
+    import torch
+
+    try:
+        with torch.no_grad():
+            outputs = module(*args)  # type: ignore[operator]
+    except Exception as exc:
+        shapes = ", ".join(f"{i.name}{tuple(i.shape)}" for i in spec.inputs)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputSpecError(f"model {spec.name!r} rejects its declared inputs {shapes}: {message}") from exc
+    count = len(outputs) if isinstance(outputs, (tuple, list)) else 1
+    if count != len(spec.outputs):
+        raise InputSpecError(f"model {spec.name!r} returns {count} outputs but its spec names "
+                             f"{len(spec.outputs)}: {list(spec.outputs)}")

@@ -1,0 +1,236 @@
+"""Judge candidate outputs against reference outputs with the bounds of a :class:`Tolerance`.
+
+The elementwise atol/rtol check is Polygraphy's ``SimpleCompareFunc`` (same semantics as
+``polygraphy run --atol --rtol``); the scale-free metrics are computed here in float64, never
+in the precision under test. Metrics over samples carry 95% confidence intervals, and a bound
+finer than the samples can resolve is widened with a warning (:mod:`quantverdict.judge.intervals`).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from quantverdict.errors import ResolutionWarning
+from quantverdict.judge.intervals import (accuracy_drop_interval, bootstrap_cosine_snr, proportion_interval,
+                                     resolve_agreement_bound, resolve_drop_bound)
+from quantverdict.judge.tolerances import Tolerance
+
+WORST_ELEMENTS = 5
+HISTOGRAM_EDGES = [0.0, *np.logspace(-7, 0, 15).tolist(), float("inf")]  # |err| / max |reference|
+
+
+@dataclass(frozen=True)
+class Check:
+    """One metric against one bound."""
+
+    output: str
+    metric: str
+    observed: float
+    bound: float
+    higher_is_better: bool
+
+    @property
+    def passed(self) -> bool:
+        if not np.isfinite(self.observed):
+            return False
+        return self.observed >= self.bound if self.higher_is_better else self.observed <= self.bound
+
+    def describe(self) -> str:
+        relation = "≥" if self.higher_is_better else "≤"
+        return f"{self.output}: {self.metric} = {self.observed:.6g}, must be {relation} {self.bound:g}"
+
+
+@dataclass
+class Comparison:
+    """Every metric computed, every bound checked, and the worst elements of each output."""
+
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    worst: dict[str, list[dict[str, object]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # bounds widened to what the samples resolve
+    task: dict[str, Any] | None = None  # task accuracy, where the model has labelled samples
+    task_metrics: dict[str, float] | None = None  # the model's own task metrics (quantverdict.judge.task_metrics)
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def failures(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    def explain(self) -> str:
+        lines = []
+        for check in self.failures():
+            lines.append(check.describe())
+            counts = self.metrics.get(check.output, {})
+            if check.metric == "top1_agreement" and "top1_undecided" in counts:
+                lines.append(f"{check.output}: top1_agreement is over the {counts['top1_samples']} samples FP32 "
+                             f"decides at its inputs' resolution ({counts['top1_undecided']} undecided left out; "
+                             f"over all: {counts['top1_agreement_all']:.6g})")
+        for output in sorted({check.output for check in self.failures()} & set(self.worst)):
+            worst = ", ".join(f"{w['index']}: ref {w['reference']:.5g} got {w['candidate']:.5g}"
+                              for w in self.worst[output])
+            lines.append(f"{output}: worst elements {worst}")
+        return "\n".join(lines)
+
+    def note(self, text: str) -> None:
+        """Keep ``text`` in the result and warn with it (pytest lists warnings in its summary)."""
+        if text and text not in self.notes:
+            self.notes.append(text)
+            warnings.warn(text, ResolutionWarning, stacklevel=3)
+
+    def to_dict(self) -> dict[str, object]:
+        out = {"metrics": self.metrics, "worst": self.worst, "notes": self.notes,
+               "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+        if self.task_metrics is not None:
+            out["task_metrics"] = self.task_metrics
+        return {**out, "task": self.task} if self.task is not None else out
+
+
+def compare(
+    reference: dict[str, np.ndarray],
+    candidate: dict[str, np.ndarray],
+    tolerance: Tolerance,
+    classification: bool = False,
+    undecided: np.ndarray | None = None,
+) -> Comparison:
+    """Compare named outputs (batches already concatenated) under ``tolerance``; top-1 agreement leaves
+    out the ``undecided`` samples, those whose FP32 decision the input does not determine
+    (:mod:`quantverdict.judge.decided`)."""
+    result = Comparison()
+    for name, ref in reference.items():
+        if name not in candidate:
+            result.checks.append(Check(name, "present", 0.0, 1.0, True))
+            continue
+        out = np.asarray(candidate[name])
+        if out.shape != ref.shape:
+            result.checks.append(Check(name, f"shape {out.shape} vs {ref.shape}", 0.0, 1.0, True))
+            continue
+        metrics = _metrics(ref, out, classification, undecided)
+        result.metrics[name] = metrics
+        result.worst[name] = _worst(ref, out)
+        result.checks += _checks(name, metrics, tolerance, result)
+        if tolerance.atol is not None or tolerance.rtol is not None:
+            result.checks.append(_elementwise_check(name, ref, out, tolerance))
+    return result
+
+
+def task_accuracy(reference_correct: np.ndarray, candidate_correct: np.ndarray, tolerance: Tolerance,
+                  result: Comparison) -> dict[str, Any]:
+    """Task accuracy of reference and candidate on the same labelled samples, with intervals; the
+    drop (percentage points) is checked against ``max_accuracy_drop``, widened to one sample's
+    worth if it is finer than that."""
+    ref, cand = np.asarray(reference_correct, bool), np.asarray(candidate_correct, bool)
+    n = ref.size
+    ref_acc, cand_acc = float(ref.mean()), float(cand.mean())
+    task = {"samples": n, "reference_accuracy": ref_acc, "accuracy": cand_acc,
+            "accuracy_drop_points": 100.0 * (ref_acc - cand_acc),
+            "intervals": {"accuracy": proportion_interval(int(cand.sum()), n).to_dict(),
+                          "accuracy_drop_points": accuracy_drop_interval(ref, cand).to_dict()}}
+    if tolerance.max_accuracy_drop is not None:
+        bound = resolve_drop_bound(tolerance.max_accuracy_drop, n, "max_accuracy_drop")
+        result.note(bound.warning)
+        result.checks.append(Check("task", "accuracy drop (points)", task["accuracy_drop_points"], bound.used, False))
+    return task
+
+
+def judge_task_metrics(values: Mapping[str, float], tolerance: Tolerance, result: Comparison) -> None:
+    """Keep a model's task metrics in ``result`` and check each bound the tolerance gives them; a
+    bound on a metric the model's metric function does not return fails, naming what it returns."""
+    result.task_metrics = {name: float(value) for name, value in values.items()}
+    for bounds, higher in ((tolerance.task_min or {}, True), (tolerance.task_max or {}, False)):
+        for name, bound in bounds.items():
+            observed = result.task_metrics.get(name, float("nan"))
+            label = name if name in result.task_metrics else f"{name} (not returned; got {sorted(values)})"
+            result.checks.append(Check("task", label, observed, float(bound), higher))
+
+
+def cosine(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """Cosine similarity in float64 (1 for two all-zero tensors, 0 for one), clipped to [-1, 1]."""
+    r, c = np.asarray(reference, np.float64).ravel(), np.asarray(candidate, np.float64).ravel()
+    denom = np.linalg.norm(r) * np.linalg.norm(c)
+    return float(np.array_equal(r, c)) if denom == 0 else float(np.clip(np.dot(r, c) / denom, -1.0, 1.0))
+
+
+def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool, undecided: np.ndarray | None) -> dict[str, Any]:
+    r, c = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
+    diff = np.abs(c - r)
+    peak = np.max(np.abs(r)) if r.size else 0.0
+    noise = np.sum((c - r) ** 2)
+    metrics = {
+        "max_abs_err": float(np.max(diff)) if diff.size else 0.0,
+        "mean_abs_err": float(np.mean(diff)) if diff.size else 0.0,
+        "max_norm_err": float(np.max(diff) / peak) if peak > 0 else float(np.max(diff, initial=0.0)),
+        "cosine": cosine(r, c),
+        "snr_db": float("inf") if noise == 0 else float(10 * np.log10(np.sum(r ** 2) / noise)),
+        "nonfinite": float(np.count_nonzero(~np.isfinite(c) & np.isfinite(r))),
+        "error_histogram": np.histogram(np.nan_to_num(diff / peak if peak > 0 else diff, nan=np.inf),
+                                        bins=HISTOGRAM_EDGES)[0].tolist(),
+    }
+    samples = ref.shape[0] if ref.ndim else 1
+    metrics["samples"] = samples
+    intervals = {k: v.to_dict() for k, v in (bootstrap_cosine_snr(ref, out) or {}).items()}
+    if classification and ref.ndim >= 2:
+        agree = ref.argmax(-1) == out.argmax(-1)
+        counted = agree
+        if undecided is not None and undecided.shape == agree.shape:
+            counted = agree[~undecided]
+            metrics["top1_undecided"] = int(undecided.sum())
+            metrics["top1_agreement_all"] = float(np.mean(agree))
+        metrics["top1_samples"] = int(counted.size)
+        metrics["top1_agreement"] = float(np.mean(counted)) if counted.size else float("nan")
+        intervals["top1_agreement"] = proportion_interval(int(counted.sum()), int(counted.size)).to_dict()
+    metrics["intervals"] = intervals
+    return metrics
+
+
+def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparison) -> list[Check]:
+    top1 = tol.min_top1
+    if top1 is not None and "top1_agreement" in metrics:
+        resolution = resolve_agreement_bound(top1, max(metrics["top1_samples"], 1), f"{name}: min_top1")
+        result.note(resolution.warning)
+        top1 = resolution.used
+    bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
+              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", top1, True)]
+    return [Check(name, metric, metrics[metric], bound, higher)
+            for metric, bound, higher in bounds if bound is not None and metric in metrics]
+
+
+def _worst(ref: np.ndarray, out: np.ndarray) -> list[dict[str, object]]:
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64)).ravel()
+    order = np.argsort(np.nan_to_num(diff, nan=np.inf))[::-1][:WORST_ELEMENTS]
+    return [{"index": list(map(int, np.unravel_index(i, ref.shape))), "reference": float(ref.ravel()[i]),
+             "candidate": float(out.ravel()[i])} for i in order]
+
+
+def _elementwise_check(name: str, ref: np.ndarray, out: np.ndarray, tol: Tolerance) -> Check:
+    """Polygraphy's verdict; the observed value is the fraction of elements within bounds."""
+    atol, rtol = tol.atol or 0.0, tol.rtol or 0.0
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    within = float(np.mean((diff <= atol) | (diff <= rtol * np.abs(ref.astype(np.float64)))))
+    passed = _polygraphy_passes(name, ref, out, atol, rtol)
+    observed = 1.0 if passed else min(within, float(np.nextafter(1.0, 0.0)))
+    return Check(name, f"fraction within atol={atol:g}/rtol={rtol:g}", observed, 1.0, True)
+
+
+def _polygraphy_passes(name: str, ref: np.ndarray, out: np.ndarray, atol: float, rtol: float) -> bool:
+    from polygraphy.comparator import IterationResult
+    from polygraphy.comparator.compare import SimpleCompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.CRITICAL  # its per-output report would flood the log
+    compare_func = SimpleCompareFunc(atol=atol, rtol=rtol)
+    results = compare_func(IterationResult({name: out}, runner_name="candidate"),
+                           IterationResult({name: ref}, runner_name="reference"))
+    return bool(results[name])
+
+
+def concat(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Join per-batch outputs along the batch axis."""
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}

@@ -1,0 +1,46 @@
+"""Quantizers side by side: the harness's recipes, NVIDIA Model Optimizer's and ONNX Runtime's, on
+one model, one calibration set and one evaluation set, each judged on its graph's semantics (Q/DQ
+as written) against FP32, and where their Q/DQ placements differ."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import onnx
+
+from quantverdict.judge.compare import compare
+from quantverdict.judge.tolerances import Tolerance
+from quantverdict.precision import get_recipe
+from quantverdict.precision.graph import quantized_layers
+
+
+@dataclass
+class QuantizerResult:
+    label: str
+    settings: Mapping[str, Any]
+    metrics: dict[str, Any]  # of the first output: cosine, snr_db, top1_agreement where a classifier
+    coverage: dict[str, Any]  # quantized_layers: counts, and the layers by name
+    seconds: float  # making the graph (calibration, fallback, quantization); ~0 where it was cached
+
+
+def compare_quantizers(store: Any, model: str, precision: str,
+                       variants: Mapping[str, Mapping[str, Any]]) -> tuple[list[QuantizerResult], dict[str, list[str]]]:
+    """Each variant (label → recipe settings, e.g. ``{"quantizer": "modelopt"}``) judged, and the
+    weighted layers not every variant quantizes (layer → the labels that do)."""
+    spec = store.models.get(model)
+    reference, output = store.reference(model), spec.outputs[0]
+    results = []
+    for label, settings in variants.items():
+        start = time.perf_counter()
+        recipe = store.with_fallback(model, get_recipe(precision).configured(settings))
+        path = store.precision_onnx(model, recipe)
+        seconds = time.perf_counter() - start
+        metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),
+                          spec.task == "classification", store.undecided(model)).metrics[output]
+        coverage = quantized_layers(onnx.load(str(path)))
+        results.append(QuantizerResult(label, dict(settings), metrics, coverage, seconds))
+    every = set().union(*(r.coverage["quantized_layers"] for r in results)) if results else set()
+    differences = {layer: [r.label for r in results if layer in r.coverage["quantized_layers"]]
+                   for layer in sorted(every)}
+    return results, {layer: labels for layer, labels in differences.items() if len(labels) < len(results)}

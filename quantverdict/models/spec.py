@@ -1,0 +1,153 @@
+"""What the pipeline needs to know about a model: how to build it and what it consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from quantverdict.cache import content_hash, file_sha256, source_fingerprint
+from quantverdict.capabilities import package_version
+from quantverdict.errors import HarnessError
+from quantverdict.registry import import_object
+
+Batch = dict[str, np.ndarray]
+"""One batch of named model inputs."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A named input: its shape (batch first), dtype, value range and dynamic axes; ``resolution``,
+    where known, is the step its data was recorded with, in the units the model reads (8-bit pixels
+    scaled to [-1, 1]: 2/255), below which a classifier's decision is not the input's
+    (:mod:`quantverdict.judge.decided`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    value_range: tuple[float, float] = (-1.0, 1.0)
+    dynamic_axes: Mapping[int, str] = field(default_factory=lambda: {0: "batch"})
+    resolution: float | None = None
+
+    def sample(self, rng: np.random.Generator, batch: int | None = None) -> np.ndarray:
+        """Random values in ``value_range`` (integers for integer dtypes)."""
+        shape = (batch or self.shape[0], *self.shape[1:])
+        low, high = self.value_range
+        if np.issubdtype(np.dtype(self.dtype), np.integer):
+            return rng.integers(int(low), int(high), size=shape, dtype=self.dtype)
+        return rng.uniform(low, high, size=shape).astype(self.dtype)
+
+
+@dataclass(frozen=True)
+class LabeledData:
+    """Held-out inputs with labels, for a task-accuracy metric."""
+
+    inputs: list[Batch]
+    labels: np.ndarray
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A callable named ``"module:attribute"`` (with fixed arguments), imported on first call, so
+    that listing, keying and judging models from caches never imports torch or a user's package."""
+
+    target: str
+    args: tuple[Any, ...] = ()
+
+    def __call__(self, *more: Any) -> Any:
+        try:
+            function = import_object(self.target)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise HarnessError(f"cannot import {self.target}: {type(exc).__name__}: {exc}") from exc
+        return function(*self.args, *more)
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+
+Calibration = Literal["synthetic"] | Callable[[], list[Batch]] | None
+BUILD_PACKAGES = ("torch", "torchvision", "scikit-learn")  # versions in every build key (digits ship in sklearn)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model the harness can export, quantize, run and judge.
+
+    Exactly one of ``build`` (a torch module factory) and ``onnx_path`` (a user ONNX file) is set.
+    ``quantized`` names, per precision, a graph the user quantized elsewhere (Model Optimizer, ONNX
+    Runtime, Brevitas…): it replaces the harness's recipe for that precision and is judged the same way.
+    ``calibration`` must be given explicitly for quantized precisions: a callable returning
+    batches, or ``"synthetic"`` to calibrate on inputs drawn from the input specs (an explicit
+    choice, since INT8 without real data is only as good as that data).
+    """
+
+    name: str
+    inputs: Sequence[InputSpec]
+    outputs: Sequence[str]
+    build: Callable[[], "object"] | None = None
+    onnx_path: Path | None = None
+    task: Literal["classification", "regression", "embedding"] = "regression"
+    calibration: Calibration = None
+    eval_data: Callable[[], LabeledData | list[Batch]] | None = None  # labelled, or inputs alone
+    tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    unsupported_ops: Mapping[str, Sequence[str]] = field(default_factory=dict)  # backend → op types
+    quantized: Mapping[str, Path] = field(default_factory=dict)  # precision → the user's own quantized ONNX
+    # The task's own metric (quantverdict.judge.task_metrics): (reference, candidate, labels) → named
+    # scores, bounded by the tolerances' task_min/task_max. Embedding models get one by default.
+    metric: Callable[..., Mapping[str, float]] | None = None
+    # Recipe settings per precision (quantverdict.precision.qdq.QDQ.configured), e.g. {"int8": {"smoothquant": 0.5}}
+    recipe: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    slow: bool = False
+    seed: int = 0
+    # Files the build reads (weights, training data). Declaring them, even as an empty list, says
+    # that the build is a function of its source and these files only: it is then keyed without
+    # being run (build_key), and warm runs never build the module. None: not declared.
+    build_files: Sequence[Path] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.onnx_path is None):
+            raise ValueError(f"model {self.name!r}: give exactly one of build= and onnx_path=")
+
+    def evaluation(self) -> tuple[list[Batch], np.ndarray | None] | None:
+        """The evaluation inputs and their labels (None where given without labels), or None when
+        the model has no evaluation set of its own (synthetic batches are drawn instead)."""
+        if self.eval_data is None:
+            return None
+        data = self.eval_data()
+        return (data.inputs, data.labels) if isinstance(data, LabeledData) else (list(data), None)
+
+    def task_metric(self) -> Callable[..., Mapping[str, float]] | None:
+        if self.metric is None and self.task == "embedding":
+            return Ref("quantverdict.judge.task_metrics:embedding_agreement")
+        return self.metric
+
+    def declared_unsupported(self, backend: str, ops: Sequence[str]) -> bool:
+        """True when every op a backend rejected is declared unsupported for it in this spec."""
+        declared = set(self.unsupported_ops.get(backend, ()))
+        return bool(ops) and set(ops) <= declared
+
+    def sample_batches(self, count: int, seed: int, batch: int | None = None) -> list[Batch]:
+        """Deterministic synthetic batches drawn from the input specs."""
+        rng = np.random.default_rng(seed)
+        return [{spec.name: spec.sample(rng, batch) for spec in self.inputs} for _ in range(count)]
+
+    def build_key(self) -> str | None:
+        """A content key of everything that makes the torch module, found without building it:
+        the build's name and arguments, its package's source, the seed, the I/O, torch's and
+        torchvision's versions and the declared build files. None where that is not known to be
+        everything: a model not built by the harness's own code and declaring no ``build_files``."""
+        if self.build is None:
+            return None
+        module = self.build.module if isinstance(self.build, Ref) else getattr(self.build, "__module__", "")
+        name = self.build.target if isinstance(self.build, Ref) else \
+            f"{module}:{getattr(self.build, '__qualname__', '<unnamed>')}"
+        builtin = module.startswith("quantverdict.models")
+        if (not builtin and self.build_files is None) or "<" in name or module in ("", "__main__"):
+            return None  # lambdas and closures carry state their source does not show
+        package = "quantverdict.models" if builtin else module.split(".")[0]
+        return content_hash("build", self.name, name, [repr(a) for a in getattr(self.build, "args", ())], self.seed,
+                            [repr(i) for i in self.inputs], list(self.outputs), source_fingerprint(package),
+                            {p: package_version(p) for p in BUILD_PACKAGES},
+                            [(str(f), file_sha256(Path(f))) for f in (self.build_files or ())])

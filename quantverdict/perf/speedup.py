@@ -1,0 +1,85 @@
+"""Speedup floors as data (fixtures/speedups.yaml), each checked on an interleaved ratio."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from quantverdict.perf.bench import Ratio, Timing, interleaved_ratio, time_call
+from quantverdict.errors import HarnessError
+
+DEFAULT_FLOORS = Path(__file__).resolve().parents[2] / "fixtures" / "speedups.yaml"
+
+
+@dataclass(frozen=True)
+class Floor:
+    model: str
+    backend: str
+    hardware: str  # "cpu" or "gpu"
+    batch: int
+    base: str
+    fast: str
+    floor: float
+    cpus: int | None = None  # a CPU floor holds for runners of this many logical CPUs only
+    isa_class: str | None = None  # ... and of this instruction-set class (CPU.isa_class: avx512_vnni, avx2…)
+    target: str = "emulated"  # the graph target of ``fast`` (onnxruntime-cpu: ONNX Runtime's own INT8 layout)
+
+    def skip_reason(self) -> str | None:
+        import os
+
+        from quantverdict.capabilities import detect
+
+        if self.hardware == "gpu":
+            import torch
+
+            return None if torch.cuda.is_available() else f"{self.id}: a GPU floor needs a CUDA GPU; none found"
+        if self.cpus is not None and os.cpu_count() != self.cpus:
+            return f"{self.id}: floor measured for {self.cpus}-CPU runners; this machine has {os.cpu_count()}"
+        cpu = detect().cpu
+        if self.isa_class is not None and (cpu is None or cpu.isa_class != self.isa_class):
+            return (f"{self.id}: floor measured on {self.isa_class} runners; this CPU is "
+                    f"{cpu.isa_class if cpu else 'unknown'}")
+        return None
+
+    @property
+    def id(self) -> str:
+        target = "" if self.target == "emulated" else f"[{self.target}]"
+        runner = f"@{self.isa_class}" if self.isa_class else ""
+        return f"{self.model}-{self.fast}{target}-vs-{self.base}-{self.backend}-{self.hardware}{runner}-b{self.batch}"
+
+
+def load_floors(path: Path | None = None) -> list[Floor]:
+    path = path or DEFAULT_FLOORS
+    try:
+        return [Floor(**entry) for entry in (yaml.safe_load(path.read_text()) or {}).get("floors", [])]
+    except (OSError, yaml.YAMLError, TypeError) as exc:
+        raise HarnessError(f"cannot read speedup floors {path}: {exc}") from exc
+
+
+def _timer(pipeline: Any, floor: Floor, precision: str, target: str = "emulated") -> Callable[[], Timing]:
+    spec = pipeline.models.get(floor.model)
+    if floor.backend == "torch" and floor.hardware == "gpu":
+        from quantverdict.perf.gpu_lane import torch_cuda_timing
+
+        shape = (floor.batch, *spec.inputs[0].shape[1:])
+        return lambda: torch_cuda_timing(pipeline.store.module(floor.model), precision, shape)
+    if floor.backend == "onnxruntime" and floor.hardware == "cpu":
+        from quantverdict.backends.onnxrt import OnnxRuntimeRunner, integer_kernel_config
+        from quantverdict.precision import get_recipe
+
+        path = pipeline.store.precision_onnx(floor.model, get_recipe(precision).for_target(target))
+        feeds = spec.sample_batches(2, seed=5, batch=floor.batch)
+
+        def timed() -> Timing:
+            with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=True, config=integer_kernel_config()) as runner:
+                turn = iter(range(10 ** 9))
+                return time_call(lambda: runner.infer(feeds[next(turn) % 2]), items=floor.batch, warmup=1, repeats=5)
+
+        return timed
+    raise HarnessError(f"speedup floor {floor.id}: no timing method for {floor.backend} on {floor.hardware}")
+
+
+def measure(pipeline: Any, floor: Floor, rounds: int = 5) -> Ratio:
+    return interleaved_ratio(_timer(pipeline, floor, floor.base), _timer(pipeline, floor, floor.fast, floor.target), rounds)

@@ -1,0 +1,108 @@
+"""Activation-range calibration over a calibration set, cached by content hash.
+
+Ranges are collected in one pass over the calibration batches by exposing the wanted tensors
+as extra graph outputs of the FP32 model under ONNX Runtime (optimisations off, so every
+tensor exists as named); each tensor's |x| goes into a streaming :class:`Histogram`, so no
+activations are kept. The cache entry is readable JSON: method, parameters, versions and
+per-tensor amax. A corrupt entry is moved aside by the cache and recalibrated.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import onnx
+
+from quantverdict.cache import Cache, content_hash, source_fingerprint
+from quantverdict.errors import CalibrationError
+from quantverdict.models.spec import Batch
+from quantverdict.precision.calibrators import BINS, Calibrator, Histogram
+
+FORWARD_PASSES: Counter = Counter()
+"""Calibration forward passes run in this process, by model graph name (tests count them)."""
+
+
+def calibrate(
+    cache: Cache,
+    model_bytes: bytes,
+    tensors: Sequence[str],
+    batches: Sequence[Batch],
+    calibrator: Calibrator | None = None,
+) -> dict[str, float]:
+    """Per-tensor amax of ``tensors`` over ``batches``; a cache hit runs no forward pass."""
+    calibrator = calibrator or Calibrator()
+    if not batches:
+        raise CalibrationError("calibration set is empty")
+    import onnxruntime
+
+    key = content_hash("calibration", model_bytes, list(tensors), list(batches), calibrator.params,
+                       source_fingerprint("quantverdict.precision.calibrate", "quantverdict.precision.calibrators"))
+
+    def produce() -> bytes:
+        histograms = collect_histograms(model_bytes, tensors, batches, calibrator.bins)
+        ranges = {name: calibrator.amax(hist) for name, hist in histograms.items()}
+        document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
+                    "ranges": ranges}
+        return json.dumps(document, indent=1, sort_keys=True).encode()
+
+    path = cache.get_or_create("calibration", key, ".json", produce, {**calibrator.params, "tensors": len(tensors)})
+    return json.loads(path.read_text())["ranges"]
+
+
+def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axis: int,
+                   batches: Sequence[Batch]) -> dict[str, np.ndarray]:
+    """Per-channel amax along ``axis`` (over every other axis) of ``tensors`` over ``batches``, for
+    rewrites that balance ranges channel by channel (SmoothQuant, equalization); cached like
+    :func:`calibrate`."""
+    if not batches:
+        raise CalibrationError("calibration set is empty")
+    key = content_hash("channel-ranges", model_bytes, list(tensors), axis, list(batches),
+                       source_fingerprint("quantverdict.precision.calibrate"))
+
+    def produce() -> bytes:
+        amax: dict[str, np.ndarray] = {}
+        for values in tensor_values(model_bytes, tensors, batches):
+            for name, value in zip(tensors, values):
+                channels = np.moveaxis(value, axis, -1)
+                batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
+                amax[name] = np.maximum(amax[name], batch_amax) if name in amax else batch_amax
+        return json.dumps({name: v.astype(float).tolist() for name, v in amax.items()}).encode()
+
+    path = cache.get_or_create("channel-ranges", key, ".json", produce, {"tensors": len(tensors)})
+    return {name: np.asarray(v, np.float64) for name, v in json.loads(path.read_text()).items()}
+
+
+def collect_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch],
+                       bins: int = BINS) -> dict[str, Histogram]:
+    """One forward pass per batch; every requested tensor's |x| is binned and then dropped."""
+    histograms = {name: Histogram(bins) for name in tensors}
+    for values in tensor_values(model_bytes, tensors, batches):
+        for name, value in zip(tensors, values):
+            histograms[name].add(value)
+    return histograms
+
+
+def as_written_session(model: onnx.ModelProto) -> Any:
+    """An ONNX Runtime CPU session over ``model`` with graph optimisations off: every tensor exists as
+    named and Q/DQ pairs run as written."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def tensor_values(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> Iterator[list[np.ndarray]]:
+    """``tensors``' values, batch by batch, from the graph under ONNX Runtime with optimisations off
+    (so every tensor exists as named): what calibration, channel ranges and GPTQ's H are measured on."""
+    from tqdm import tqdm
+
+    model = onnx.load_from_string(model_bytes)
+    existing = {o.name for o in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors if t not in existing)
+    session = as_written_session(model)
+    for batch in tqdm(batches, desc=f"calibrating {model.graph.name}", unit="batch", leave=False, disable=None):
+        FORWARD_PASSES[model.graph.name] += 1
+        yield session.run(list(tensors), dict(batch))

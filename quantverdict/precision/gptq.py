@@ -1,0 +1,273 @@
+"""Weight rounding that minimizes each layer's output error (GPTQ: Frantar et al. 2023, from Optimal
+Brain Quantization, Frantar & Alistarh 2022), instead of rounding every weight to its nearest grid value.
+
+Round-to-nearest makes each weight's error small but lets the errors add up in the layer's output.
+Where a layer's inputs are correlated, as neighbouring pixels of a natural image are, they add up
+badly: a trained depthwise filter whose taps nearly cancel (an edge detector with a large gain
+folded in from batch norm) sees an almost constant patch, and its output error is the sum of its
+taps' rounding errors times that constant. GPTQ rounds one input column at a time and moves the
+columns not yet rounded to absorb the error, weighted by the inputs' second moments
+H = E[x xᵀ] measured on the calibration set; so the output error over those inputs is what gets
+minimized. The grid and the scales are the recipe's own (per-channel amax with INT8 or E4M3; NVFP4's
+E2M1 with its blocks' scales): only which grid value each weight takes changes, so the graph keeps its
+layout and TensorRT runs it alike.
+
+H is measured on the FP32 graph's inputs of each layer (the recipe's prepared graph), columns are
+taken in order of decreasing H diagonal ("act order") and H is damped by 1% of its mean diagonal,
+as GPTQ's reference does. Conv (1-D and 2-D, explicit pads, any group count), Gemm (``transA`` 0) and
+MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest, as
+does one with more than ``MAX_COLUMNS`` inputs per output, or with fewer calibration input vectors than
+inputs (H singular: GPTQ would fit the calibration set, not the layer); a warning names it.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from quantverdict.models.spec import Batch
+from quantverdict.precision.calibrate import tensor_values
+from quantverdict.precision.graph import int_attribute, ints_attribute
+
+if TYPE_CHECKING:
+    import torch
+
+DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
+BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
+UNFOLDED_VALUES = 1 << 26  # float32 values of unfolded input held at once (256 MB)
+MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2 GiB)
+
+
+@dataclass
+class _Layer:
+    """One quantized weighted layer: where its rounded weight lives and how its input becomes columns."""
+
+    node: onnx.NodeProto  # in the FP32 graph
+    store: Callable[[np.ndarray], None]  # writes grid values (in units of ``scale``, weight layout) back
+    scale: np.ndarray  # the weight's scale, shaped to broadcast against it
+    weight: np.ndarray  # FP32, as stored
+    rows: Callable[[np.ndarray], np.ndarray]  # stored weight → [groups, rows, columns]
+    back: Callable[[np.ndarray], np.ndarray]  # the inverse
+    groups: int
+    hessian: np.ndarray | None = None  # [groups, columns, columns], summed over calibration inputs
+    vectors: int = 0  # input column vectors summed into it (per group)
+
+    @property
+    def columns_key(self) -> tuple:
+        """Layers reading one tensor with equal keys (a transformer's Q, K and V) share H."""
+        if self.node.op_type != "Conv":
+            return (self.node.input[0],)
+        return (self.node.input[0], self.weight.shape[1:], self.groups,
+                *[(a.name, tuple(a.ints)) for a in self.node.attribute if a.ints])
+
+
+def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
+                  quantize: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
+    """``quantized`` with the stored weights of its Conv/Gemm/MatMul layers re-rounded by GPTQ, H from
+    their inputs in ``fp32`` (found by the layer's output name: node names may be empty) over ``batches``;
+    ``quantize`` maps values already divided by their scale onto the format's grid (the recipe's rounding)."""
+    _round(_stored_layers(quantized, fp32, quantize), fp32, batches, quantize)
+    return quantized
+
+
+def round_fake_quantized(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
+                         scales: Callable[[onnx.NodeProto, np.ndarray], np.ndarray | None],
+                         quantize: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
+    """As :func:`round_weights`, for a graph whose weights hold their dequantized values in float (FP4's
+    simulation): ``scales(node, weight)`` gives each weight element's scale (its block's), or None for a
+    layer left as is; the rounded weights are written back as grid values times those scales."""
+    graph_weights = {init.name: init for init in quantized.graph.initializer}
+    layers = []
+    for node, original, weight in _twins(quantized, fp32):
+        scale = scales(original, weight) if node.input[1] in graph_weights else None
+        shapes = None if scale is None else _fitting_shapes(original, weight)
+        if shapes is not None:
+            init = graph_weights[node.input[1]]
+            layers.append(_Layer(original, _writer(init, lambda grid, s=scale: (grid * s).astype(np.float32)),
+                                 scale, weight, *shapes))
+    _round(layers, fp32, batches, quantize)
+    return quantized
+
+
+def _writer(init: onnx.TensorProto, encode: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], None]:
+    return lambda grid: init.CopyFrom(numpy_helper.from_array(encode(grid), init.name))
+
+
+def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch],
+           quantize: Callable[[np.ndarray], np.ndarray]) -> None:
+    if not layers:
+        return
+    _measure_hessians(fp32, layers, batches)
+    import torch
+
+    for layer in layers:
+        assert layer.hessian is not None
+        scaled = layer.rows(layer.weight.astype(np.float64) / layer.scale)
+        try:
+            if layer.vectors < scaled.shape[-1]:  # H = XᵀX has rank at most the number of vectors
+                raise ValueError(f"{layer.vectors} calibration input vectors for {scaled.shape[-1]} inputs make H "
+                                 "singular (give it more calibration data)")
+            if not np.isfinite(layer.hessian).all():
+                raise ValueError(f"its inputs' second moments overflow ({layer.node.input[0]!r})")
+            grid = _gptq(scaled, layer.hessian, quantize)
+        except (ValueError, torch.linalg.LinAlgError) as error:  # H unusable: nearest rounding stays
+            _keep_nearest(layer.node, str(error), stacklevel=3)
+            continue
+        layer.store(layer.back(grid))
+
+
+def _keep_nearest(node: onnx.NodeProto, why: str, stacklevel: int) -> None:
+    """Warn that ``node`` keeps nearest rounding and why, naming it by its name, else its output (exporters
+    may leave names empty); ``stacklevel`` as seen from the caller."""
+    warnings.warn(f"GPTQ: layer {node.name or node.output[0]!r} keeps nearest rounding: {why}",
+                  stacklevel=stacklevel + 1)
+
+
+def _twins(quantized: onnx.ModelProto,
+           fp32: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto, np.ndarray]]:
+    """Each weighted layer of ``quantized`` with its FP32 twin (same output name) and the twin's weight."""
+    f_nodes = {node.output[0]: node for node in fp32.graph.node if node.output}  # outputs keep their names
+    f_inits = {init.name: init for init in fp32.graph.initializer}
+    out = []
+    for node in quantized.graph.node:
+        original = f_nodes.get(node.output[0]) if node.op_type in ("Conv", "Gemm", "MatMul") else None
+        if original is not None and len(node.input) > 1 and original.input[1] in f_inits:
+            out.append((node, original, numpy_helper.to_array(f_inits[original.input[1]]).astype(np.float32)))
+    return out
+
+
+def _fitting_shapes(node: onnx.NodeProto, weight: np.ndarray):  # type: ignore[no-untyped-def]
+    """:func:`_shapes` for a layer GPTQ can round and whose H fits (else None, with a warning naming it)."""
+    shapes = _shapes(node, weight.shape)
+    if shapes is None:
+        return None
+    columns = shapes[0](weight).shape[-1]
+    if columns > MAX_COLUMNS:
+        _keep_nearest(node, f"{columns} inputs per output, more than {MAX_COLUMNS} (H would take "
+                            f"{columns * columns * 8 / 2**30:.1f} GiB)", stacklevel=4)
+        return None
+    return shapes
+
+
+def _stored_layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto,
+                   quantize: Callable[[np.ndarray], np.ndarray]) -> list[_Layer]:
+    """The layers of ``quantized`` that take a stored low-precision weight (through a DequantizeLinear)."""
+    q_inits = {init.name: init for init in quantized.graph.initializer}
+    dq = {node.output[0]: node for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
+    layers = []
+    for node, original, weight in _twins(quantized, fp32):
+        source = dq.get(node.input[1])
+        shapes = None if source is None or source.input[0] not in q_inits else _fitting_shapes(original, weight)
+        if shapes is None:
+            continue
+        scale = numpy_helper.to_array(q_inits[source.input[1]]).astype(np.float64)
+        if scale.size > 1:  # per channel, along the DequantizeLinear's axis
+            shape = [1] * weight.ndim
+            shape[int_attribute(source, "axis", 1)] = -1
+            scale = scale.reshape(shape)
+        layers.append(_Layer(original, _writer(q_inits[source.input[0]], quantize), scale, weight, *shapes))
+    return layers
+
+
+def _shapes(node: onnx.NodeProto, shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """(weight → [groups, rows, columns], its inverse, groups) for a layer GPTQ handles, else None."""
+    if node.op_type == "Conv":
+        if len(shape) not in (3, 4) or _auto_pad(node) not in ("NOTSET", "VALID"):
+            return None
+        groups = int_attribute(node, "group", 1)
+        return (lambda w: w.reshape(groups, shape[0] // groups, -1)), (lambda g: g.reshape(shape)), groups
+    if len(shape) != 2 or (node.op_type == "Gemm" and int_attribute(node, "transA", 0)):
+        return None
+    if node.op_type == "Gemm" and int_attribute(node, "transB", 0):  # [out, in]
+        return (lambda w: w[None]), (lambda g: g[0]), 1
+    return (lambda w: w.T[None]), (lambda g: g[0].T), 1  # [in, out]
+
+
+def _auto_pad(node: onnx.NodeProto) -> str:
+    return next((a.s.decode() for a in node.attribute if a.name == "auto_pad"), "NOTSET")
+
+
+def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequence[Batch]) -> None:
+    """Sum x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, in one pass."""
+    names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
+    for batch_values in tensor_values(fp32.SerializeToString(), names, batches):
+        values = dict(zip(names, batch_values))
+        products: dict[tuple, tuple[np.ndarray, int]] = {}
+        for layer in layers:
+            if layer.columns_key not in products:
+                products[layer.columns_key] = _second_moments(layer, values[layer.node.input[0]])
+            product, vectors = products[layer.columns_key]
+            layer.hessian = product if layer.hessian is None else layer.hessian + product
+            layer.vectors += vectors
+
+
+def _second_moments(layer: _Layer, value: np.ndarray) -> tuple[np.ndarray, int]:
+    """Σ x xᵀ over the layer's input column vectors, and their number, a few samples at a time: a
+    Conv's unfolded patches are its kernel size times the size of its input."""
+    taps = int(np.prod(layer.weight.shape[2:])) if layer.node.op_type == "Conv" else 1
+    step = max(1, UNFOLDED_VALUES // max(1, value[0].size * taps))
+    total, vectors = np.zeros(()), 0
+    for start in range(0, len(value), step):
+        columns = _columns(layer, value[start:start + step])
+        total = total + (columns.transpose(1, 2) @ columns).double().numpy()
+        vectors += columns.shape[1]
+    return total, vectors
+
+
+def _columns(layer: _Layer, value: np.ndarray) -> "torch.Tensor":
+    """The layer's input as [groups, vectors, columns] in the column order of its reshaped weight (a 1-D
+    convolution as a 2-D one of height 1)."""
+    import torch
+
+    node = layer.node
+    if node.op_type != "Conv":
+        return torch.from_numpy(np.ascontiguousarray(value, np.float32).reshape(1, -1, value.shape[-1]))
+    flat = value.ndim == 3
+    kernel = (1, *layer.weight.shape[2:]) if flat else layer.weight.shape[2:]
+    pads = ints_attribute(node, "pads", [0] * (2 * len(kernel)))
+    top, left, bottom, right = (0, pads[0], 0, pads[1]) if flat else pads
+    strides = ints_attribute(node, "strides", [1] * (value.ndim - 2))
+    dilations = ints_attribute(node, "dilations", [1] * (value.ndim - 2))
+    if flat:
+        value, strides, dilations = value[:, :, None, :], [1, *strides], [1, *dilations]
+    x = torch.nn.functional.pad(torch.from_numpy(np.ascontiguousarray(value)), (left, right, top, bottom))
+    patches = torch.nn.functional.unfold(x, kernel, dilation=dilations, stride=strides)  # [n, c·k, positions]
+    n, width, positions = patches.shape
+    grouped = patches.reshape(n, layer.groups, width // layer.groups, positions).permute(1, 0, 3, 2)
+    return grouped.reshape(layer.groups, n * positions, width // layer.groups)
+
+
+def _gptq(weight: np.ndarray, hessian: np.ndarray, quantize: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Grid values for ``weight`` ([groups, rows, columns], in units of its scales) that keep
+    ``weight @ x`` close over inputs of second moment ``hessian`` ([groups, columns, columns])."""
+    import torch
+
+    w = torch.from_numpy(np.array(weight, np.float64))
+    h = torch.from_numpy(np.array(hessian, np.float64))
+    columns = w.shape[-1]
+    diagonal = torch.diagonal(h, dim1=1, dim2=2)
+    dead = diagonal == 0  # an input that is always zero: its weight is rounded to nearest
+    order = torch.argsort(diagonal, dim=1, descending=True)
+    w = torch.gather(w, 2, order[:, None, :].expand_as(w))
+    h = torch.gather(torch.gather(h, 1, order[:, :, None].expand_as(h)), 2, order[:, None, :].expand_as(h))
+    index = torch.arange(columns)
+    h[:, index, index] += DAMPING * diagonal.mean(1, keepdim=True) + torch.gather(dead, 1, order).double()
+    upper = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    grid = torch.zeros_like(w)
+    for start in range(0, columns, BLOCK):
+        end = min(start + BLOCK, columns)
+        block, errors = w[:, :, start:end].clone(), torch.zeros_like(w[:, :, start:end])
+        inverse = upper[:, start:end, start:end]
+        for i in range(end - start):
+            rounded = torch.from_numpy(quantize(block[:, :, i].numpy()).astype(np.float64))
+            grid[:, :, start + i] = rounded
+            error = (block[:, :, i] - rounded) / inverse[:, i, i][:, None]
+            block[:, :, i:] -= error[:, :, None] * inverse[:, i, i:][:, None, :]
+            errors[:, :, i] = error
+        w[:, :, end:] -= errors @ upper[:, start:end, end:]
+    restore = torch.argsort(order, dim=1)
+    return torch.gather(grid, 2, restore[:, None, :].expand_as(grid)).numpy()

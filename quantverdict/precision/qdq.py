@@ -1,0 +1,422 @@
+"""Explicit quantization: Q/DQ pairs in the layout TensorRT's strongly typed mode expects.
+
+Activations feeding Conv/Gemm/MatMul get one symmetric per-tensor QuantizeLinear →
+DequantizeLinear pair (shared by all consumers); weights are stored quantized with a
+per-output-channel DequantizeLinear; biases stay float (TensorRT's parser rejects an int32 DQ).
+With ``residual_add``, a residual Add gets a pair on its residual input only, as NVIDIA's Model
+Optimizer places it (``build_non_residual_input_map``): an Add one of whose inputs comes from a
+convolution (through the ops TensorRT fuses into it) takes that input in the convolution's epilogue,
+and TensorRT fuses the Add there if its other input is quantized. Adds with no convolution behind
+them (a transformer's residual stream, an attention mask added to scores) stay in float.
+``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just
+the named layers (sensitivity analysis); ``fallback`` (a share of the weighted layers) keeps that
+share of them in FP32, the most sensitive on the calibration set
+(:func:`quantverdict.judge.sensitivity.choose_fallback`), and ``fallback_layers`` records those chosen.
+Convolutions TensorRT has no quantized kernel for in the format (:func:`tensorrt_quantizes_conv`) stay
+in float, as Model Optimizer leaves them.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantverdict.errors import CalibrationError
+from quantverdict.precision.base import ChannelRanges, Recipe
+from quantverdict.precision.calibrators import Calibrator
+from quantverdict.precision.graph import initializer_names, int_attribute, topological_sort
+
+# op type → indices of inputs that are quantized (activations, or weights when initializers)
+QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
+WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
+# What TensorRT fuses into a convolution's epilogue (Model Optimizer's fusible paths: bias, scale,
+# batch norm, ReLU, SiLU's Sigmoid and Mul, max pooling), walked back from an Add's input.
+EPILOGUE_OPS = {"Add", "Mul", "BatchNormalization", "Relu", "Sigmoid", "MaxPool"}
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """A quantized element type and the magnitude its scale maps the calibrated range onto."""
+
+    name: str
+    onnx_type: int
+    qmax: float
+    np_type: Any
+
+    def scale(self, amax: Any) -> np.ndarray:
+        """The symmetric scale that maps ``amax`` (a range, or one per channel) onto ``qmax``, as float32; a
+        range of zero gets a tiny scale instead of a division by zero."""
+        return np.asarray(np.maximum(amax, 1e-12) / self.qmax, dtype=np.float32)
+
+    def quantize(self, scaled: np.ndarray) -> np.ndarray:
+        """Round values already divided by their scale, as ONNX QuantizeLinear would."""
+        clipped = np.clip(scaled, -self.qmax, self.qmax)
+        if self.onnx_type == TensorProto.INT8:
+            return np.rint(clipped).astype(np.int8)  # rint: half to even, like QuantizeLinear
+        return clipped.astype(self.np_type)
+
+
+INT8 = QuantFormat("int8", TensorProto.INT8, 127.0, np.int8)
+FP8_E4M3 = QuantFormat("fp8", TensorProto.FLOAT8E4M3FN, 448.0, ml_dtypes.float8_e4m3fn)
+
+
+def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt: QuantFormat, first: bool) -> bool:
+    """Whether TensorRT has a quantized kernel for this convolution in ``fmt``, by Model Optimizer's
+    rules (``find_nodes_from_convs_to_exclude``), so the graph quantizes what TensorRT will run
+    quantized: input and output channels ≥ 16, except, in INT8, dense square kernels with a channel
+    count divisible by 8 (at the graph input or with one side ≥ 16) and grouped ones with output
+    channels divisible by 8 and kernels ≥ 3; in FP8, filters of at most 32 taps (so FP8 leaves
+    depthwise convolutions in high precision). A weight that is not a constant is not quantized."""
+    if weight is None or len(weight) < 3:
+        return False
+    out_channels, in_channels, kernel = weight[0], weight[1], weight[2:]
+    group = int_attribute(node, "group", 1)
+    if out_channels < 16 or in_channels < 16:
+        if fmt is not INT8:
+            return False
+        if group == 1:
+            return (out_channels % 8 == 0 or in_channels % 8 == 0) and len(set(kernel)) == 1 and \
+                (first or out_channels >= 16 or in_channels >= 16)
+        return out_channels % 8 == 0 and min(kernel) >= 3
+    return fmt is INT8 or int(np.prod(kernel)) <= 32
+
+
+def activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
+                       weights: set[str]) -> dict[str, list[tuple[onnx.NodeProto, list[int]]]]:
+    """Each activation tensor the plan quantizes (in first-read order), with the quantized nodes that
+    read it and at which input indices."""
+    readers: dict[str, list[tuple[onnx.NodeProto, list[int]]]] = {}
+    for node, inputs in plan:
+        for index in inputs:
+            if index < len(node.input) and node.input[index] not in weights:
+                at = readers.setdefault(node.input[index], [])
+                if at and at[-1][0] is node:
+                    at[-1][1].append(index)
+                else:
+                    at.append((node, [index]))
+    return readers
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _share(value: Any) -> float | None:
+    if value is None:
+        return None
+    share = float(value)
+    if not 0 < share < 1:
+        raise CalibrationError(f"fallback {value!r}: expected a share of the layers between 0 and 1 (e.g. 0.1)")
+    return share
+
+
+def _patterns(value: Any) -> tuple[str, ...]:
+    """Node-name patterns from a list, or from one string separated by ``;`` (a command line's value)."""
+    items = value.split(";") if isinstance(value, str) else value
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+def residual_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Residual Adds (by output tensor) and the index of the input to quantize: the one that is not
+    the convolution branch. Where both inputs come from different convolutions, the branch is the
+    input farther from their nearest common ancestor (the residual skips ahead): Model Optimizer's rule."""
+    graph = model.graph
+    constant = initializer_names(model) | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
+    out = {}
+    for node in graph.node:
+        if node.op_type != "Add" or len(node.input) != 2 or any(i in constant or i not in producer for i in node.input):
+            continue
+        sources = [producer[i] for i in node.input]
+        backbones = [_conv_backbone(graph, source, producer, constant) for source in sources]
+        if backbones[0] == backbones[1]:
+            continue  # no convolution to fuse into (a transformer's residual stream, a mask), or one branch
+        depth = [_ancestors(graph, source, producer) for source in sources]
+        if None not in backbones:
+            common = set(depth[0]) & set(depth[1])
+            lca = min(common, key=lambda i: depth[0][i] + depth[1][i]) if common else None
+            branch = 0 if lca is None or depth[0][lca] >= depth[1][lca] else 1
+        else:
+            branch = 0 if backbones[0] is not None else 1
+            if backbones[branch] in depth[1 - branch]:
+                continue  # ConvNeXt-like: the other input also starts at that convolution
+        out[node.output[0]] = 1 - branch
+    return out
+
+
+def _conv_backbone(graph: onnx.GraphProto, index: int, producer: Mapping[str, int], constant: set[str]) -> int | None:
+    """The convolution (node index) whose epilogue node ``index`` would fuse into, walking back
+    through :data:`EPILOGUE_OPS` along their one non-constant input (SiLU's Mul along x, not sigmoid(x))."""
+    for _ in range(8):
+        node = graph.node[index]
+        if node.op_type in ("Conv", "ConvTranspose"):
+            return index
+        if node.op_type not in EPILOGUE_OPS:
+            return None
+        sources = [producer[i] for i in node.input if i not in constant and i in producer]
+        if node.op_type == "Mul" and len(sources) == 2:
+            sources = [i for i in sources if graph.node[i].op_type != "Sigmoid"]
+        if len(set(sources)) != 1:
+            return None
+        index = sources[0]
+    return None
+
+
+def _ancestors(graph: onnx.GraphProto, index: int, producer: Mapping[str, int]) -> dict[int, int]:
+    """Every node that node ``index`` depends on (and itself), with its shortest distance from it."""
+    depth, frontier = {index: 0}, [index]
+    while frontier:
+        following = []
+        for current in frontier:
+            for name in graph.node[current].input:
+                parent = producer.get(name)
+                if parent is not None and parent not in depth:
+                    depth[parent] = depth[current] + 1
+                    following.append(parent)
+        frontier = following
+    return depth
+
+
+def weight_scales(values: np.ndarray, axis: int | None, fmt: QuantFormat) -> np.ndarray:
+    """A weight's symmetric scales: one per output channel along ``axis`` (the other axes kept with size
+    1, so they broadcast against the weight), or one for the whole tensor where ``axis`` is None."""
+    reduce = None if axis is None else tuple(i for i in range(values.ndim) if i != axis)
+    return fmt.scale(np.abs(values).max(axis=reduce, keepdims=axis is not None))
+
+
+def weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
+    """Output-channel axis of a weight, or None for per-tensor."""
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "Gemm":
+        return 0 if int_attribute(node, "transB", 0) else 1
+    return 1 if rank == 2 else None  # MatMul: [in, out]
+
+
+@dataclass(frozen=True)
+class QDQOptions:
+    """Which layers a Q/DQ recipe quantizes, and how it calibrates them."""
+
+    calibrator: Calibrator = Calibrator()
+    ops: tuple[str, ...] = WEIGHTED_OPS
+    residual_add: bool = True
+    exclude: tuple[str, ...] = ()
+    only: tuple[str, ...] | None = None
+    smoothquant: float | None = None  # SmoothQuant's migration strength α (quantverdict.precision.smoothquant)
+    equalize: bool = False  # activation equalization between convolutions (quantverdict.precision.equalize)
+    gptq: bool = False  # weights rounded to minimize each layer's output error (quantverdict.precision.gptq)
+    bias_correction: bool = False  # output means matched to FP32's (quantverdict.precision.bias_correction)
+    fallback: float | None = None  # share of the weighted layers accuracy-aware fallback keeps in FP32
+    fallback_layers: tuple[str, ...] | None = None  # the layers it kept (None: not chosen yet)
+    tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
+
+
+class QDQ(Recipe):
+    """Post-training quantization to ``fmt`` with calibrated activation ranges."""
+
+    calibrated = True
+    quantized = True
+    configurable = True
+
+    def __init__(self, fmt: QuantFormat, options: QDQOptions | None = None):
+        self.fmt = fmt
+        self.name = fmt.name
+        self.options = options or QDQOptions()
+
+    @property
+    def calibrator(self) -> Calibrator:
+        """The options' calibrator; an FP8 recipe's ``mse`` weighs E4M3's rounding, not int8's."""
+        calibrator = self.options.calibrator
+        return replace(calibrator, grid="e4m3") if self.fmt is FP8_E4M3 and calibrator.method == "mse" else calibrator
+
+    @property
+    def ranges_describe_it(self) -> bool:
+        opts = self.options
+        return not (opts.smoothquant is not None or opts.equalize or opts.gptq or opts.bias_correction or opts.exclude
+                    or opts.only is not None or opts.fallback is not None or opts.fallback_layers)
+
+    def with_options(self, **changes: Any) -> "QDQ":
+        return QDQ(self.fmt, replace(self.options, **changes))
+
+    @property
+    def fallback_pending(self) -> bool:
+        return self.options.fallback is not None and self.options.fallback_layers is None
+
+    def configured(self, settings: Mapping[str, Any]) -> Recipe:
+        """Settings by name: ``calibration`` (a calibrator method), ``smoothquant`` (α, or null),
+        ``equalize``, ``gptq`` and ``bias_correction`` (bools), ``exclude`` (node-name patterns kept in float),
+        ``fallback`` (the share of weighted layers accuracy-aware fallback keeps in FP32), and
+        ``quantizer``:
+        ``harness`` (this recipe), ``modelopt`` (NVIDIA Model Optimizer's ONNX PTQ, its own placement
+        and calibration) or ``onnxruntime`` (ONNX Runtime's quantize_static, INT8 only), so that one
+        run can set them side by side on the same data."""
+        quantizer = settings.get("quantizer", "harness")
+        if quantizer != "harness":
+            return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
+        parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
+                 "equalize": ("equalize", bool), "exclude": ("exclude", _patterns),
+                 "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool),
+                 "fallback": ("fallback", _share)}
+        unknown = set(settings) - set(parse)
+        if unknown:
+            raise CalibrationError(f"unknown {self.name} recipe setting(s) {sorted(unknown)}; known: {sorted(parse)}")
+        return self.with_options(**{parse[k][0]: parse[k][1](v) for k, v in settings.items()})
+
+    def _other_quantizer(self, quantizer: str, settings: Mapping[str, Any]) -> Recipe:
+        if set(settings) - {"calibration"}:
+            raise CalibrationError(f"quantizer {quantizer!r} takes only a calibration setting; got {sorted(settings)}")
+        if quantizer == "modelopt":
+            from quantverdict.precision.modelopt import ModelOptimizerQDQ
+
+            return ModelOptimizerQDQ(self.name, settings.get("calibration"))
+        if quantizer == "onnxruntime" and self.fmt is INT8 and not settings:
+            return self.for_target("onnxruntime-cpu")
+        raise CalibrationError(f"unknown {self.name} quantizer {quantizer!r} (with {dict(settings)}); "
+                               "known: harness, modelopt, onnxruntime (int8, its own MinMax calibration)")
+
+    def params(self) -> dict[str, Any]:
+        opts = self.options
+        return {**super().params(), "format": self.fmt.name, "ops": sorted(opts.ops),
+                "residual_add": opts.residual_add, "exclude": sorted(opts.exclude),
+                "only": None if opts.only is None else sorted(opts.only), "calibration": opts.calibrator.params,
+                "smoothquant": opts.smoothquant, "equalize": opts.equalize, "gptq": opts.gptq,
+                "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
+                "fallback": opts.fallback,
+                "fallback_layers": None if opts.fallback_layers is None else sorted(opts.fallback_layers),
+                "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
+
+    def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
+        """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``fallback_layers``/``only``."""
+        return [node for node, _ in self.quantized_inputs(model)]
+
+    def quantized_inputs(self, model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, tuple[int, ...]]]:
+        """Each quantized node with the indices of the inputs that get a Q/DQ pair."""
+        residual = residual_inputs(model) if self.options.residual_add else {}
+        weights = {init.name: list(init.dims) for init in model.graph.initializer}
+        graph_inputs = {value.name for value in model.graph.input}
+        chosen = []
+        for node in model.graph.node:
+            if node.op_type == "Add" and node.output[0] in residual:
+                inputs: tuple[int, ...] = (residual[node.output[0]],)
+            elif node.op_type in self.options.ops:
+                inputs = QUANTIZED_INPUTS[node.op_type]
+                if node.op_type == "Conv" and self.options.tensorrt_kernels and not tensorrt_quantizes_conv(
+                        node, weights.get(node.input[1]), self.fmt, node.input[0] in graph_inputs):
+                    continue
+            else:
+                continue
+            if any(fnmatch.fnmatchcase(node.name, pattern) for pattern in self.options.exclude):
+                continue
+            if node.name in (self.options.fallback_layers or ()):
+                continue
+            if self.options.only is not None and node.name not in self.options.only:
+                continue
+            chosen.append((node, inputs))
+        return chosen
+
+    def for_target(self, target: str) -> Recipe:
+        """INT8 for ONNX Runtime's CPU kernels (the speed lane) is ONNX Runtime's own layout."""
+        if target == "onnxruntime-cpu" and self.fmt is INT8:
+            from quantverdict.precision.ort_cpu import OrtCpuInt8
+
+            return OrtCpuInt8()
+        return self
+
+    def prepare(self, model: onnx.ModelProto, channel_amax: ChannelRanges) -> onnx.ModelProto:
+        """Equalization and smoothing over every candidate layer, whatever ``only``/``exclude`` say:
+        both keep the FP32 function, so variants that quantize fewer layers share one prepared graph."""
+        if self.options.equalize:
+            from quantverdict.precision.equalize import equalize
+
+            model = equalize(model, channel_amax)
+        if self.options.smoothquant is not None:
+            from quantverdict.precision.smoothquant import smooth
+
+            model = smooth(model, channel_amax, self.options.smoothquant)
+        return model
+
+    def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
+        """GPTQ's weight rounding, then bias correction (measured with the weights as they end up)."""
+        if self.options.gptq:
+            from quantverdict.precision.gptq import round_weights
+
+            quantized = round_weights(quantized, fp32, batches, self.fmt.quantize)
+        if self.options.bias_correction:
+            from quantverdict.precision.bias_correction import correct_biases
+
+            quantized = correct_biases(quantized, fp32, batches)
+        return quantized
+
+    def calibration_recipe(self) -> "QDQ":
+        return self.with_options(only=None, exclude=(), fallback_layers=None)
+
+    def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
+        return list(activation_readers(self.quantized_inputs(model), initializer_names(model)))
+
+    def apply_impl(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
+        graph = model.graph
+        plan = self.quantized_inputs(model)
+        readers = activation_readers(plan, initializer_names(model))
+        missing = [t for t in readers if t not in ranges]
+        if missing:
+            raise CalibrationError(f"no calibrated range for tensor(s) {missing[:5]} of graph {graph.name!r}")
+        weights = {init.name: init for init in graph.initializer}
+        new_nodes: list[onnx.NodeProto] = []
+        for tensor, at in readers.items():
+            new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], at)
+        quantized_weights: dict[str, str] = {}
+        for node, _ in plan:
+            if node.op_type not in WEIGHTED_OPS:
+                continue
+            name = node.input[1]
+            if name in weights and name not in quantized_weights:
+                quantized_weights[name] = f"{name}_dequantized"
+                new_nodes.append(self._weight_dq(graph, weights[name], weight_axis(node, len(weights[name].dims))))
+            if name in quantized_weights:
+                node.input[1] = quantized_weights[name]
+        graph.node.extend(new_nodes)
+        topological_sort(graph)
+        return model
+
+    def _zero_point(self, name: str, count: int | None) -> onnx.TensorProto:
+        zeros = np.zeros(count or (), dtype=self.fmt.np_type)
+        return numpy_helper.from_array(zeros, name)
+
+    def _activation_qdq(self, graph: onnx.GraphProto, tensor: str, amax: float,
+                        consumers: list[tuple[onnx.NodeProto, list[int]]]) -> list[onnx.NodeProto]:
+        """One Q/DQ pair on ``tensor``, feeding the given inputs of its quantized consumers (a
+        residual Add's input from a convolution keeps the float tensor)."""
+        scale = self.fmt.scale(float(amax))
+        names = {k: f"{tensor}_{k}" for k in ("scale", "zero_point", "quantized", "dequantized")}
+        graph.initializer.extend([numpy_helper.from_array(scale, names["scale"]),
+                                  self._zero_point(names["zero_point"], None)])
+        for node, indices in consumers:
+            for index in indices:
+                node.input[index] = names["dequantized"]
+        return [
+            helper.make_node("QuantizeLinear", [tensor, names["scale"], names["zero_point"]],
+                             [names["quantized"]], name=f"{tensor}_QuantizeLinear"),
+            helper.make_node("DequantizeLinear", [names["quantized"], names["scale"], names["zero_point"]],
+                             [names["dequantized"]], name=f"{tensor}_DequantizeLinear"),
+        ]
+
+    def _weight_dq(self, graph: onnx.GraphProto, weight: onnx.TensorProto, axis: int | None) -> onnx.NodeProto:
+        values = numpy_helper.to_array(weight).astype(np.float32)
+        scales = weight_scales(values, axis, self.fmt)
+        quantized = self.fmt.quantize(values / scales)
+        scale = scales if axis is None else scales.reshape(-1)
+        base = weight.name
+        graph.initializer.remove(weight)
+        graph.initializer.extend([
+            numpy_helper.from_array(quantized, f"{base}_quantized"),
+            numpy_helper.from_array(scale, f"{base}_scale"),
+            self._zero_point(f"{base}_zero_point", None if axis is None else scale.size),
+        ])
+        extra = {} if axis is None else {"axis": axis}
+        return helper.make_node("DequantizeLinear", [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"],
+                                [f"{base}_dequantized"], name=f"{base}_DequantizeLinear", **extra)

@@ -1,0 +1,146 @@
+"""The release gate: a run compared with a baseline run, case by case, under a policy.
+
+Exit codes: 0 clean, 1 at least one regression, 2 bad input. Cases present in only one of
+the two runs are always listed, never dropped.
+
+Quantized cases carry two verdicts: the recipe, judged on its graph's semantics (the same on
+every CPU), and the runtime's own outputs. Recipe metrics are compared whatever machines the two
+runs came from; runtime metrics only between runs of one runner class (CPU instruction-set
+class and GPU), because fused integer kernels compute differently on different CPUs. The gate
+says so when the classes differ. The same rules judge each case in ``pytest --baseline``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quantverdict.report.load import RecordError, primary_metrics
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "fixtures" / "gate.yaml"
+_RULES = {"max_accuracy_drop_vs_baseline", "min_fraction_of_fp32_accuracy", "max_cosine_drop_vs_baseline",
+          "max_snr_drop_db", "max_quantized_layers_lost"}
+
+
+@dataclass
+class GateResult:
+    regressions: list[str] = field(default_factory=list)
+    improvements: list[str] = field(default_factory=list)
+    only_in_baseline: list[str] = field(default_factory=list)
+    only_in_current: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+    def report(self) -> str:
+        sections = [("note", self.notes), ("REGRESSION", self.regressions), ("improved", self.improvements),
+                    ("only in baseline", self.only_in_baseline), ("only in current", self.only_in_current)]
+        lines = [f"{label}: {item}" for label, items in sections for item in items]
+        verdict = f"{len(self.regressions)} regression(s), {len(self.improvements)} improvement(s)"
+        return "\n".join([*lines, verdict])
+
+
+def load_policy(path: Path | None) -> dict[str, Any]:
+    path = path or DEFAULT_POLICY
+    try:
+        policy = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise RecordError(f"cannot read gate policy {path}: {exc}") from exc
+    for section, rules in [("defaults", policy.get("defaults", {})), *policy.get("precisions", {}).items()]:
+        unknown = set(rules or {}) - _RULES
+        if unknown:
+            raise RecordError(f"{path}: {section}: unknown rule(s) {sorted(unknown)}; allowed: {sorted(_RULES)}")
+    return policy
+
+
+def rules_for(policy: dict[str, Any], precision: str) -> dict[str, float]:
+    return {**policy.get("defaults", {}), **policy.get("precisions", {}).get(precision, {})}
+
+
+def runner_class(record: dict[str, Any]) -> str:
+    return record.get("environment", {}).get("runner_class") or "unknown (record predates runner classes)"
+
+
+def runner_class_note(baseline_class: str, current_class: str) -> str | None:
+    if baseline_class == current_class:
+        return None
+    return (f"baseline ran on runner class {baseline_class!r}, current on {current_class!r}: runtime metrics are "
+            "not compared across runner classes; recipe accuracy (the graphs' semantics) is")
+
+
+def gate(baseline: dict[str, Any], current: dict[str, Any], policy: dict[str, Any]) -> GateResult:
+    result = GateResult()
+    note = runner_class_note(runner_class(baseline), runner_class(current))
+    if note:
+        result.notes.append(note)
+    base = {case["id"]: case for case in baseline["cases"]}
+    cur = {case["id"]: case for case in current["cases"]}
+    result.only_in_baseline = sorted(set(base) - set(cur))
+    result.only_in_current = sorted(set(cur) - set(base))
+    for case_id in sorted(set(base) & set(cur)):
+        regressions, improvements = judge_case(case_id, base[case_id], cur[case_id],
+                                               rules_for(policy, cur[case_id]["precision"]), same_runner=note is None)
+        result.regressions += regressions
+        result.improvements += improvements
+    return result
+
+
+def judge_case(case_id: str, old: dict[str, Any], new: dict[str, Any], rules: dict[str, float],
+               same_runner: bool) -> tuple[list[str], list[str]]:
+    """(regressions, improvements) of one case against its baseline, each a sentence."""
+    regressions: list[str] = []
+    improvements: list[str] = []
+    if old["status"] == "passed" and new["status"] in ("failed", "error"):
+        regressions.append(f"{case_id}: was passed, now {new['status']}: {new.get('message', '').splitlines()[:1]}")
+    old_recipe, new_recipe = old.get("metrics", {}).get("recipe"), new.get("metrics", {}).get("recipe")
+    views = []
+    if old_recipe and new_recipe:
+        views.append(("recipe ", old_recipe))
+    if same_runner or not views:
+        views.append(("", old.get("metrics", {})))
+    for label, old_view in views:
+        new_view = new_recipe if label else new.get("metrics", {})
+        _compare_view(f"{case_id}: {label}", old_view, new_view, rules, regressions, improvements)
+    if old_recipe and new_recipe and "coverage" in old_recipe and "coverage" in new_recipe:
+        old_cover, new_cover = old_recipe["coverage"], new_recipe["coverage"]
+        went_float = sorted(set(new_cover.get("float_layers", [])) & set(old_cover.get("quantized_layers", [])))
+        lost = max(old_cover["quantized"] - new_cover["quantized"], len(went_float))
+        limit = rules.get("max_quantized_layers_lost")
+        if limit is not None and lost > limit:
+            named = f": {', '.join(went_float[:5])}{', …' if len(went_float) > 5 else ''}" if went_float else ""
+            regressions.append(f"{case_id}: {new_cover['quantized']} of {new_cover['layers']} weighted layers "
+                               f"quantized, baseline {old_cover['quantized']}: {lost} layer(s) quantized in the "
+                               f"baseline left in float{named}")
+    return regressions, improvements
+
+
+def _compare_view(prefix: str, old: dict[str, Any], new: dict[str, Any], rules: dict[str, float],
+                  regressions: list[str], improvements: list[str]) -> None:
+    old_task, new_task = old.get("task"), new.get("task")
+    if old_task and new_task:
+        delta = 100 * (new_task["accuracy"] - old_task["accuracy"])
+        limit = rules.get("max_accuracy_drop_vs_baseline")
+        text = (f"{prefix}task accuracy {100 * old_task['accuracy']:.2f}% → {100 * new_task['accuracy']:.2f}% "
+                f"({delta:+.2f} points)")
+        if limit is not None and -delta > limit:
+            regressions.append(f"{text}, limit −{limit:g}")
+        elif delta > 0:
+            improvements.append(text)
+        fraction = rules.get("min_fraction_of_fp32_accuracy")
+        if fraction is not None and new_task["reference_accuracy"] > 0:
+            ratio = new_task["accuracy"] / new_task["reference_accuracy"]
+            if ratio < fraction:
+                regressions.append(f"{prefix}{100 * ratio:.2f}% of FP32 accuracy, needs ≥ {100 * fraction:g}%")
+    old_m, new_m = primary_metrics({"metrics": old}), primary_metrics({"metrics": new})
+    if "cosine" in old_m and "cosine" in new_m:
+        drop, limit = old_m["cosine"] - new_m["cosine"], rules.get("max_cosine_drop_vs_baseline")
+        if limit is not None and drop > limit:
+            regressions.append(f"{prefix}cosine {old_m['cosine']:.6f} → {new_m['cosine']:.6f}, limit −{limit:g}")
+    if "snr_db" in old_m and "snr_db" in new_m and old_m["snr_db"] != float("inf"):
+        drop, limit = old_m["snr_db"] - new_m["snr_db"], rules.get("max_snr_drop_db")
+        if limit is not None and not drop <= limit:
+            regressions.append(f"{prefix}SNR {old_m['snr_db']:.1f} → {new_m['snr_db']:.1f} dB, limit −{limit:g} dB")

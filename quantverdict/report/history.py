@@ -1,0 +1,173 @@
+"""The run history: every run record's headline metrics in one SQLite file, judged per series.
+
+SQLite (the standard library's) rather than a folder of JSON files: appends from parallel CI jobs
+are transactions (no half-written history), and a series for one case, metric and runner class
+is an indexed query even at 1,000 runs × 500 cases. Series never mix runner classes.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import yaml
+
+from quantverdict.errors import HarnessError
+from quantverdict.judge.changepoint import Policy, Verdict, classify
+from quantverdict.report.load import primary_metrics
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "fixtures" / "history.yaml"
+# metric → (higher is better, kind for the policy's thresholds)
+METRICS = {"latency_ms": (False, "time"), "items_per_s": (True, "time"), "build_s": (False, "time"),
+           "cosine": (True, "cosine"), "snr_db": (True, "snr"), "recipe_snr_db": (True, "snr"),
+           "accuracy": (True, "accuracy")}
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, started TEXT, git_commit TEXT, runner_class TEXT,
+                                 packages TEXT);
+CREATE TABLE IF NOT EXISTS points (run_id TEXT, case_id TEXT, metric TEXT, value REAL,
+                                   PRIMARY KEY (run_id, case_id, metric));
+CREATE INDEX IF NOT EXISTS points_series ON points (case_id, metric);
+"""
+
+
+def case_metrics(case: dict[str, Any]) -> dict[str, float]:
+    """The headline numbers of one case of a run record, by the names in ``METRICS``."""
+    metrics, out = case.get("metrics", {}), {}
+    primary = primary_metrics(case)
+    for name in ("cosine", "snr_db"):
+        if name in primary:
+            out[name] = primary[name]
+    recipe = primary_metrics({"metrics": metrics["recipe"]}) if metrics.get("recipe") else {}
+    if "snr_db" in recipe:
+        out["recipe_snr_db"] = recipe["snr_db"]
+    if metrics.get("task"):
+        out["accuracy"] = metrics["task"]["accuracy"]
+    if metrics.get("latency"):
+        out["latency_ms"], out["items_per_s"] = metrics["latency"]["median_ms"], metrics["latency"]["items_per_s"]
+    if "prepare_s" in case.get("timings", {}):
+        out["build_s"] = case["timings"]["prepare_s"]
+    return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}
+
+
+def append(db: Path, record: dict[str, Any]) -> None:
+    """Add a run record's passed and failed cases (idempotent: a run is keyed by its run_id)."""
+    env = record.get("environment", {})
+    run_id = record.get("run_id") or f"{record['started']}|{env.get('host', '')}|{record.get('shard', {}).get('index', '')}"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db, timeout=60) as connection:
+        connection.executescript(SCHEMA)
+        connection.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?)",
+                           (run_id, record["started"], env.get("git_commit"), env.get("runner_class", "unknown"),
+                            json.dumps(env.get("packages", {}), sort_keys=True)))
+        connection.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?)",
+                               [(run_id, case["id"], name, value) for case in record["cases"]
+                                if case["status"] in ("passed", "failed") for name, value in case_metrics(case).items()])
+
+
+@dataclass(frozen=True)
+class Series:
+    """One case's metric on one runner class, oldest run first."""
+
+    runner_class: str
+    case_id: str
+    metric: str
+    values: tuple[float, ...]
+    run_ids: tuple[str, ...]
+    started: tuple[str, ...]
+    commits: tuple[str | None, ...]
+
+    def last(self, n: int) -> "Series":
+        return Series(self.runner_class, self.case_id, self.metric, self.values[-n:], self.run_ids[-n:],
+                      self.started[-n:], self.commits[-n:])
+
+
+@dataclass(frozen=True)
+class SeriesVerdict:
+    series: Series  # the runs judged (the policy's window): the verdict's step indexes point into it
+    verdict: Verdict
+
+    @property
+    def runner_class(self) -> str:
+        return self.series.runner_class
+
+    @property
+    def case_id(self) -> str:
+        return self.series.case_id
+
+    @property
+    def metric(self) -> str:
+        return self.series.metric
+
+    @property
+    def last_good(self) -> int | None:
+        """Index of the newest run before the change this verdict is about (a step, or a suspicious last run)."""
+        if self.verdict.state in ("regression", "improvement") and self.verdict.steps:
+            return self.verdict.steps[-1].index - 1
+        if self.verdict.state == "suspicious" and len(self.series.values) > 1:
+            return len(self.series.values) - 2
+        return None
+
+    def describe(self) -> str:
+        text = f"{self.verdict.state:<17} {self.case_id} {self.metric} [{self.runner_class}], " \
+               f"{len(self.series.values)} runs"
+        if self.verdict.steps and self.verdict.state in ("regression", "improvement"):
+            commit = self.series.commits[self.verdict.steps[-1].index]
+            text += f": {self.verdict.detail}" + (f", first at commit {commit[:12]}" if commit else "")
+        elif self.verdict.detail:
+            text += f": {self.verdict.detail}"
+        return text
+
+
+def series(db: Path) -> Iterator[Series]:
+    """Every series in ``db``."""
+    if not db.is_file():
+        raise HarnessError(f"history database not found: {db}")
+    try:
+        with sqlite3.connect(db) as connection:
+            rows = connection.execute(
+                "SELECT r.runner_class, p.case_id, p.metric, p.value, r.run_id, r.started, r.git_commit FROM points p "
+                "JOIN runs r USING (run_id) ORDER BY r.runner_class, p.case_id, p.metric, r.started, r.rowid").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise HarnessError(f"{db} is not a readable history database: {exc}") from exc
+    for key, group in itertools.groupby(rows, key=lambda row: row[:3]):
+        columns = list(zip(*group))
+        yield Series(*key, tuple(columns[3]), tuple(columns[4]), tuple(columns[5]), tuple(columns[6]))
+
+
+def run_packages(db: Path, run_ids: list[str]) -> dict[str, dict[str, str]]:
+    """The package versions each run recorded."""
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute(f"SELECT run_id, packages FROM runs WHERE run_id IN ({','.join('?' * len(run_ids))})",
+                                  run_ids).fetchall()
+    return {run_id: json.loads(packages or "{}") for run_id, packages in rows}
+
+
+def load_policies(path: Path | None, profile: str) -> dict[str, Policy]:
+    """Per metric kind, the policy of ``profile`` (premerge or nightly) in the policy file."""
+    path = path or DEFAULT_POLICY
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+        section = document["profiles"][profile]
+        policies = {kind: Policy(**{**section.get("defaults", {}), **values}) for kind, values in section["kinds"].items()}
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise HarnessError(f"history policy {path}, profile {profile!r}: {exc}") from exc
+    missing = sorted({kind for _, kind in METRICS.values()} - set(policies))
+    if missing:
+        raise HarnessError(f"history policy {path}, profile {profile!r}: no thresholds for metric kind(s) {missing}")
+    return policies
+
+
+def judge_history(db: Path, policies: dict[str, Policy]) -> list[SeriesVerdict]:
+    out = []
+    for whole in series(db):
+        if whole.metric not in METRICS:
+            continue
+        higher, kind = METRICS[whole.metric]
+        policy = policies[kind]
+        judged = whole.last(policy.window)
+        out.append(SeriesVerdict(judged, classify(np.array(judged.values), policy, higher)))
+    return out

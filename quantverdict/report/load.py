@@ -1,0 +1,94 @@
+"""Reading run records back, with every problem named (the gate exits 2 on these)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quantverdict.errors import HarnessError
+from quantverdict.report.record import SCHEMA_VERSION
+
+
+class RecordError(HarnessError):
+    """A run record that is missing, unreadable, or of another schema."""
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecordError(f"run record not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"run record {path} is not valid JSON: {exc}") from exc
+    if not isinstance(record, dict) or "schema_version" not in record:
+        raise RecordError(f"{path} is not a run record (no schema_version)")
+    if record["schema_version"] != SCHEMA_VERSION:
+        raise RecordError(f"{path} has schema_version {record['schema_version']!r}; "
+                          f"this harness reads schema_version {SCHEMA_VERSION}")
+    if not isinstance(record.get("cases"), list):
+        raise RecordError(f"{path}: 'cases' must be a list")
+    for index, case in enumerate(record["cases"]):
+        missing = {"id", "model", "precision", "backend", "status"} - set(case)
+        if missing:
+            raise RecordError(f"{path}: case {index} lacks {sorted(missing)}")
+    return record
+
+
+def history(directory: Path) -> list[dict[str, Any]]:
+    """Every readable record under ``directory`` (recursively), oldest first; others are skipped."""
+    records = []
+    for path in sorted(directory.rglob("run-*.json")):
+        try:
+            records.append(load_record(path))
+        except RecordError:
+            continue
+    return sorted(records, key=lambda r: r.get("started", ""))
+
+
+def case_margin(case: dict[str, Any]) -> float | None:
+    """How much of the tolerance budget is left: 1 = exact, 0 = at the bound, < 0 = failed.
+
+    For a "≥ bound" metric whose ideal is 1 (cosine, top-1) the budget is 1 − bound; for a
+    "≤ bound" metric it is the bound itself. The case's margin is its smallest.
+    """
+    margins = []
+    for check in case.get("metrics", {}).get("checks", []):
+        bound, observed = check["bound"], check["observed"]
+        if check["higher_is_better"]:
+            budget, used = 1.0 - bound, 1.0 - observed
+        else:
+            budget, used = bound, observed
+        if budget > 0:
+            margins.append(1.0 - used / budget)
+        elif not check["passed"]:
+            margins.append(-1.0)
+    if not margins:
+        return None
+    return min(margins)
+
+
+def primary_metrics(case: dict[str, Any]) -> dict[str, Any]:
+    """The metrics of the case's first output."""
+    return next(iter(case.get("metrics", {}).get("metrics", {}).values()), {})
+
+
+def verdicts(case: dict[str, Any]) -> dict[str, Any]:
+    """The recipe and runtime-fidelity verdicts of a quantized case, and the case's headline
+    confidence interval (accuracy drop where labelled, else top-1 agreement), for tables."""
+    metrics = case.get("metrics", {})
+    recipe, fidelity = metrics.get("recipe"), metrics.get("fidelity")
+    out: dict[str, Any] = {"recipe": None, "recipe_snr_db": None, "fidelity": None, "flip_fraction": None,
+                           "interval": None}
+    if recipe:
+        out["recipe"] = "ok" if recipe.get("passed") else "FAIL"
+        out["recipe_snr_db"] = primary_metrics({"metrics": recipe}).get("snr_db")
+    if fidelity and fidelity.get("outputs"):
+        out["fidelity"] = "ok" if fidelity.get("passed") else "FAIL"
+        out["flip_fraction"] = max(o["flip_fraction"] for o in fidelity["outputs"])
+    task, intervals = metrics.get("task"), primary_metrics(case).get("intervals", {})
+    if task and "intervals" in task:
+        low, high = (task["intervals"]["accuracy_drop_points"][k] for k in ("low", "high"))
+        out["interval"] = f"Δacc [{-high:+.2f}, {-low:+.2f}]"
+    elif "top1_agreement" in intervals:
+        out["interval"] = f"top1 [{intervals['top1_agreement']['low']:.2f}, {intervals['top1_agreement']['high']:.2f}]"
+    return out

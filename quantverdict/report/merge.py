@@ -1,0 +1,57 @@
+"""Shard records (``quantverdict run --shard i/n``, ``pytest --shard i/n``) combined into one run record.
+
+Shards must come from one commit and one runner class, carry the same shard count, each index once,
+and no case twice; anything else is refused with the file named (the gate's exit code 2). Cases are
+interleaved in shard-index order, which restores the unsharded order.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from itertools import zip_longest
+from typing import Any, Sequence
+
+from quantverdict.report.load import RecordError
+from quantverdict.report.record import SCHEMA_VERSION, summarize
+
+
+def merge_records(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    shards = [r.get("shard") for r in records]
+    for shard, name in zip(shards, names):
+        if not shard:
+            raise RecordError(f"{name} is not a shard record (no 'shard'; made without --shard i/n)")
+    counts = {s["count"] for s in shards}
+    if len(counts) != 1:
+        raise RecordError(f"shards of different counts: {dict(zip(names, (s['count'] for s in shards)))}")
+    count = counts.pop()
+    indexes = Counter(s["index"] for s in shards)
+    missing = sorted(set(range(1, count + 1)) - set(indexes))
+    repeated = sorted(i for i, n in indexes.items() if n > 1)
+    if missing or repeated:
+        raise RecordError(f"shards of {count}: missing {missing or 'none'}, repeated {repeated or 'none'}")
+    for key in ("git_commit", "runner_class"):
+        values = {r["environment"].get(key) for r in records}
+        if len(values) != 1:
+            raise RecordError(f"shards from different {key.replace('_', ' ')}s: "
+                              f"{dict(zip(names, (r['environment'].get(key) for r in records)))}")
+    seen: dict[str, str] = {}
+    for record, name in zip(records, names):
+        for case in record["cases"]:
+            if case["id"] in seen:
+                raise RecordError(f"case {case['id']} is in both {seen[case['id']]} and {name}")
+            seen[case["id"]] = name
+    ordered = sorted(zip(records, names), key=lambda pair: pair[0]["shard"]["index"])
+    cases = [case for group in zip_longest(*(r["cases"] for r, _ in ordered)) for case in group if case is not None]
+    cache: Counter = Counter()
+    for record in records:
+        cache.update(record.get("cache", {}))
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "started": min(r["started"] for r in records),
+        "duration_s": max(r["duration_s"] for r in records),
+        "command": ["quantverdict", "merge", *names],
+        "environment": records[0]["environment"],
+        "merged_from": [{"file": name, **r["shard"], "started": r["started"]} for r, name in ordered],
+        "summary": summarize(cases),
+        "cache": dict(cache),
+        "cases": cases,
+    }

@@ -1,0 +1,294 @@
+"""A run record rendered for people: a Markdown summary (CI logs, pull requests) and a
+self-contained HTML page with the accuracy matrix and charts (matplotlib PNGs, base64-embedded).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import Counter, defaultdict
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from quantverdict.judge.compare import HISTOGRAM_EDGES
+from quantverdict.report.load import case_margin, primary_metrics, verdicts
+
+ORDER = ["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]
+
+
+def _speedups(record: dict[str, Any]) -> dict[str, float]:
+    """Median latency of the FP32 case over each case's, per model and backend."""
+    fp32 = {(c["model"], c["backend"]): c["metrics"]["latency"]["median_ms"] for c in record["cases"]
+            if c["precision"] == "fp32" and "latency" in c.get("metrics", {})}
+    out = {}
+    for case in record["cases"]:
+        latency = case.get("metrics", {}).get("latency")
+        base = fp32.get((case["model"], case["backend"]))
+        if latency and base and case["precision"] != "fp32":
+            out[case["id"]] = base / latency["median_ms"]
+    return out
+
+
+def markdown(record: dict[str, Any]) -> str:
+    env = record["environment"]
+    gpu = env.get("gpu") or {}
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(record["summary"].items()))
+    lines = [f"# Accuracy run {record['started']}", "",
+             f"{summary} in {record['duration_s']:.0f} s on {env.get('host', '?')} "
+             f"({gpu.get('name', 'no GPU')}{', compute capability ' + gpu['compute_capability'] if gpu else ''})", "",
+             "| model | precision | backend | cosine | SNR dB | Δacc (points) | 95% interval | recipe (SNR dB) "
+             "| runtime fidelity (flips) | speedup | result |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    speedups = _speedups(record)
+    for case in record["cases"]:
+        if case["status"] == "skipped":
+            continue
+        m, task = primary_metrics(case), case.get("metrics", {}).get("task", {})
+        verdict = verdicts(case)
+        cells = [_num(m.get("cosine"), ".5f"), _num(m.get("snr_db"), ".1f"),
+                 _num(0.0 - task["accuracy_drop_points"] if task else None, "+.2f"), verdict["interval"] or "–",
+                 f"{verdict['recipe']} ({_num(verdict['recipe_snr_db'], '.1f')})" if verdict["recipe"] else "–",
+                 f"{verdict['fidelity']} ({100 * verdict['flip_fraction']:.2g}%)" if verdict["fidelity"] else "–",
+                 _num(speedups.get(case["id"]), ".2f", "×")]
+        lines.append(f"| {case['model']} | {case['precision']} | {case['backend']} | {' | '.join(cells)} | "
+                     f"{'**' + case['status'] + '**' if case['status'] != 'passed' else 'passed'} |")
+    failures = [c for c in record["cases"] if c["status"] in ("failed", "error")]
+    if failures:
+        lines += ["", "## Failures", ""] + [f"- `{c['id']}`: {c['message'].splitlines()[-1]}" for c in failures]
+    reasons = Counter(c["message"] for c in record["cases"] if c["status"] == "skipped")
+    if reasons:
+        lines += ["", "## Skipped", ""] + [f"- {n} × {reason}" for reason, n in reasons.most_common()]
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"
+         "td,th{border:1px solid #999;padding:3px 6px;font-size:12px;text-align:center}"
+         ".ok{background:#8fd18f}.thin{background:#f5d76e}.bad{background:#f08080}.skip{background:#ddd}"
+         "img{max-width:100%}.legend,.empty{color:#555}.charts{display:flex;flex-wrap:wrap;gap:8px}"
+         ".charts img{width:560px}")
+
+
+def page(title: str, body: list[str]) -> str:
+    """A self-contained HTML page (styles inline, charts embedded)."""
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")
+
+
+def html_page(record: dict[str, Any], history: list[dict[str, Any]], sections: Sequence[str] = ()) -> str:
+    """The run's page; ``sections``: more HTML at its end (the history's verdicts and trends)."""
+    charts = [("Output accuracy per case", _plot_snr(record)),
+              ("Task-accuracy change vs FP32", _plot_accuracy_delta(record)),
+              ("Speedup over FP32 (same model and backend)", _plot_speedup(record)),
+              ("Error histograms per precision", _plot_histograms(record)),
+              ("Trend over the history of runs", _plot_trend([*history, record]))]
+    body = [f"<h1>Accuracy run {html.escape(record['started'])}</h1>",
+            f"<p>{html.escape(markdown(record).splitlines()[2])}</p>",
+            f"<p>Runner class: {html.escape(str(record['environment'].get('runner_class', 'unknown')))}</p>",
+            "<h2>Accuracy matrix</h2>", _matrix(record),
+            '<p class="legend">Cell colour: margin to the tolerance (green: over half the budget left; '
+            "amber: less; red: failed; grey: skipped). Text: SNR in dB against the FP32 reference.</p>"]
+    notes = {"Speedup over FP32 (same model and backend)":
+             "On a CPU, FP16/BF16 are storage-rounding emulations and FP8/FP4 fake-quantization: their timings "
+             "measure the emulation, not the format. INT8 runs integer kernels; its flavour here is TensorRT's "
+             "(signed activations), which ONNX Runtime's CPU kernels run slower than FP32."}
+    for title, png in charts:
+        body.append(f'<h2>{html.escape(title)}</h2>')
+        if title in notes:
+            body.append(f'<p class="legend">{html.escape(notes[title])}</p>')
+        body.append(f'<img alt="{html.escape(title)}" src="data:image/png;base64,{png}">' if png else
+                    '<p class="empty">No data in this run for this chart.</p>')
+    body += [_verdicts(record), _failures(record), _skips(record), *sections]
+    return page("Accuracy run", body)
+
+
+def _matrix(record: dict[str, Any]) -> str:
+    every = sorted({(c["precision"], c["backend"]) for c in record["cases"]},
+                   key=lambda pb: (ORDER.index(pb[0]) if pb[0] in ORDER else 99, pb[1]))
+    ran = {(c["precision"], c["backend"]) for c in record["cases"] if c["status"] != "skipped"}
+    columns = [pb for pb in every if pb in ran]
+    hidden = [f"{p} on {b}" for p, b in every if (p, b) not in ran]
+    models = list(dict.fromkeys(c["model"] for c in record["cases"]))
+    cells = {(c["model"], c["precision"], c["backend"]): c for c in record["cases"]}
+    head = "".join(f"<th>{html.escape(p)}<br>{html.escape(b)}</th>" for p, b in columns)
+    rows = []
+    for model in models:
+        tds = []
+        for precision, backend in columns:
+            case = cells.get((model, precision, backend))
+            if case is None:
+                tds.append("<td></td>")
+                continue
+            margin = case_margin(case)
+            cls = {"skipped": "skip"}.get(case["status"]) or (
+                "bad" if case["status"] != "passed" else "ok" if margin is None or margin > 0.5 else "thin")
+            snr = primary_metrics(case).get("snr_db")
+            text = "skip" if case["status"] == "skipped" else ("∞" if snr == float("inf") else _num(snr, ".0f"))
+            title = html.escape(case.get("message") or f"margin {margin:.2f}" if margin is not None else case["status"])
+            tds.append(f'<td class="{cls}" title="{title}">{text}</td>')
+        rows.append(f"<tr><th>{html.escape(model)}</th>{''.join(tds)}</tr>")
+    note = (f'<p class="legend">Every case skipped, so not shown (reasons under Skipped cases): '
+            f'{html.escape(", ".join(hidden))}.</p>' if hidden else "")
+    return f'<table class="matrix"><tr><th>model</th>{head}</tr>{"".join(rows)}</table>{note}'
+
+
+def _verdicts(record: dict[str, Any]) -> str:
+    """The Markdown summary's per-case table (intervals, recipe and runtime verdicts) as HTML."""
+    rows = [line for line in markdown(record).splitlines() if line.startswith("| ") and "---" not in line]
+    if len(rows) < 2:
+        return ""
+    cells = [[html.escape(c.strip().strip("*")) for c in row.strip("|").split("|")] for row in rows]
+    head = "".join(f"<th>{c}</th>" for c in cells[0])
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in cells[1:])
+    return ("<h2>Cases: confidence intervals, recipe and runtime verdicts</h2>"
+            '<p class="legend">Recipe: the precision graph evaluated as written (Q/DQ semantics, the same on every '
+            "CPU) against FP32. Runtime fidelity: the runtime's outputs against those semantics, as the fraction "
+            "of rounding decisions that would have to flip to explain the difference.</p>"
+            f"<table><tr>{head}</tr>{body}</table>")
+
+
+def _failures(record: dict[str, Any]) -> str:
+    failures = [c for c in record["cases"] if c["status"] in ("failed", "error")]
+    if not failures:
+        return "<h2>Failures</h2><p>None.</p>"
+    items = []
+    for case in failures:
+        divergence = case.get("metrics", {}).get("first_divergence")
+        where = (f"<br>first diverging layer: <code>{html.escape(divergence['node'])}</code> ({divergence['op']}), "
+                 f"{html.escape(divergence.get('summary', ''))}" if divergence else "")
+        items.append(f"<li><b>{html.escape(case['id'])}</b><pre>{html.escape(case['message'])}</pre>{where}</li>")
+    return f"<h2>Failures</h2><ul>{''.join(items)}</ul>"
+
+
+def _skips(record: dict[str, Any]) -> str:
+    reasons = Counter(c["message"] for c in record["cases"] if c["status"] == "skipped")
+    rows = "".join(f"<tr><td>{n}</td><td style='text-align:left'>{html.escape(r)}</td></tr>"
+                   for r, n in reasons.most_common())
+    return f"<h2>Skipped cases</h2><table><tr><th>cases</th><th>reason</th></tr>{rows}</table>" if rows else ""
+
+
+def figure(draw: Callable[[Any], bool], width: float = 11, height: float = 4) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    try:
+        if not draw(ax):
+            return None
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=90)
+        return base64.b64encode(buffer.getvalue()).decode()
+    finally:
+        plt.close(fig)
+
+
+def _ran(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in record["cases"] if c["status"] in ("passed", "failed") and c["precision"] != "fp32"]
+
+
+def _plot_snr(record: dict[str, Any]) -> str | None:
+    cases = [c for c in _ran(record) if np.isfinite(primary_metrics(c).get("snr_db", np.inf))]
+
+    def draw(ax: Any) -> bool:
+        if not cases:
+            return False
+        colors = ["#c0392b" if c["status"] != "passed" else "#2e86c1" for c in cases]
+        ax.bar(range(len(cases)), [primary_metrics(c)["snr_db"] for c in cases], color=colors)
+        ax.set_xticks(range(len(cases)), [c["id"] for c in cases], rotation=90, fontsize=6)
+        ax.set_ylabel("SNR vs FP32 (dB)")
+        return True
+
+    return figure(draw, height=5)
+
+
+def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
+    cases = [c for c in record["cases"] if c.get("metrics", {}).get("task") and c["precision"] != "fp32"]
+
+    def draw(ax: Any) -> bool:
+        if not cases:
+            return False
+        deltas = [0.0 - c["metrics"]["task"]["accuracy_drop_points"] for c in cases]
+        ax.bar(range(len(cases)), deltas, color=["#c0392b" if d < 0 else "#27ae60" for d in deltas])
+        spans = [c["metrics"]["task"].get("intervals", {}).get("accuracy_drop_points") for c in cases]
+        if all(spans):  # 95% interval of the change: −high … −low of the drop's
+            errors = [[max(0.0, d - (-s["high"])) for d, s in zip(deltas, spans)],
+                      [max(0.0, -s["low"] - d) for d, s in zip(deltas, spans)]]
+            ax.errorbar(range(len(cases)), deltas, yerr=errors, fmt="none", ecolor="black", capsize=3,
+                        label="95% interval")
+            ax.legend(fontsize=7)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(cases)), [c["id"] for c in cases], rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("accuracy change (points)")
+        return True
+
+    return figure(draw)
+
+
+def _plot_speedup(record: dict[str, Any]) -> str | None:
+    speedups = _speedups(record)
+
+    def draw(ax: Any) -> bool:
+        if not speedups:
+            return False
+        names = list(speedups)
+        ax.bar(range(len(names)), [speedups[n] for n in names], color="#8e44ad")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
+        ax.set_ylabel("× FP32 throughput (median latency ratio)")
+        return True
+
+    return figure(draw, height=5)
+
+
+def _plot_histograms(record: dict[str, Any]) -> str | None:
+    totals: dict[str, np.ndarray] = {}
+    for case in _ran(record):
+        hist = primary_metrics(case).get("error_histogram")
+        if hist:
+            totals[case["precision"]] = totals.get(case["precision"], 0) + np.asarray(hist, dtype=float)
+
+    def draw(ax: Any) -> bool:
+        if not totals:
+            return False
+        upper = np.r_[HISTOGRAM_EDGES[1:-1], 10.0]  # the last bin, errors ≥ max |reference|, drawn at 10
+        for precision in sorted(totals, key=lambda p: ORDER.index(p) if p in ORDER else 99):
+            counts = totals[precision]
+            ax.plot(upper, counts / counts.sum(), marker="o", label=precision)
+        ax.set_xscale("log")
+        ax.set_xlabel("|error| / max |reference| (upper bin edge)")
+        ax.set_ylabel("fraction of elements")
+        ax.legend()
+        return True
+
+    return figure(draw)
+
+
+def _plot_trend(records: list[dict[str, Any]]) -> str | None:
+    def draw(ax: Any) -> bool:
+        if len(records) < 2:
+            return False
+        per_precision: dict[str, list[float]] = defaultdict(list)
+        for record in records:
+            by_precision = defaultdict(list)
+            for case in _ran(record):
+                snr = primary_metrics(case).get("snr_db")
+                if snr is not None and np.isfinite(snr):
+                    by_precision[case["precision"]].append(snr)
+            for precision in ORDER[1:]:
+                per_precision[precision].append(float(np.mean(by_precision[precision])) if by_precision[precision] else np.nan)
+        for precision, values in per_precision.items():
+            if not np.all(np.isnan(values)):
+                ax.plot(range(len(records)), values, marker="o", label=precision)
+        ax.set_xticks(range(len(records)), [r["started"][:16] for r in records], rotation=30, fontsize=7)
+        ax.set_ylabel("mean SNR vs FP32 (dB)")
+        ax.legend()
+        return True
+
+    return figure(draw)

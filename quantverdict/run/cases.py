@@ -1,0 +1,87 @@
+"""What a run is made of: cases (model × precision × backend), their enumeration, their results."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Literal
+
+from quantverdict.errors import HarnessError
+from quantverdict.precision import get_recipe
+
+Status = Literal["passed", "failed", "skipped", "error"]
+PRECISION_ORDER = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4")
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    precision: str
+    backend: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-{self.precision}-{self.backend}"
+
+
+@dataclass
+class CaseResult:
+    """The outcome of one case, as data (serialised into the run record)."""
+
+    case: Case
+    status: Status
+    message: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    tolerance: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    cache: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.status == "passed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self.case), "id": self.case.id, "status": self.status, "message": self.message,
+                "metrics": self.metrics, "tolerance": self.tolerance, "timings": self.timings, "cache": self.cache}
+
+
+def enumerate_cases(model_names: Iterable[str], backend_names: Iterable[str],
+                    offered: Callable[[str], frozenset[str]], precisions: list[str] | None = None) -> list[Case]:
+    """Every model × precision × backend combination a backend offers (``offered(backend)``), in
+    backend, model, precision order; ``precisions`` narrows the set (names validated)."""
+    for name in precisions or []:
+        get_recipe(name)
+    out = []
+    for backend in backend_names:
+        available = offered(backend)
+        for model in model_names:
+            for precision in precisions or sorted(available, key=precision_rank):
+                if precision in available:
+                    out.append(Case(model, precision, backend))
+    return out
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Part ``index`` of ``count`` of a run (1-based): every count-th case, so shards are balanced and
+    interleaving them in index order gives back the unsharded order (:mod:`quantverdict.report.merge`)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise HarnessError(f"--shard {text!r}: expected i/n, e.g. 2/4") from None
+        if not 1 <= index <= count:
+            raise HarnessError(f"--shard {text!r}: i must be between 1 and n")
+        return cls(index, count)
+
+    def select(self, cases: list[Case]) -> list[Case]:
+        return cases[self.index - 1::self.count]
+
+    def to_dict(self) -> dict[str, int]:
+        return {"index": self.index, "count": self.count}
+
+
+def precision_rank(name: str) -> int:
+    return PRECISION_ORDER.index(name) if name in PRECISION_ORDER else len(PRECISION_ORDER)

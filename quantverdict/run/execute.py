@@ -1,0 +1,206 @@
+"""Running one case: load the backend's runner over the case's artifacts, run the evaluation set,
+judge the outputs, and turn every failure into data with a message that names the case.
+
+A quantized case gets two verdicts besides the runtime's own outputs against FP32:
+- *recipe accuracy*: the precision graph's semantics (:mod:`quantverdict.judge.semantics`) against
+  FP32 under the tolerance table: what the recipe means, the same on every CPU;
+- *runtime fidelity*: the runtime's outputs against those semantics, under a bound derived
+  from the graph's quantization noise (:mod:`quantverdict.judge.fidelity`).
+A failure says which one failed: "the recipe regressed" or "runtime diverges from the graph".
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from quantverdict.backends import Backend, Runner
+from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+from quantverdict.cache import file_sha256
+from quantverdict.capabilities import Capabilities
+from quantverdict.errors import HarnessError, UnsupportedError
+from quantverdict.judge.compare import Comparison, compare, concat, judge_task_metrics, task_accuracy
+from quantverdict.judge.diagnose import first_divergence, first_runtime_divergence
+from quantverdict.judge.fidelity import Fidelity, judge_fidelity
+from quantverdict.judge.semantics import EVALUATOR
+from quantverdict.judge.timed import judge_timed_outputs
+from quantverdict.judge.tolerances import Tolerance, ToleranceTable
+from quantverdict.models import ModelSpec
+from quantverdict.models.spec import Batch
+from quantverdict.perf.bench import time_call
+from quantverdict.run.artifacts import ArtifactStore
+from quantverdict.run.cases import Case, CaseResult, Status
+
+NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 8-bit products in 16-bit "
+                "intermediates, which saturate; TensorRT accumulates in INT32")
+
+
+class CaseExecutor:
+    """Runs cases over an :class:`ArtifactStore`; ``caps`` says where runtimes run (for messages);
+    ``timing`` also measures each case's latency."""
+
+    def __init__(self, store: ArtifactStore, tolerances: ToleranceTable, backend: Callable[[str], Backend],
+                 caps: Capabilities, timing: bool = False):
+        self.store, self.tolerances, self.backend = store, tolerances, backend
+        self.caps, self.timing = caps, timing
+
+    def run(self, case: Case) -> CaseResult:
+        """Run one case; bad input becomes an ``error`` result whose message names the problem."""
+        try:
+            return self._run(case)
+        except UnsupportedError as exc:
+            if self.store.models.get(case.model).declared_unsupported(case.backend, exc.ops):
+                return CaseResult(case, "skipped", f"{', '.join(exc.ops)} declared unsupported on {case.backend} "
+                                                   f"in the model spec: {exc}")
+            return CaseResult(case, "error", f"{case.id}: {exc}")
+        except HarnessError as exc:
+            return CaseResult(case, "error", f"{case.id}: {exc}")
+        except Exception as exc:  # a backend crash is a regression too: keep the trace
+            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            return CaseResult(case, "error", f"{case.id}: {detail}")
+
+    def _run(self, case: Case) -> CaseResult:
+        store = self.store
+        spec = store.models.get(case.model)
+        tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances)
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        reference = store.reference(case.model)
+        timings["reference_s"] = time.perf_counter() - start
+        artifacts = store.for_case(case.model, case.precision, case.backend)
+        backend = self.backend(case.backend)
+        batches = store.eval_batches(case.model)
+        built: dict[str, Any] = {}
+        runner: Runner | None = None
+        if self.timing or backend.outputs_key(artifacts, self.caps) is None:
+            start = time.perf_counter()
+            runner = backend.load(artifacts)
+            timings["prepare_s"] = time.perf_counter() - start
+            with runner:
+                start = time.perf_counter()
+                candidate = concat([runner.infer(batch) for batch in batches])
+                timings["run_s"] = time.perf_counter() - start
+                built, runtime = runner.describe(), runner.label()
+                if self.timing:
+                    items = len(next(iter(batches[0].values())))
+                    latency = time_call(lambda: runner.infer(batches[0]), items=items)
+        else:  # outputs fixed by what the backend names: read them if an earlier run made them
+            start = time.perf_counter()
+            candidate, runtime = store.run_outputs(case.model, case.backend, artifacts)
+            timings["outputs_s"] = time.perf_counter() - start
+        runtime_cmp = self._judge(spec, reference, candidate, tolerance)
+        metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime}
+        if built:
+            metrics["engine"] = built
+        timed = None
+        if self.timing:
+            metrics["latency"] = latency.to_dict()
+            first = {name: values[:items] for name, values in reference.items()}
+            timed = judge_timed_outputs({name: values[:items] for name, values in candidate.items()},
+                                        latency.sampled, first, tolerance, spec.task == "classification")
+            metrics["timed_outputs"] = timed.to_dict()
+        recipe_cmp = fidelity = None
+        if artifacts.recipe.quantized and backend.runs_recipe_graph:
+            start = time.perf_counter()
+            recipe_cmp, fidelity = self._recipe_and_fidelity(case, spec, reference, candidate, runtime, tolerance,
+                                                             metrics)
+            timings["semantics_s"] = time.perf_counter() - start
+        passed = runtime_cmp.passed and (recipe_cmp is None or recipe_cmp.passed) and (fidelity is None or fidelity.passed)
+        message = "" if passed else self._explain(case, artifacts, runner or backend.load(artifacts), batches[0], runtime_cmp,
+                                                  recipe_cmp, fidelity, tolerance, metrics)
+        if timed is not None and not timed.passed:
+            passed, message = False, "\n".join(filter(None, [message, f"{case.id}: {timed.explain()}"]))
+        status: Status = "passed" if passed else "failed"
+        return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
+
+    def _recipe_and_fidelity(self, case: Case, spec: ModelSpec, reference: dict[str, np.ndarray],
+                             candidate: dict[str, np.ndarray], runtime: str, tolerance: Tolerance,
+                             metrics: dict[str, Any]) -> tuple[Comparison, Fidelity]:
+        """The recipe judged on its graph's semantics, and the runtime judged against them."""
+        store = self.store
+        semantics = store.semantics(case.model, case.precision)
+        recipe = self._judge(spec, reference, semantics, tolerance)
+        fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.caps.device,
+                                  tolerance.max_flip_fraction)
+        metrics["recipe"] = {**recipe.to_dict(), "evaluator": EVALUATOR, "passed": recipe.passed,
+                             "coverage": store.coverage(case.model, case.precision),
+                             "settings": store.recipe(case.model, case.precision, "emulated").params()}
+        if case.precision in spec.quantized:
+            metrics["recipe"]["user_graph"] = str(spec.quantized[case.precision])
+        metrics["fidelity"] = fidelity.to_dict()
+        return recipe, fidelity
+
+    def _judge(self, spec: ModelSpec, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
+               tolerance: Tolerance) -> Comparison:
+        """Outputs against the FP32 reference (top-1 on the samples FP32 decides, where an input declares
+        its resolution), the model's task metrics, and task accuracy where the model has labels."""
+        comparison = compare(reference, outputs, tolerance, spec.task == "classification",
+                             self.store.undecided(spec.name))
+        labels = self.store.eval_labels(spec.name)
+        metric = spec.task_metric()
+        if metric is not None:
+            judge_task_metrics(metric(reference, outputs, labels), tolerance, comparison)
+        if labels is not None:
+            output = spec.outputs[0]
+            comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
+                                            outputs[output].argmax(-1) == labels, tolerance, comparison)
+        return comparison
+
+    def _explain(self, case: Case, artifacts: Any, runner: Runner, first_batch: Batch, runtime_cmp: Comparison,
+                 recipe_cmp: Comparison | None, fidelity: Fidelity | None, tolerance: Tolerance,
+                 metrics: dict[str, Any]) -> str:
+        """Which verdict failed, in words a person can act on, with where the divergence starts."""
+        if recipe_cmp is not None and not recipe_cmp.passed:
+            lines = [f"{case.id}: the recipe regressed: its graph's semantics ({EVALUATOR}) vs FP32 reference:",
+                     recipe_cmp.explain()]
+            divergence = self._semantic_divergence(case, artifacts, first_batch, tolerance)
+        elif fidelity is not None and not fidelity.passed:
+            return self._blame_runtime(case, artifacts, runner, fidelity, first_batch, metrics)
+        else:
+            lines = [f"{case.id} vs FP32 reference:", runtime_cmp.explain()]
+            if recipe_cmp is not None:
+                lines.append("(the recipe and the runtime's fidelity each pass their bounds; together they exceed "
+                             "the tolerance)")
+            divergence = self._semantic_divergence(case, artifacts, first_batch, tolerance)
+        if divergence:
+            metrics["first_divergence"] = divergence
+            lines.append(f"first diverging layer: {divergence['node']} ({divergence['op']}) output "
+                         f"{divergence['tensor']!r}, {divergence['summary']}")
+        return "\n".join(lines)
+
+    def _blame_runtime(self, case: Case, artifacts: Any, runner: Runner, fidelity: Fidelity, batch: Batch,
+                       metrics: dict[str, Any]) -> str:
+        """A runtime that left the graph: which, where it ran, and (ONNX Runtime) where it starts."""
+        lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
+                 "(judged on the graph's semantics): this is the runtime, not the recipe"]
+        if isinstance(runner, OnnxRuntimeRunner) and runner.optimize:
+            cpu = self.caps.cpu
+            if cpu is not None and not cpu.has_vnni and "session.x64quantprecision" not in runner.config:
+                lines.append(f"note: {NO_VNNI_HINT}")
+            path, bound = artifacts.onnx_path(), fidelity.outputs[0].bound
+            divergence = self.store.cached_json(  # a pure function of these: a rerun reads it
+                "runtime-divergence", [file_sha256(path), self.store.batch_key(batch), bound, runner.config,
+                                       *self.store.onnxruntime_cpu_parts("quantverdict.judge.diagnose")],
+                lambda: first_runtime_divergence(path, batch, bound, runner.config), {"case": case.id})
+            if divergence:
+                metrics["first_runtime_divergence"] = divergence
+                lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
+                             f"output {divergence['tensor']!r} differs from the graph's by ≥ 2 steps on "
+                             f"{100 * divergence['fraction']:.3g}% of elements (at most {divergence['max_steps']})")
+        return "\n".join(lines)
+
+    def _semantic_divergence(self, case: Case, artifacts: Any, batch: Any, tolerance: Tolerance) -> dict | None:
+        """The first layer of the precision graph, evaluated as written, that leaves the FP32 graph."""
+        if self.store.models.get(case.model).build is None:
+            return None
+        if case.backend != "onnxruntime" and not artifacts.recipe.quantized:
+            return None  # a backend's own float kernels are not what the emulated graph describes
+        fp32 = self.store.fp32_onnx(case.model)
+        emulated = self.store.precision_onnx(case.model, self.store.recipe(case.model, case.precision, "emulated"))
+        bound = tolerance.min_cosine or 0.999
+        return self.store.cached_json(
+            "divergence", [file_sha256(fp32), file_sha256(emulated), self.store.batch_key(batch), bound,
+                           *self.store.onnxruntime_cpu_parts("quantverdict.judge.diagnose")],
+            lambda: first_divergence(fp32, emulated, batch, bound), {"case": case.id})

@@ -1,0 +1,116 @@
+"""A run's shared state, put together: the model registry, backends, capabilities, tolerance
+table, the :class:`ArtifactStore` and the :class:`CaseExecutor`.
+
+The CLI and the pytest plugin both enumerate with :meth:`Pipeline.cases` and run with
+:meth:`Pipeline.run`; what each step does lives in ``cases``, ``artifacts`` and ``execute``.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping
+
+from quantverdict.backends import Backend, backend_registry
+from quantverdict.cache import Cache
+from quantverdict.capabilities import Capabilities, detect
+from quantverdict.judge.mutations import Mutation
+from quantverdict.judge.tolerances import ToleranceTable
+from quantverdict.models import ModelSpec, model_registry
+from quantverdict.precision.calibrators import Calibrator
+from quantverdict.registry import Registry
+from quantverdict.report.gate import judge_case, load_policy, rules_for, runner_class, runner_class_note
+from quantverdict.report.load import load_record
+from quantverdict.run.artifacts import ArtifactStore
+from quantverdict.run.cases import Case, CaseResult, enumerate_cases
+from quantverdict.run.execute import CaseExecutor
+
+__all__ = ["Case", "CaseResult", "Pipeline"]
+
+
+class Pipeline:
+    """``baseline`` (a run record) makes every case also answer to the gate's rules against the
+    same case in that record (``policy``: the gate policy file), so a pre-merge run catches what
+    the release gate would."""
+
+    def __init__(self, cache_dir: Path, tolerances: Path | None = None, manifest: Path | None = None,
+                 capabilities: Capabilities | None = None, calibration: str | None = None, timing: bool = False,
+                 baseline: Path | None = None, policy: Path | None = None,
+                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None):
+        self.cache = Cache(cache_dir)
+        self.tolerances = ToleranceTable.load(tolerances)
+        self.models: Registry[ModelSpec] = model_registry(manifest)
+        self.backends: Registry[type[Backend]] = backend_registry()
+        self.caps = capabilities or detect()
+        self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
+                                   Calibrator(calibration) if calibration else None, self.caps, recipe_settings)
+        self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
+        self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
+            if baseline is not None else None
+
+    def mutated(self, mutation: Mutation) -> "Pipeline":
+        """This pipeline with a planted defect in its artifacts (everything else shared)."""
+        other = copy.copy(self)
+        other.store = self.store.mutated(mutation)
+        other.executor = copy.copy(self.executor)
+        other.executor.store = other.store
+        return other
+
+    def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
+              backends: list[str] | None = None) -> list[Case]:
+        """Every model × precision × backend combination the backends offer (validated names)."""
+        model_names = models or self.models.names()
+        for name in model_names:
+            self.models.get(name)
+        return enumerate_cases(model_names, backends or self.backends.names(),
+                               lambda name: self.backend(name).precisions, precisions)
+
+    @functools.lru_cache(maxsize=None)
+    def backend(self, name: str) -> Backend:
+        return self.backends.get(name)()
+
+    def skip_reason(self, case: Case) -> str | None:
+        """The case's own requirement first (a GPU too old for FP4 says so even where the backend's
+        package is missing too), then the backend's."""
+        backend = self.backend(case.backend)
+        return backend.requirement(self.models.get(case.model), case.precision, self.caps) or \
+            backend.unavailable(self.caps)
+
+    def run(self, case: Case) -> CaseResult:
+        """Run one case (or skip it with the requirement that failed), counting its cache use."""
+        reason = self.skip_reason(case)
+        if reason:
+            return CaseResult(case, "skipped", reason)
+        before = Counter(self.cache.stats)
+        result = self.executor.run(case)
+        result.cache = dict(Counter(self.cache.stats) - before)  # this case's cache hits and misses
+        if self.baseline is not None:
+            self.baseline.judge(result)
+        return result
+
+
+class BaselineJudge:
+    """One case against the same case of a baseline run, under the release gate's rules."""
+
+    def __init__(self, record: dict[str, Any], path: Path, policy: dict[str, Any], current_class: str):
+        self.cases = {case["id"]: case for case in record["cases"]}
+        self.path, self.policy = path, policy
+        self.note = runner_class_note(runner_class(record), current_class)
+
+    def judge(self, result: CaseResult) -> None:
+        """Fail ``result`` (keeping its own verdicts' message) on a regression against the baseline."""
+        old = self.cases.get(result.case.id)
+        if old is None or result.status not in ("passed", "failed"):
+            result.metrics["baseline"] = {"path": str(self.path), "found": old is not None}
+            return
+        regressions, improvements = judge_case(result.case.id, old, result.to_dict(),
+                                               rules_for(self.policy, result.case.precision), self.note is None)
+        result.metrics["baseline"] = {"path": str(self.path), "found": True, "regressions": regressions,
+                                      "improvements": improvements, "note": self.note}
+        if regressions:
+            result.status = "failed"
+            lines = [f"{result.case.id}: regressed against baseline {self.path}:", *regressions]
+            if self.note:
+                lines.append(f"({self.note})")
+            result.message = "\n".join(filter(None, [result.message, *lines]))
