@@ -89,13 +89,28 @@ def test_missing_output_and_shape_mismatch_fail():
 
 
 def test_table_overrides_in_order(tmp_path):
+    """The packaged defaults, the user's file over them bound by bound (null removes one), the model
+    spec's own bounds, then the file's per-model bounds."""
+    packaged = ToleranceTable.load().resolve("other", "int8", {}).to_dict()
     table_file = tmp_path / "tol.yaml"
-    table_file.write_text("defaults:\n  int8: {min_cosine: 0.99, min_top1: 0.9}\n"
+    table_file.write_text("defaults:\n  int8: {min_cosine: 0.99, min_top1: 0.9, atol: null}\n"
                           "models:\n  m: {int8: {min_top1: null, max_norm_err: 0.5}}\n")
     table = ToleranceTable.load(table_file)
     tol = table.resolve("m", "int8", {"int8": {"min_cosine": 0.95, "max_norm_err": 0.1}})
-    assert tol == Tolerance(min_cosine=0.95, min_top1=None, max_norm_err=0.5)
-    assert table.resolve("other", "int8", {}) == Tolerance(min_cosine=0.99, min_top1=0.9)
+    expected = {**packaged, "min_cosine": 0.95, "max_norm_err": 0.5}
+    del expected["min_top1"]  # null in the file's per-model bounds
+    assert tol.to_dict() == expected
+    assert table.resolve("other", "int8", {}).to_dict() == {**packaged, "min_cosine": 0.99, "min_top1": 0.9}
+
+
+def test_a_misspelled_bound_in_a_tolerance_file_is_named_with_the_closest(tmp_path):
+    from quantverdict.errors import HarnessError
+
+    table_file = tmp_path / "tol.yaml"
+    table_file.write_text("models:\n  m: {int8: {min_cosin: 0.9}}\n")
+    with pytest.raises(HarnessError, match=r"tol\.yaml: models\.m\.int8\.min_cosin: unknown field 'min_cosin'; "
+                                           r"did you mean 'min_cosine'\?"):
+        ToleranceTable.load(table_file)
 
 
 def test_top1_agreement_leaves_out_samples_fp32_does_not_decide():

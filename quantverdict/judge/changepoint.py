@@ -18,13 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 PERMUTATIONS = 999
 SEED = 0
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(BaseModel):
+    """Thresholds for judging one kind of metric series; also the schema of a history policy's entries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     window: int = 60
     min_points: int = 5
     alpha: float = 0.01  # family-wise: the permutation test pays for the search over splits

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 import onnx
-import yaml
 from onnx import numpy_helper
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from quantverdict.documents import load, suggest
 from quantverdict.errors import HarnessError
+from quantverdict.precision import known_precisions
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
 from quantverdict.precision.qdq import FP8_E4M3, INT8, WEIGHTED_OPS, QuantFormat, weight_scales
 from quantverdict.registry import Registry
 
-DEFAULT_CATALOGUE = Path(__file__).resolve().parents[2] / "fixtures" / "mutations.yaml"
 HOMOGENEOUS = ("Relu", "MaxPool", "Flatten", "Reshape")  # f(a·x) = a·f(x) for a > 0
 NO_SITE = "no candidate site"
 
@@ -79,24 +80,39 @@ class Mutation:
         return _OPERATORS.get(self.kind).edit(batches, self.site, **self.params)
 
 
+Site = Literal["first", "middle", "last"]
+
+
+class Defect(BaseModel):
+    """One catalogue entry: a defect kind, its parameters, the precisions and sites it is planted at."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    params: dict[str, float | int | str | bool] = {}
+    precisions: list[Literal[tuple(known_precisions())]] = ["int8"]  # type: ignore[valid-type]
+    sites: list[Site] | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, kind: str) -> str:
+        if kind not in _OPERATORS.names():
+            raise ValueError(f"unknown defect kind{suggest(kind, _OPERATORS.names())}")
+        return kind
+
+
+class Catalogue(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sites: list[Site] = ["middle"]
+    defects: list[Defect] = []
+
+
 def load_catalogue(path: Path | None = None) -> list[Mutation]:
-    """Every (defect, site) of the catalogue file; unknown kinds and fields are named."""
-    path = path or DEFAULT_CATALOGUE
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise HarnessError(f"cannot read defect catalogue {path}: {exc}") from exc
-    sites = document.get("sites", ["middle"])
-    out = []
-    for entry in document.get("defects", []):
-        unknown = set(entry) - {"kind", "params", "precisions", "sites"}
-        if unknown:
-            raise HarnessError(f"{path}: defect {entry.get('kind')!r}: unknown field(s) {sorted(unknown)}")
-        _OPERATORS.get(entry["kind"])
-        for site in entry.get("sites", sites):
-            out.append(Mutation(entry["kind"], site, dict(entry.get("params") or {}),
-                                tuple(entry.get("precisions", ["int8"]))))
-    return out
+    """Every (defect, site) of the catalogue (the packaged one, or ``path`` in its place)."""
+    document = load(path, "mutations.yaml", Catalogue, "defect catalogue")
+    return [Mutation(entry.kind, site, dict(entry.params), tuple(entry.precisions))
+            for entry in document.defects for site in (entry.sites or document.sites)]
 
 
 def _pick(candidates: list[Any], site: str) -> Any:

@@ -1,21 +1,28 @@
-"""Tolerances as data: a per-precision default table with per-model overrides."""
+"""Tolerances as data: a per-precision default table with per-model overrides.
+
+The table ships with the package (``quantverdict/defaults/tolerances.yaml``); a user's file
+(``--tolerances``, or ``tolerances`` in the project's settings) is merged over it bound by bound,
+so it need only name what it changes (``null`` removes a bound).
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
-import yaml
+from pydantic import BaseModel, ConfigDict
 
-from quantverdict.errors import HarnessError
+from quantverdict.documents import layers
 from quantverdict.judge.intervals import samples_to_resolve
+from quantverdict.precision import known_precisions
 
-DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "fixtures" / "tolerances.yaml"
+PrecisionName = Literal[tuple(known_precisions())]  # type: ignore[valid-type]
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """Bounds for one case; ``None`` means the metric is reported but not checked."""
+class Tolerance(BaseModel):
+    """Bounds for one case; ``None`` means the metric is reported but not checked. Also the schema of
+    one precision's bounds in a tolerance file or a manifest entry (every field optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     atol: float | None = None
     rtol: float | None = None
@@ -27,40 +34,44 @@ class Tolerance:
     task_min: Mapping[str, float] | None = None  # bounds on the model's task metrics, by name (judge.task_metrics)
     task_max: Mapping[str, float] | None = None
 
-    def to_dict(self) -> dict[str, float]:
-        return {k: dict(v) if isinstance(v, Mapping) else v for k, v in asdict(self).items() if v is not None}
+    def to_dict(self) -> dict[str, Any]:
+        return {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.model_dump().items() if v is not None}
+
+    def given(self) -> dict[str, Any]:
+        """The bounds written in the file (``null`` included), for merging over other bounds."""
+        return self.model_dump(exclude_unset=True)
 
 
-_NAMES = {f.name for f in fields(Tolerance)}
+PerPrecision = dict[PrecisionName, Tolerance]  # type: ignore[valid-type]
 
 
-@dataclass(frozen=True)
+class ToleranceFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    defaults: PerPrecision = {}
+    models: dict[str, PerPrecision] = {}
+
+
 class ToleranceTable:
-    defaults: Mapping[str, Mapping[str, float]]
-    models: Mapping[str, Mapping[str, Mapping[str, float]]]
+    """Resolved bounds: the defaults, a model spec's own bounds, then this table's per-model bounds."""
+
+    def __init__(self, defaults: Mapping[str, Mapping[str, Any]], models: Mapping[str, Mapping[str, Mapping[str, Any]]]):
+        self.defaults, self.models = defaults, models
 
     @classmethod
     def load(cls, path: Path | None = None) -> "ToleranceTable":
-        path = path or DEFAULT_TABLE
-        try:
-            document = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise HarnessError(f"cannot read tolerance file {path}: {exc}") from exc
-        table = cls(document.get("defaults", {}), document.get("models", {}) or {})
-        for where, bounds in table._sections():
-            unknown = set(bounds) - _NAMES
-            if unknown:
-                raise HarnessError(f"{path}: {where}: unknown tolerance(s) {sorted(unknown)}; "
-                                   f"allowed: {sorted(_NAMES)}")
-        return table
+        """The packaged table, with ``path``'s bounds merged over it."""
+        defaults: dict[str, dict[str, Any]] = {}
+        models: dict[str, dict[str, dict[str, Any]]] = {}
+        for document in layers(path, "tolerances.yaml", ToleranceFile, "tolerance file"):
+            for precision, bounds in document.defaults.items():
+                defaults.setdefault(precision, {}).update(bounds.given())
+            for model, per_precision in document.models.items():
+                for precision, bounds in per_precision.items():
+                    models.setdefault(model, {}).setdefault(precision, {}).update(bounds.given())
+        return cls(defaults, models)
 
-    def _sections(self) -> list[tuple[str, Mapping[str, Any]]]:
-        out = [(f"defaults.{p}", b) for p, b in self.defaults.items()]
-        for model, per_precision in self.models.items():
-            out += [(f"models.{model}.{p}", b) for p, b in per_precision.items()]
-        return out
-
-    def samples_to_resolve(self, model: str, spec_overrides: Mapping[str, Mapping[str, float]],
+    def samples_to_resolve(self, model: str, spec_overrides: Mapping[str, Mapping[str, Any]],
                            labelled: bool) -> int:
         """The fewest evaluation samples on which every top-1 bound of ``model`` (and, for a labelled
         set, every accuracy-drop bound), in any precision, allows at least one sample's change."""
@@ -69,9 +80,10 @@ class ToleranceTable:
         return max([samples_to_resolve(b.min_top1, b.max_accuracy_drop if labelled else None) for b in bounds],
                    default=1)
 
-    def resolve(self, model: str, precision: str, spec_overrides: Mapping[str, Mapping[str, float]]) -> Tolerance:
+    def resolve(self, model: str, precision: str, spec_overrides: Mapping[str, Mapping[str, Any]]) -> Tolerance:
         """Defaults, then the model spec's own bounds, then this table's per-model bounds."""
-        merged: dict[str, float] = dict(self.defaults.get(precision, {}))
+        merged: dict[str, Any] = dict(self.defaults.get(precision, {}))
         merged.update(spec_overrides.get(precision, {}))
         merged.update(self.models.get(model, {}).get(precision, {}))
         return Tolerance(**merged)
+

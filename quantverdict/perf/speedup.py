@@ -1,26 +1,28 @@
-"""Speedup floors as data (fixtures/speedups.yaml), each checked on an interleaved ratio."""
+"""Speedup floors as data (quantverdict/defaults/speedups.yaml), each checked on an interleaved ratio."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-import yaml
+from pydantic import BaseModel, ConfigDict
+from pydantic.dataclasses import dataclass
 
-from quantverdict.perf.bench import Ratio, Timing, interleaved_ratio, time_call
+from quantverdict.documents import load
 from quantverdict.errors import HarnessError
+from quantverdict.perf.bench import Ratio, Timing, interleaved_ratio, time_call
+from quantverdict.precision import known_precisions
 
-DEFAULT_FLOORS = Path(__file__).resolve().parents[2] / "fixtures" / "speedups.yaml"
+PrecisionName = Literal[tuple(known_precisions())]  # type: ignore[valid-type]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class Floor:
     model: str
     backend: str
-    hardware: str  # "cpu" or "gpu"
+    hardware: Literal["cpu", "gpu"]
     batch: int
-    base: str
-    fast: str
+    base: PrecisionName
+    fast: PrecisionName
     floor: float
     cpus: int | None = None  # a CPU floor holds for runners of this many logical CPUs only
     isa_class: str | None = None  # ... and of this instruction-set class (CPU.isa_class: avx512_vnni, avx2…)
@@ -50,12 +52,15 @@ class Floor:
         return f"{self.model}-{self.fast}{target}-vs-{self.base}-{self.backend}-{self.hardware}{runner}-b{self.batch}"
 
 
+class FloorFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    floors: list[Floor] = []
+
+
 def load_floors(path: Path | None = None) -> list[Floor]:
-    path = path or DEFAULT_FLOORS
-    try:
-        return [Floor(**entry) for entry in (yaml.safe_load(path.read_text()) or {}).get("floors", [])]
-    except (OSError, yaml.YAMLError, TypeError) as exc:
-        raise HarnessError(f"cannot read speedup floors {path}: {exc}") from exc
+    """The speedup floors (the packaged ones, or ``path``'s in their place)."""
+    return load(path, "speedups.yaml", FloorFile, "speedup floors").floors
 
 
 def _timer(pipeline: Any, floor: Floor, precision: str, target: str = "emulated") -> Callable[[], Timing]:

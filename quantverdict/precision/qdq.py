@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from quantverdict.documents import suggest
 from quantverdict.errors import CalibrationError
 from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
@@ -262,9 +263,9 @@ class QDQ(Recipe):
                  "equalize": ("equalize", bool), "exclude": ("exclude", _patterns),
                  "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool),
                  "fallback": ("fallback", _share)}
-        unknown = set(settings) - set(parse)
+        unknown = sorted(set(settings) - set(parse))
         if unknown:
-            raise CalibrationError(f"unknown {self.name} recipe setting(s) {sorted(unknown)}; known: {sorted(parse)}")
+            raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(parse))}")
         return self.with_options(**{parse[k][0]: parse[k][1](v) for k, v in settings.items()})
 
     def _other_quantizer(self, quantizer: str, settings: Mapping[str, Any]) -> Recipe:

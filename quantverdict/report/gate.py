@@ -13,15 +13,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
+from pydantic import BaseModel, ConfigDict
 
+from quantverdict.documents import DocumentError, layers
+from quantverdict.precision import known_precisions
 from quantverdict.report.load import RecordError, primary_metrics
 
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "fixtures" / "gate.yaml"
-_RULES = {"max_accuracy_drop_vs_baseline", "min_fraction_of_fp32_accuracy", "max_cosine_drop_vs_baseline",
-          "max_snr_drop_db", "max_quantized_layers_lost"}
+
+class Rules(BaseModel):
+    """How much a case may get worse than the baseline's same case (each rule optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_accuracy_drop_vs_baseline: float | None = None
+    min_fraction_of_fp32_accuracy: float | None = None
+    max_cosine_drop_vs_baseline: float | None = None
+    max_snr_drop_db: float | None = None
+    max_quantized_layers_lost: int | None = None
+
+
+class GatePolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    defaults: Rules = Rules()
+    precisions: dict[Literal[tuple(known_precisions())], Rules] = {}  # type: ignore[valid-type]
 
 
 @dataclass
@@ -45,20 +62,22 @@ class GateResult:
 
 
 def load_policy(path: Path | None) -> dict[str, Any]:
-    path = path or DEFAULT_POLICY
+    """The packaged gate policy with ``path``'s rules merged over it, rule by rule (``null`` removes one)."""
     try:
-        policy = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise RecordError(f"cannot read gate policy {path}: {exc}") from exc
-    for section, rules in [("defaults", policy.get("defaults", {})), *policy.get("precisions", {}).items()]:
-        unknown = set(rules or {}) - _RULES
-        if unknown:
-            raise RecordError(f"{path}: {section}: unknown rule(s) {sorted(unknown)}; allowed: {sorted(_RULES)}")
+        documents = layers(path, "gate.yaml", GatePolicy, "gate policy")
+    except DocumentError as exc:
+        raise RecordError(str(exc)) from None
+    policy: dict[str, Any] = {"defaults": {}, "precisions": {}}
+    for document in documents:
+        policy["defaults"].update(document.defaults.model_dump(exclude_unset=True))
+        for precision, rules in document.precisions.items():
+            policy["precisions"].setdefault(precision, {}).update(rules.model_dump(exclude_unset=True))
     return policy
 
 
 def rules_for(policy: dict[str, Any], precision: str) -> dict[str, float]:
-    return {**policy.get("defaults", {}), **policy.get("precisions", {}).get(precision, {})}
+    merged = {**policy.get("defaults", {}), **policy.get("precisions", {}).get(precision, {})}
+    return {rule: limit for rule, limit in merged.items() if limit is not None}
 
 
 def runner_class(record: dict[str, Any]) -> str:

@@ -11,16 +11,16 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import numpy as np
-import yaml
+from pydantic import BaseModel, ConfigDict
 
+from quantverdict.documents import load
 from quantverdict.errors import HarnessError
 from quantverdict.judge.changepoint import Policy, Verdict, classify
 from quantverdict.report.load import primary_metrics
 
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "fixtures" / "history.yaml"
 # metric → (higher is better, kind for the policy's thresholds)
 METRICS = {"latency_ms": (False, "time"), "items_per_s": (True, "time"), "build_s": (False, "time"),
            "cosine": (True, "cosine"), "snr_db": (True, "snr"), "recipe_snr_db": (True, "snr"),
@@ -146,18 +146,32 @@ def run_packages(db: Path, run_ids: list[str]) -> dict[str, dict[str, str]]:
     return {run_id: json.loads(packages or "{}") for run_id, packages in rows}
 
 
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    defaults: Policy = Policy()
+    kinds: dict[Literal[tuple(sorted({kind for _, kind in METRICS.values()}))], Policy]  # type: ignore[misc]
+
+
+class HistoryPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    profiles: dict[str, Profile]
+
+
 def load_policies(path: Path | None, profile: str) -> dict[str, Policy]:
-    """Per metric kind, the policy of ``profile`` (premerge or nightly) in the policy file."""
-    path = path or DEFAULT_POLICY
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-        section = document["profiles"][profile]
-        policies = {kind: Policy(**{**section.get("defaults", {}), **values}) for kind, values in section["kinds"].items()}
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise HarnessError(f"history policy {path}, profile {profile!r}: {exc}") from exc
+    """Per metric kind, the policy of ``profile`` (premerge or nightly) in the policy file (the
+    packaged one, or ``path`` in its place); a kind's thresholds over the profile's defaults."""
+    document = load(path, "history.yaml", HistoryPolicy, "history policy")
+    where = path or "the packaged history policy"
+    if profile not in document.profiles:
+        raise HarnessError(f"{where}: no profile {profile!r} (has: {', '.join(document.profiles)})")
+    section = document.profiles[profile]
+    policies = {kind: Policy(**{**section.defaults.model_dump(exclude_unset=True), **values.model_dump(exclude_unset=True)})
+                for kind, values in section.kinds.items()}
     missing = sorted({kind for _, kind in METRICS.values()} - set(policies))
     if missing:
-        raise HarnessError(f"history policy {path}, profile {profile!r}: no thresholds for metric kind(s) {missing}")
+        raise HarnessError(f"{where}, profile {profile!r}: no thresholds for metric kind(s) {missing}")
     return policies
 
 

@@ -1,1 +1,0 @@
-pytest_plugins = ["quantverdict.run.pytest_plugin"]
