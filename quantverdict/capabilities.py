@@ -203,3 +203,24 @@ def detect() -> Capabilities:
         if torch.cuda.is_available():
             gpu = GPU(torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0)))  # type: ignore[arg-type]
     return Capabilities(gpu, {name: package_version(name) for name in PACKAGES}, platform.node(), detect_cpu())
+
+
+def pin_worker_gpu(worker: str | None, count: int) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value for pytest-xdist worker ``gwN``: one GPU each, round robin."""
+    if not worker or not worker.startswith("gw") or count < 2:
+        return None
+    return str(int(worker[2:]) % count)
+
+
+def gpu_count() -> int:
+    """GPUs seen by the driver, counted without initialising CUDA in this process."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())

@@ -33,6 +33,8 @@ class ModelFileError(HarnessError):
 class InputSpecError(HarnessError):
     """A model spec whose declared inputs the model rejects."""
 
+    trace = ""
+
 
 class CalibrationError(HarnessError):
     """Quantization asked for without usable calibration data."""
@@ -44,6 +46,28 @@ class UnsupportedError(HarnessError):
     def __init__(self, message: str, ops: tuple[str, ...] = ()):
         super().__init__(message)
         self.ops = ops
+
+
+class UserCodeError(HarnessError):
+    """A user's own code failed (a model factory, calibration or evaluation callable, a metric, the
+    model's forward pass): ``what`` names it, ``trace`` keeps the traceback from the user's first frame."""
+
+    def __init__(self, what: str, error: BaseException):
+        super().__init__(f"{what} failed: {type(error).__name__}: {error}")
+        self.trace = user_trace(error)
+
+
+def user_trace(error: BaseException) -> str:
+    """``error``'s traceback without the harness's own frames above the user's code."""
+    import traceback
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parent)
+    frames = error.__traceback__
+    while frames is not None and frames.tb_next is not None and \
+            str(Path(frames.tb_frame.f_code.co_filename).resolve()).startswith(package):
+        frames = frames.tb_next
+    return "".join(traceback.format_exception(type(error), error, frames)).rstrip()
 
 
 class ResolutionWarning(UserWarning):

@@ -4,6 +4,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# ``ci``: few, derandomised examples and no deadline (model builds are slow); ``nightly``: deep. Registered
+# here, before Hypothesis's plugin reads --hypothesis-profile (pytest.ini selects ``ci``).
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+settings.register_profile("ci", max_examples=12, derandomize=True, print_blob=True, **_COMMON)
+settings.register_profile("nightly", max_examples=300, **_COMMON)
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
 
 
 def test_each_xdist_worker_gets_its_own_gpu():
-    from quantverdict.run.pytest_plugin import pin_worker_gpu
+    from quantverdict.capabilities import pin_worker_gpu
 
     assert [pin_worker_gpu(f"gw{i}", 2) for i in range(4)] == ["0", "1", "0", "1"]
     assert pin_worker_gpu("gw3", 1) is None and pin_worker_gpu(None, 8) is None  # one GPU, or no xdist

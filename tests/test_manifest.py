@@ -2,8 +2,23 @@
 import pytest
 
 from quantverdict.errors import HarnessError
-from quantverdict.models.manifest import load_manifest
+from quantverdict.run.manifest import load_manifest
 from quantverdict.run.pipeline import Case, Pipeline
+
+VALID = """\
+models:
+  - name: tiny
+    build: example_models:make_convnet
+    inputs:
+      - {name: image, shape: [4, 3, 24, 24], range: [0, 1]}
+    outputs: [scores]
+    task: classification
+    calibration: example_models:calibration_batches
+    tolerances:
+      int8: {min_cosine: 0.995}
+    recipe:
+      int8: {calibration: percentile}
+"""
 
 
 def test_example_manifest_model_runs_int8(qv_pipeline):
@@ -14,19 +29,87 @@ def test_example_manifest_model_runs_int8(qv_pipeline):
     assert result.tolerance["min_cosine"] == 0.995  # the manifest's own bound was applied
 
 
-def test_unknown_field_names_file_and_model(tmp_path):
-    manifest = tmp_path / "models.yaml"
-    manifest.write_text("models:\n  - name: x\n    biuld: a:b\n    inputs: []\n    outputs: [y]\n")
-    with pytest.raises(HarnessError, match=r"models\.yaml: model 'x': unknown field\(s\) \['biuld'\]"):
-        load_manifest(manifest)
+def _manifest_error(tmp_path, text: str) -> str:
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "example_models.py", tmp_path)
+    (tmp_path / "models.yaml").write_text(text)
+    with pytest.raises(HarnessError) as caught:
+        load_manifest(tmp_path / "models.yaml")
+    return str(caught.value)
 
 
-def test_unimportable_factory_names_the_entry(tmp_path):
-    manifest = tmp_path / "models.yaml"
-    manifest.write_text("models:\n  - name: x\n    build: no_such_module:make\n"
-                        "    inputs: [{name: a, shape: [1, 2]}]\n    outputs: [y]\n")
-    with pytest.raises(HarnessError, match=r"model 'x': ModuleNotFoundError"):
-        load_manifest(manifest)
+def test_the_valid_example_loads(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "example_models.py", tmp_path)
+    (tmp_path / "models.yaml").write_text(VALID)
+    [spec] = load_manifest(tmp_path / "models.yaml").specs
+    assert spec.inputs[0].value_range == (0.0, 1.0) and spec.tolerances == {"int8": {"min_cosine": 0.995}}
+
+
+@pytest.mark.parametrize("typo, path, closest", [
+    ("    rnage: [0, 1]", "models[0].inputs[0].rnage", "range"),  # nested in an input
+    ("    biuld: x:y", "models[0].biuld", "build"),
+    ("  int8: {min_cosin: 0.9}", "models[0].tolerances.int8.min_cosin", "min_cosine"),
+])
+def test_a_misspelled_field_at_any_depth_is_one_line_with_file_model_path_and_closest_name(tmp_path, typo, path,
+                                                                                            closest):
+    lines = VALID.splitlines()
+    anchor = {"rnage": "      - {name: image", "biuld": "    outputs:", "min_cosin": "    tolerances:"}
+    key = next(k for k in anchor if k in typo)
+    index = next(i for i, line in enumerate(lines) if line.startswith(anchor[key]))
+    if key == "rnage":
+        lines[index] = "      - name: image\n        shape: [4, 3, 24, 24]\n    " + typo
+    elif key == "min_cosin":
+        lines[index + 1] = "    " + typo
+    else:
+        lines.insert(index, typo)
+    message = _manifest_error(tmp_path, "\n".join(lines) + "\n")
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"{tmp_path / 'models.yaml'}: model 'tiny': {path}: unknown field"), message
+    assert f"did you mean {closest!r}?" in message
+
+
+def test_a_misspelled_top_level_field_and_precision_get_the_closest_name(tmp_path):
+    assert "(top level)" not in _manifest_error(tmp_path, "modles: []\n")
+    assert "modles: unknown field 'modles'; did you mean 'models'?" in _manifest_error(tmp_path, "modles: []\n")
+    text = VALID.replace("      int8: {min_cosine: 0.995}", "      in8: {min_cosine: 0.995}")
+    assert "models[0].tolerances.in8: 'in8' is not one of fp32" in _manifest_error(tmp_path, text)
+    assert "did you mean 'int8'?" in _manifest_error(tmp_path, text)
+
+
+def test_wrong_values_and_missing_fields_are_named(tmp_path):
+    assert "models[0].inputs[0].shape[1]: Input should be greater than 0" in \
+        _manifest_error(tmp_path, VALID.replace("[4, 3, 24, 24]", "[4, -3, 24, 24]"))
+    assert "models[0].outputs: required field missing" in _manifest_error(tmp_path, VALID.replace(
+        "    outputs: [scores]\n", ""))
+    assert "models[0].task: 'clasification' is not one of classification, regression, embedding; did you mean " \
+           "'classification'?" in _manifest_error(tmp_path, VALID.replace("task: classification",
+                                                                          "task: clasification"))
+    assert "give exactly one of build:" in _manifest_error(tmp_path, VALID.replace(
+        "    build: example_models:make_convnet\n", ""))
+
+
+def test_recipe_settings_are_checked_by_the_recipe_at_load(tmp_path):
+    message = _manifest_error(tmp_path, VALID.replace("{calibration: percentile}", "{gptqq: true}"))
+    assert "model 'tiny': models[0].recipe.int8: unknown int8 recipe setting" in message and "gptq" in message
+
+
+def test_unimportable_factory_names_the_entry_and_field(tmp_path):
+    message = _manifest_error(tmp_path, VALID.replace("example_models:make_convnet", "no_such_module:make"))
+    assert "model 'tiny': models[0].build: cannot find module 'no_such_module'" in message
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8))
+    assert len(bomb) < 1024
+    assert "expands to more than" in _manifest_error(tmp_path, bomb)
 
 
 def test_duplicate_model_name_is_refused(tmp_path):

@@ -152,9 +152,9 @@ def test_page_renders_in_headless_chromium(record_path, tmp_path):
 
 def test_record_merges_cases_from_xdist_workers(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "tests/test_accuracy.py",
-         "--models", "mlp,cnn", "--precisions", "fp32,int8", "--backends", "onnxruntime",
-         f"--report-dir={tmp_path}"], capture_output=True, text=True, cwd=REPO, timeout=600)
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "fixtures/models.yaml",
+         "--qv-models", "mlp,cnn", "--qv-precisions", "fp32,int8", "--qv-backends", "onnxruntime",
+         f"--qv-report-dir={tmp_path}"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:]
     [record] = [json.loads(p.read_text()) for p in tmp_path.glob("run-*.json")]
     assert sorted(c["id"] for c in record["cases"]) == [

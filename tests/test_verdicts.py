@@ -110,9 +110,9 @@ def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(qv_pipeline
     record = json.loads(_record(qv_pipeline, [case], tmp_path / "base.json").read_text())
     record["cases"][0]["metrics"]["recipe"]["metrics"]["logits"]["snr_db"] += 10  # the baseline was better
     (tmp_path / "base.json").write_text(json.dumps(record))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_accuracy.py",
-                          "--models", "cnn", "--precisions", "int8", "--backends", "onnxruntime",
-                          "--baseline", str(tmp_path / "base.json"), "--report-dir", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "fixtures/models.yaml",
+                          "--qv-models", "cnn", "--qv-precisions", "int8", "--qv-backends", "onnxruntime",
+                          "--qv-baseline", str(tmp_path / "base.json"), "--qv-report-dir", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 1, run.stdout[-2000:]
     assert "regressed against baseline" in run.stdout and "recipe SNR" in run.stdout

@@ -13,7 +13,7 @@ from typing import Callable
 import onnx
 
 from quantverdict.cache import Cache, content_hash, source_fingerprint
-from quantverdict.errors import InputSpecError, ModelFileError
+from quantverdict.errors import InputSpecError, ModelFileError, user_trace
 from quantverdict.models.spec import ModelSpec
 
 DEFAULT_OPSET = 19  # float8 Q/DQ needs 19; TensorRT 10/11 and ONNX Runtime ≥ 1.15 parse it
@@ -87,7 +87,9 @@ def _check_inputs(spec: ModelSpec, module: "object", args: tuple) -> None:
     except Exception as exc:
         shapes = ", ".join(f"{i.name}{tuple(i.shape)}" for i in spec.inputs)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputSpecError(f"model {spec.name!r} rejects its declared inputs {shapes}: {message}") from exc
+        error = InputSpecError(f"model {spec.name!r} rejects its declared inputs {shapes}: {message}")
+        error.trace = user_trace(exc)  # the user's forward: where in it the inputs were refused
+        raise error from exc
     count = len(outputs) if isinstance(outputs, (tuple, list)) else 1
     if count != len(spec.outputs):
         raise InputSpecError(f"model {spec.name!r} returns {count} outputs but its spec names "

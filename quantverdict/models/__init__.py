@@ -1,23 +1,28 @@
-"""The model zoo: built-in specs, manifest models and entry-point models under one registry."""
+"""The model zoo: built-in specs, the trained networks of the [zoo] extra, and models installed
+packages register through the ``quantverdict.models`` entry-point group. User manifests are read by
+:mod:`quantverdict.run.manifest`, which checks them against recipes and tolerances too."""
 from __future__ import annotations
 
-from pathlib import Path
+from importlib.metadata import entry_points
+from typing import Iterable
 
 from quantverdict.models import digits, synthetic, text, vision, zoo
-from quantverdict.models.manifest import entry_point_specs, load_manifest
 from quantverdict.models.spec import Batch, InputSpec, LabeledData, ModelSpec
-from quantverdict.registry import Registry
 
-__all__ = ["Batch", "InputSpec", "LabeledData", "ModelSpec", "BUILTIN", "model_registry"]
+__all__ = ["Batch", "InputSpec", "LabeledData", "ModelSpec", "BUILTIN", "ENTRY_POINT_GROUP", "registered_specs"]
 
+ENTRY_POINT_GROUP = "quantverdict.models"
 BUILTIN: list[ModelSpec] = [*synthetic.SPECS, *vision.SPECS, digits.SPEC]
 ZOO: list[ModelSpec] = [*zoo.specs(), *text.specs()]  # trained networks, where the [zoo] extra is installed
 
 
-def model_registry(manifest: Path | None = None) -> Registry[ModelSpec]:
-    """Built-ins, then entry-point models, then the manifest's; a duplicate name is an error."""
-    registry: Registry[ModelSpec] = Registry("model")
-    extra = load_manifest(manifest) if manifest is not None and manifest.exists() else []
-    for spec in [*BUILTIN, *ZOO, *entry_point_specs(), *extra]:
-        registry.add(spec.name, spec)
-    return registry
+def entry_point_specs() -> Iterable[ModelSpec]:
+    """Specs contributed by installed packages: each entry point returns a spec or a list."""
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        loaded = point.load()()
+        yield from loaded if isinstance(loaded, list) else [loaded]
+
+
+def registered_specs() -> list[ModelSpec]:
+    """Every model known without a manifest: built-ins, zoo networks, entry-point models."""
+    return [*BUILTIN, *ZOO, *entry_point_specs()]

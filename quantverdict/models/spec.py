@@ -9,7 +9,7 @@ import numpy as np
 
 from quantverdict.cache import content_hash, file_sha256, source_fingerprint
 from quantverdict.capabilities import package_version
-from quantverdict.errors import HarnessError
+from quantverdict.errors import HarnessError, UserCodeError
 from quantverdict.registry import import_object
 
 Batch = dict[str, np.ndarray]
@@ -67,6 +67,9 @@ class Ref:
         return self.target.partition(":")[0]
 
 
+ROLES = {"build": "model factory", "calibration": "calibration callable", "eval_data": "evaluation callable",
+         "metric": "metric"}
+
 Calibration = Literal["synthetic"] | Callable[[], list[Batch]] | None
 BUILD_PACKAGES = ("torch", "torchvision", "scikit-learn")  # versions in every build key (digits ship in sklearn)
 
@@ -115,8 +118,21 @@ class ModelSpec:
         the model has no evaluation set of its own (synthetic batches are drawn instead)."""
         if self.eval_data is None:
             return None
-        data = self.eval_data()
+        data = self.call("eval_data")
         return (data.inputs, data.labels) if isinstance(data, LabeledData) else (list(data), None)
+
+    def call(self, role: str, *args: Any) -> Any:
+        """Call the spec's ``build``, ``calibration``, ``eval_data`` or ``metric``: the user's code, whose
+        failure becomes a :class:`UserCodeError` naming the model, the callable and its role, with its trace."""
+        function = self.task_metric() if role == "metric" else getattr(self, role)
+        name = function.target if isinstance(function, Ref) else \
+            f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
+        try:
+            return function(*args)
+        except HarnessError:
+            raise
+        except Exception as exc:
+            raise UserCodeError(f"model {self.name!r}: its {ROLES.get(role, role)} {name}", exc) from exc
 
     def task_metric(self) -> Callable[..., Mapping[str, float]] | None:
         if self.metric is None and self.task == "embedding":

@@ -105,7 +105,7 @@ class ArtifactStore:
             spec = self.models.get(model)
             assert spec.build is not None
             torch.manual_seed(spec.seed)
-            return spec.build().eval()
+            return spec.call("build").eval()
 
         return self._modules.get(model, build)
 
@@ -185,7 +185,7 @@ class ArtifactStore:
         if spec.calibration == "synthetic":
             batches = spec.sample_batches(CALIBRATION_BATCHES, CALIBRATION_SEED)
         else:
-            batches = spec.calibration()  # type: ignore[operator]
+            batches = spec.call("calibration")
         if not batches:
             raise CalibrationError(f"model {model!r}: its calibration callable returned no batches")
         if self.mutation is not None and self.mutation.stage == "calibration":

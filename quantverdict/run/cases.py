@@ -33,13 +33,15 @@ class CaseResult:
     tolerance: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     cache: dict[str, int] = field(default_factory=dict)
+    trace: str = ""  # the traceback of an error: the user's code that failed, or a backend's crash
 
     def __bool__(self) -> bool:
         return self.status == "passed"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self.case), "id": self.case.id, "status": self.status, "message": self.message,
-                "metrics": self.metrics, "tolerance": self.tolerance, "timings": self.timings, "cache": self.cache}
+                "metrics": self.metrics, "tolerance": self.tolerance, "timings": self.timings, "cache": self.cache,
+                **({"trace": self.trace} if self.trace else {})}
 
 
 def enumerate_cases(model_names: Iterable[str], backend_names: Iterable[str],

@@ -11,10 +11,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.errors import HarnessError
+from quantverdict.run.settings import COMMON, Settings, add_options, recipe_settings
+
+if TYPE_CHECKING:
+    from quantverdict.run.pipeline import Pipeline
 
 
 def _csv(value: str) -> list[str]:
@@ -22,30 +26,25 @@ def _csv(value: str) -> list[str]:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--manifest", type=Path, default=Path("fixtures/models.yaml"),
-                        help="user model manifest (default: fixtures/models.yaml, if present)")
-    parser.add_argument("--cache-dir", type=Path, default=Path(".quantverdict-cache"))
+    add_options(parser.add_argument, COMMON)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The command line over the project's [tool.quantverdict] over the defaults."""
+    return Settings.resolve(vars(args), Path.cwd())
+
+
+def _pipeline(args: argparse.Namespace) -> "Pipeline":
+    from quantverdict.run.pipeline import Pipeline
+
+    return Pipeline.from_settings(_settings(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m quantverdict", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the model × precision × backend matrix and write a record")
-    run.add_argument("--models", type=_csv, help="comma-separated (default: every registered model)")
-    run.add_argument("--precisions", type=_csv, help="comma-separated (default: all each backend offers)")
-    run.add_argument("--backends", type=_csv, help="comma-separated (default: all)")
-    run.add_argument("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
-    run.add_argument("--report-dir", type=Path, default=Path("reports"))
-    run.add_argument("--calibration", help="INT8/FP8 calibration: max (default), entropy, percentile, mse")
-    run.add_argument("--recipe-option", action="append", default=[], metavar="[PRECISION:]KEY=VALUE",
-                     help="INT8/FP8 recipe setting over the models' own, e.g. smoothquant=0.5, equalize=true, "
-                          "int8:calibration=mse (repeatable; recorded in the run record)")
-    run.add_argument("--shard", help="run part i of n of the matrix (i/n); merge the records with 'merge'")
-    run.add_argument("--baseline", type=Path, help="also judge every case against this run record (gate rules)")
-    run.add_argument("--policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
-    run.add_argument("--history-db", type=Path, help="run history the record is appended to "
-                                                     "(default: history.sqlite in --report-dir)")
-    _common(run)
+    add_options(run.add_argument)
     sensitivity = commands.add_parser("sensitivity", help="per-layer quantization error, and FP32 fallback")
     sensitivity.add_argument("model")
     sensitivity.add_argument("--precision", default="int8", choices=["int8", "fp8"])
@@ -54,7 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
                              help="recipe setting, e.g. smoothquant=0.5 (repeatable)")
     sensitivity.add_argument("--min-cosine", type=float, help="fall back the most sensitive layers until met")
     _common(sensitivity)
-    run.add_argument("--time", action="store_true", help="also time each case (median latency, for speedups)")
     quantizers = commands.add_parser("compare-recipes", help="the harness's, Model Optimizer's and ONNX Runtime's "
                                                              "quantization of one model side by side, and where "
                                                              "their Q/DQ placements differ")
@@ -84,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate = commands.add_parser("gate", help="compare a run with a baseline; exit 1 on a regression, 2 on bad input")
     gate.add_argument("--baseline", type=Path, required=True)
     gate.add_argument("--current", type=Path, required=True)
-    gate.add_argument("--policy", type=Path, help="gate policy (default: fixtures/gate.yaml)")
+    add_options(gate.add_argument, ("gate-policy",))
     timings = commands.add_parser("compare-timings", help="two saved pytest-benchmark runs: Mann-Whitney U and a "
                                                          "ratio per benchmark; exit 1 on a regression")
     timings.add_argument("base", type=Path)
@@ -95,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "exit 1 on a regression, 2 on bad input")
     history.add_argument("--db", type=Path, default=Path("reports/history.sqlite"))
     history.add_argument("--profile", default="nightly", choices=["nightly", "premerge"])
-    history.add_argument("--policy", type=Path, help="history policy (default: fixtures/history.yaml)")
+    history.add_argument("--history-policy", type=Path, help="history policy file (default: the packaged one)")
     history.add_argument("--all", action="store_true", help="also list (and with --page, draw) stable series")
     history.add_argument("--page", type=Path, help="also write an HTML page: what changed since the last good run, "
                                                    "and a trend chart per flagged series with its change points")
@@ -116,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     mutate = commands.add_parser("mutate", help="plant the defect catalogue into models; report what each check "
                                                 "catches and the false alarms of clean reruns")
     mutate.add_argument("--models", type=_csv, help="comma-separated (default: every built-in not marked slow)")
-    mutate.add_argument("--catalogue", type=Path, help="defect catalogue (default: fixtures/mutations.yaml)")
+    mutate.add_argument("--catalogue", type=Path, help="defect catalogue (default: the packaged one)")
     mutate.add_argument("--reruns", type=int, default=10, help="clean reruns on a cold cache, for false alarms")
-    mutate.add_argument("--policy", type=Path, help="gate policy (default: fixtures/gate.yaml)")
+    add_options(mutate.add_argument, ("gate-policy",))
     mutate.add_argument("--min-power", type=float, default=0.95, help="exit 1 below this fraction caught")
     mutate.add_argument("--out", type=Path, help="also write every planted defect and verdict as JSON here")
     _common(mutate)
@@ -137,15 +135,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "prune-cache": _prune_cache}
         return commands[args.command](args)
     except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return 2
 
 
 def _run(args: argparse.Namespace) -> int:
-    return run_matrix(args)[0]
+    return run_matrix(_settings(args))[0]
 
 
-def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
+def run_matrix(settings: Settings) -> tuple[int, Path]:
     """The main job: every case, a table on stdout, a record on disk; (exit code, record path)."""
     from tqdm import tqdm
 
@@ -154,11 +153,9 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
     from quantverdict.run.pipeline import Pipeline
 
     started = time.time()
-    pipeline = Pipeline(args.cache_dir, args.tolerances, args.manifest, calibration=args.calibration, timing=args.time,
-                        baseline=getattr(args, "baseline", None), policy=getattr(args, "policy", None),
-                        recipe_settings=recipe_settings(getattr(args, "recipe_option", [])))
-    cases = pipeline.cases(args.models, args.precisions, args.backends)
-    shard = Shard.parse(args.shard) if getattr(args, "shard", None) else None
+    pipeline = Pipeline.from_settings(settings)
+    cases = pipeline.cases(settings["models"], settings["precisions"], settings["backends"])
+    shard = Shard.parse(settings["shard"]) if settings["shard"] else None
     if shard is not None:
         cases = shard.select(cases)
     results = []
@@ -169,7 +166,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[int, Path]:
     print(format_table([r.to_dict() for r in results]))
     record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats),
                           shard.to_dict() if shard else None)
-    path = write_record(record, args.report_dir, getattr(args, "history_db", None))
+    path = write_record(record, settings["report-dir"], settings["history-db"])
     summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
     print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}")
     for result in results:
@@ -210,7 +207,7 @@ def _gate(args: argparse.Namespace) -> int:
     from quantverdict.report.gate import gate, load_policy
     from quantverdict.report.load import load_record
 
-    result = gate(load_record(args.baseline), load_record(args.current), load_policy(args.policy))
+    result = gate(load_record(args.baseline), load_record(args.current), load_policy(args.gate_policy))
     print(result.report())
     return result.exit_code
 
@@ -221,10 +218,8 @@ def _nightly(args: argparse.Namespace) -> int:
 
     folder = args.root / time.strftime("%Y%m%d-%H%M%S")
     db = args.root / HISTORY_DB  # one history for every nightly run, beside their folders
-    run_args = argparse.Namespace(cache_dir=args.cache_dir, tolerances=None, manifest=args.manifest, models=None,
-                                  precisions=None, backends=None, calibration=None, time=True, report_dir=folder,
-                                  history_db=db)
-    code, record = run_matrix(run_args)
+    code, record = run_matrix(Settings.resolve({**vars(args), "time": True, "report_dir": folder, "history_db": db},
+                                               Path.cwd()))
     _report(argparse.Namespace(record=record, history=args.root, out=folder, history_db=db, profile="nightly"))
     return code
 
@@ -252,25 +247,6 @@ def format_table(cases: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def recipe_settings(options: list[str]) -> dict[str, dict[str, Any]]:
-    """``[PRECISION:]KEY=VALUE`` options as settings per quantized precision (values parsed as YAML:
-    numbers, true/false, null)."""
-    import yaml
-
-    from quantverdict.precision import known_precisions
-
-    settings: dict[str, dict[str, Any]] = {}
-    for option in options:
-        target, _, assignment = option.rpartition(":") if ":" in option.partition("=")[0] else ("", "", option)
-        key, equals, value = assignment.partition("=")
-        if not equals or not key:
-            raise HarnessError(f"--recipe-option {option!r}: expected [PRECISION:]KEY=VALUE")
-        for precision in [target] if target else ["int8", "fp8"]:
-            if precision not in known_precisions():
-                raise HarnessError(f"--recipe-option {option!r}: unknown precision {precision!r}")
-            settings.setdefault(precision, {})[key] = yaml.safe_load(value)
-    return settings
-
 
 def _fmt(value: float | None, spec: str, width: int) -> str:
     return f"{value:{spec}}".rjust(width) if value is not None else "-".rjust(width)
@@ -283,7 +259,9 @@ def _sensitivity(args: argparse.Namespace) -> int:
 
     settings = recipe_settings(args.recipe_option)
     settings.setdefault(args.precision, {}).setdefault("fallback", None)  # every layer ranked, the model's fallback off
-    pipeline = Pipeline(args.cache_dir, manifest=args.manifest, calibration=args.calibration, recipe_settings=settings)
+    common = _settings(args)
+    pipeline = Pipeline(common["cache-dir"], manifest=common["manifest"], calibration=args.calibration,
+                        recipe_settings=settings)
     pipeline.models.get(args.model)
     recipe = pipeline.store.recipe(args.model, args.precision, "emulated")
     print(f"{'layer':<48} {'op':<8} {'cosine':>9} {'snr_db':>7}   (only this layer quantized)")
@@ -304,7 +282,7 @@ def _compare_recipes(args: argparse.Namespace) -> int:
     from quantverdict.precision.modelopt import modelopt_python
     from quantverdict.run.pipeline import Pipeline
 
-    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    pipeline = _pipeline(args)
     own = dict(pipeline.models.get(args.model).recipe.get(args.precision, {}))
     variants: dict[str, dict[str, Any]] = {"harness": own}
     if args.precision == "int8":
@@ -343,7 +321,7 @@ def _formats(args: argparse.Namespace) -> int:
     from quantverdict.judge.formats import format_fit, summarize
     from quantverdict.run.pipeline import Pipeline
 
-    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    pipeline = _pipeline(args)
     fits = format_fit(pipeline.store, args.model)
     print(f"{'tensor':<56} {'kind':<10} {'int8_db':>7} {'fp8_db':>7} {'lead':>6}  quantized by   "
           "(rounding SNR on the calibration set; lead: INT8's over FP8)")
@@ -377,8 +355,9 @@ def _prune_cache(args: argparse.Namespace) -> int:
 
     if args.max_size is None and args.unused_days is None:
         raise HarnessError("prune-cache needs --max-size, --unused-days or both")
-    result = Cache(args.cache_dir).prune(args.max_size, None if args.unused_days is None else args.unused_days * 86400)
-    print(f"{args.cache_dir}: removed {result.removed} artifacts ({result.freed_bytes / 2 ** 30:.2f} GiB), "
+    cache_dir = _settings(args)["cache-dir"]
+    result = Cache(cache_dir).prune(args.max_size, None if args.unused_days is None else args.unused_days * 86400)
+    print(f"{cache_dir}: removed {result.removed} artifacts ({result.freed_bytes / 2 ** 30:.2f} GiB), "
           f"kept {result.kept} ({result.kept_bytes / 2 ** 30:.2f} GiB)")
     return 0
 
@@ -391,7 +370,7 @@ def _bench(args: argparse.Namespace) -> int:
     caps = detect()
     if caps.gpu is None:
         raise HarnessError("bench measures the GPU lane and needs a CUDA GPU; none found")
-    module = Pipeline(args.cache_dir, manifest=args.manifest).store.module(args.model)
+    module = _pipeline(args).store.module(args.model)
     figures: dict = {"gpu": caps.to_dict()["gpu"], "model": args.model,
                      "lane": gpu_lane.resnet_lane(module, [int(b) for b in args.batches], args.precisions,
                                                   args.peak_tflops, args.compile),
@@ -437,7 +416,7 @@ def _history(args: argparse.Namespace) -> int:
     from quantverdict.report.history import judge_history, load_policies
 
     start = clock.perf_counter()
-    verdicts = judge_history(args.db, load_policies(args.policy, args.profile))
+    verdicts = judge_history(args.db, load_policies(args.history_policy, args.profile))
     for verdict in verdicts:
         if args.all or verdict.verdict.state not in ("stable", "insufficient data"):
             print(verdict.describe())
@@ -471,10 +450,11 @@ def _mutate(args: argparse.Namespace) -> int:
     from quantverdict.run.mutate import MIN_ACCURACY_COST, MIN_SNR_COST_DB, run_campaign
     from quantverdict.run.pipeline import Pipeline
 
-    pipeline = Pipeline(args.cache_dir, manifest=args.manifest)
+    pipeline = _pipeline(args)
+    manifest = _settings(args)["manifest"]
     models = args.models or [n for n in pipeline.models.names() if not pipeline.models.get(n).slow]
-    campaign = run_campaign(pipeline, models, load_catalogue(args.catalogue), args.reruns, policy=args.policy,
-                            fresh_pipeline=lambda cache: Pipeline(cache, manifest=args.manifest))
+    campaign = run_campaign(pipeline, models, load_catalogue(args.catalogue), args.reruns, policy=args.gate_policy,
+                            fresh_pipeline=lambda cache: Pipeline(cache, manifest=manifest))
     print(f"runner class: {pipeline.caps.runner_class}; significant = costs ≥ {MIN_SNR_COST_DB:g} dB SNR or "
           f"≥ {MIN_ACCURACY_COST:g} point of accuracy (on the graph's semantics)")
     print(f"{'defect kind':<26} {'planted':>7} {'signif.':>7} {'tolerance':>9} {'baseline':>9} {'any':>6}   "
@@ -496,11 +476,9 @@ def _mutate(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from quantverdict.models import model_registry
-
-    registry = model_registry(args.manifest)
-    for name in registry.names():
-        spec = registry.get(name)
+    pipeline = _pipeline(args)
+    for name in pipeline.models.names():
+        spec = pipeline.models.get(name)
         shapes = ", ".join(f"{i.name}{list(i.shape)}" for i in spec.inputs)
         print(f"{name:<20} {spec.task:<15} {shapes}")
     return 0

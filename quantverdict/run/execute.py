@@ -20,7 +20,7 @@ from quantverdict.backends import Backend, Runner
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.cache import file_sha256
 from quantverdict.capabilities import Capabilities
-from quantverdict.errors import HarnessError, UnsupportedError
+from quantverdict.errors import HarnessError, InputSpecError, UnsupportedError, UserCodeError, user_trace
 from quantverdict.judge.compare import Comparison, compare, concat, judge_task_metrics, task_accuracy
 from quantverdict.judge.diagnose import first_divergence, first_runtime_divergence
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
@@ -55,11 +55,13 @@ class CaseExecutor:
                 return CaseResult(case, "skipped", f"{', '.join(exc.ops)} declared unsupported on {case.backend} "
                                                    f"in the model spec: {exc}")
             return CaseResult(case, "error", f"{case.id}: {exc}")
+        except (UserCodeError, InputSpecError) as exc:  # the user's own code: which callable, and its frames
+            return CaseResult(case, "error", f"{case.id}: {exc}\n{exc.trace}".rstrip(), trace=exc.trace)
         except HarnessError as exc:
             return CaseResult(case, "error", f"{case.id}: {exc}")
         except Exception as exc:  # a backend crash is a regression too: keep the trace
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            return CaseResult(case, "error", f"{case.id}: {detail}")
+            return CaseResult(case, "error", f"{case.id}: {detail}", trace=user_trace(exc))
 
     def _run(self, case: Case) -> CaseResult:
         store = self.store
@@ -139,9 +141,8 @@ class CaseExecutor:
         comparison = compare(reference, outputs, tolerance, spec.task == "classification",
                              self.store.undecided(spec.name))
         labels = self.store.eval_labels(spec.name)
-        metric = spec.task_metric()
-        if metric is not None:
-            judge_task_metrics(metric(reference, outputs, labels), tolerance, comparison)
+        if spec.task_metric() is not None:
+            judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison)
         if labels is not None:
             output = spec.outputs[0]
             comparison.task = task_accuracy(reference[output].argmax(-1) == labels,

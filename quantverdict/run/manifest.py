@@ -2,89 +2,206 @@
 
 A manifest entry names a factory as ``"module:callable"`` (imported when first called, never
 ``eval``-ed; a module that cannot be found is an error at load) or an ONNX file. Paths are
-resolved against the manifest's folder. See ``fixtures/models.yaml``.
+resolved against the manifest's folder. The schema below is the manifest's whole grammar: a
+misspelled field at any depth is one line naming the file, the model, the field's path and the
+closest allowed name. ``quantverdict init`` writes a starter manifest that documents every field.
+
+A manifest is code, like a conftest.py: it names Python callables that are imported and run, and
+files that are read wherever they are. Run only manifests you would run as code.
 """
 from __future__ import annotations
 
 import importlib.util
 import sys
-from importlib.metadata import entry_points
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantverdict.documents import DocumentError, dotted, read_yaml, validate
 from quantverdict.errors import HarnessError
+from quantverdict.judge.tolerances import PrecisionName, Tolerance
+from quantverdict.models import registered_specs
 from quantverdict.models.spec import InputSpec, ModelSpec, Ref
+from quantverdict.registry import Registry
 
-ENTRY_POINT_GROUP = "quantverdict.models"
-_FIELDS = {"name", "build", "onnx", "quantized", "inputs", "outputs", "task", "calibration", "eval", "tolerances", "slow",
-           "unsupported_ops", "build_files", "metric", "recipe"}
+CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+CallableRef = Annotated[str, Field(pattern=CALLABLE)]
+ALL = "all"
 
 
-def load_manifest(path: Path) -> list[ModelSpec]:
-    """Parse a manifest file into model specs; errors name the file and the entry."""
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise HarnessError(f"cannot read model manifest {path}: {exc}") from exc
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputEntry(_Strict):
+    name: str
+    shape: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)
+    dtype: Literal["float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"] = "float32"
+    range: tuple[float, float] = (-1.0, 1.0)
+    dynamic_axes: dict[Annotated[int, Field(ge=0)], str] = {0: "batch"}
+    resolution: Annotated[float, Field(gt=0)] | None = None
+
+
+class ModelEntry(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    build: CallableRef | None = None
+    onnx: str | None = None
+    quantized: dict[PrecisionName, str] = {}  # type: ignore[valid-type]
+    inputs: list[InputEntry] = Field(min_length=1)
+    outputs: list[str] = Field(min_length=1)
+    task: Literal["classification", "regression", "embedding"] = "regression"
+    calibration: str | None = None
+    eval: CallableRef | None = None
+    metric: CallableRef | None = None
+    tolerances: dict[PrecisionName, Tolerance] = {}  # type: ignore[valid-type]
+    recipe: dict[PrecisionName, dict[str, Any]] = {}  # type: ignore[valid-type]
+    unsupported_ops: dict[str, list[str]] = {}
+    slow: bool = False
+    build_files: list[str] | None = None
+
+    @field_validator("calibration")
+    @classmethod
+    def _calibration(cls, value: str | None) -> str | None:
+        import re
+
+        if value is not None and value != "synthetic" and not re.match(CALLABLE, value):
+            raise ValueError(f"expected 'synthetic' or 'module:callable', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelEntry":
+        if (self.build is None) == (self.onnx is None):
+            raise ValueError("give exactly one of build: (a module:callable factory) and onnx: (a file)")
+        return self
+
+
+class ManifestFile(_Strict):
+    models: list[ModelEntry] = []
+    # registered models (built-in, zoo, installed packages') to run beside this manifest's own; "all": every one
+    include: list[str] = []
+
+    @field_validator("include", mode="before")
+    @classmethod
+    def _all(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest read and checked: its own model specs, and the registered models it includes."""
+
+    path: Path
+    specs: list[ModelSpec]
+    include: list[str]
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Parse and validate a manifest; every problem is one line naming the file, model and field."""
+    document = read_yaml(path, "model manifest")
+    entries = validate({} if document is None else document, ManifestFile, str(path), _describe)
     root = path.parent.resolve()
     if str(root) not in sys.path:  # lets "module:callable" refer to files beside the manifest
         sys.path.insert(0, str(root))
-    return [_entry(entry, path, root) for entry in document.get("models", [])]
+    problems = [line for index, entry in enumerate(entries.models) for line in _check(entry, index, path)]
+    names = [entry.name for entry in entries.models]
+    problems += [f"{path}: model {name!r}: declared twice" for name in sorted({n for n in names if names.count(n) > 1})]
+    if problems:
+        raise DocumentError("\n".join(problems))
+    return Manifest(path, [_spec(entry, root) for entry in entries.models], entries.include)
 
 
-def _entry(entry: dict[str, Any], path: Path, root: Path) -> ModelSpec:
-    where = f"{path}: model {entry.get('name', '?')!r}"
-    unknown = set(entry) - _FIELDS
-    if unknown:
-        raise HarnessError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
-    try:
-        calibration = entry.get("calibration")
-        return ModelSpec(
-            name=entry["name"],
-            inputs=[_input(item) for item in entry["inputs"]],
-            outputs=list(entry["outputs"]),
-            build=_ref(entry["build"]) if "build" in entry else None,
-            onnx_path=root / entry["onnx"] if "onnx" in entry else None,
-            quantized={precision: root / path for precision, path in (entry.get("quantized") or {}).items()},
-            task=entry.get("task", "regression"),
-            calibration=calibration if calibration in (None, "synthetic") else _ref(calibration),
-            eval_data=_ref(entry["eval"]) if "eval" in entry else None,  # type: ignore[arg-type]
-            metric=_ref(entry["metric"]) if "metric" in entry else None,
-            recipe=entry.get("recipe") or {},
-            tolerances=entry.get("tolerances", {}),
-            unsupported_ops=entry.get("unsupported_ops", {}),
-            slow=bool(entry.get("slow", False)),
-            build_files=None if entry.get("build_files") is None else [root / f for f in entry["build_files"]],
-        )
-    except (KeyError, ValueError, ImportError, AttributeError, TypeError) as exc:
-        raise HarnessError(f"{where}: {type(exc).__name__}: {exc}") from exc
+def _describe(document: Any, loc: tuple[Any, ...]) -> str:
+    """``model 'x'`` for a path inside ``models[i]`` whose entry has a name."""
+    if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int) and isinstance(document, dict):
+        entries = document.get("models")
+        if isinstance(entries, list) and loc[1] < len(entries) and isinstance(entries[loc[1]], dict):
+            name = entries[loc[1]].get("name")
+            return f"model {name!r}" if isinstance(name, str) else ""
+    return ""
 
 
-def _ref(target: str) -> Ref:
-    """A lazy reference to ``module:callable``, whose module must be importable."""
-    module, _, attribute = target.partition(":")
-    if not attribute:
-        raise ValueError(f"expected 'module:callable', got {target!r}")
-    if importlib.util.find_spec(module) is None:
-        raise ModuleNotFoundError(f"No module named {module!r}")
-    return Ref(target)
+def _check(entry: ModelEntry, index: int, path: Path) -> list[str]:
+    """What the schema cannot see: factories' modules that cannot be found, recipe settings the
+    recipe refuses (the recipe is the one source of its settings), backends that do not exist."""
+    from quantverdict.precision import get_recipe
+
+    where = f"{path}: model {entry.name!r}: models[{index}]"
+    problems = []
+    for field in ("build", "calibration", "eval", "metric"):
+        target = getattr(entry, field)
+        if target and target != "synthetic":
+            module = target.partition(":")[0]
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError) as exc:  # a parent package that fails to import
+                found, module = False, f"{module} ({type(exc).__name__}: {exc})"
+            if not found:
+                problems.append(f"{where}.{field}: cannot find module {module!r} (searched beside the manifest "
+                                "and on sys.path)")
+    for precision, settings in entry.recipe.items():
+        try:
+            get_recipe(precision).configured(settings)
+        except HarnessError as exc:
+            problems.append(f"{where}.recipe.{precision}: {exc}")
+    from quantverdict.backends import backend_registry
+    from quantverdict.documents import suggest
+
+    known = backend_registry().names()
+    problems += [f"{where}.{dotted(('unsupported_ops', name))}: unknown backend{suggest(name, known)}"
+                 for name in entry.unsupported_ops if name not in known]
+    return problems
 
 
-def _input(item: dict[str, Any]) -> InputSpec:
-    return InputSpec(
-        name=item["name"],
-        shape=tuple(item["shape"]),
-        dtype=item.get("dtype", "float32"),
-        value_range=tuple(item.get("range", (-1.0, 1.0))),  # type: ignore[arg-type]
-        dynamic_axes={int(k): v for k, v in item.get("dynamic_axes", {0: "batch"}).items()},
-        resolution=None if item.get("resolution") is None else float(item["resolution"]),
+def _spec(entry: ModelEntry, root: Path) -> ModelSpec:
+    calibration = entry.calibration
+    return ModelSpec(
+        name=entry.name,
+        inputs=[_input(item) for item in entry.inputs],
+        outputs=list(entry.outputs),
+        build=Ref(entry.build) if entry.build else None,
+        onnx_path=root / entry.onnx if entry.onnx else None,
+        quantized={precision: root / file for precision, file in entry.quantized.items()},
+        task=entry.task,
+        calibration=calibration if calibration in (None, "synthetic") else Ref(calibration),
+        eval_data=Ref(entry.eval) if entry.eval else None,
+        metric=Ref(entry.metric) if entry.metric else None,
+        recipe=entry.recipe,
+        tolerances={precision: bounds.given() for precision, bounds in entry.tolerances.items()},
+        unsupported_ops=entry.unsupported_ops,
+        slow=entry.slow,
+        build_files=None if entry.build_files is None else [root / f for f in entry.build_files],
     )
 
 
-def entry_point_specs() -> Iterable[ModelSpec]:
-    """Specs contributed by installed packages: each entry point returns a spec or a list."""
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        loaded = point.load()()
-        yield from loaded if isinstance(loaded, list) else [loaded]
+def _input(item: InputEntry) -> InputSpec:
+    return InputSpec(name=item.name, shape=tuple(item.shape), dtype=item.dtype, value_range=item.range,
+                     dynamic_axes=dict(item.dynamic_axes), resolution=item.resolution)
+
+
+def model_registry(manifest: Manifest | None = None) -> Registry[ModelSpec]:
+    """Built-ins, zoo and entry-point models, then the manifest's; a duplicate name is an error."""
+    registry: Registry[ModelSpec] = Registry("model")
+    for spec in [*registered_specs(), *(manifest.specs if manifest else [])]:
+        registry.add(spec.name, spec)
+    return registry
+
+
+def default_models(manifest: Manifest | None, registry: Registry[ModelSpec]) -> list[str]:
+    """What a run covers when no model is named: the manifest's models and those it includes (``all``:
+    every registered one); without a manifest, every registered model."""
+    if manifest is None:
+        return registry.names()
+    own = [spec.name for spec in manifest.specs]
+    if ALL in manifest.include:
+        return [*own, *(name for name in registry.names() if name not in own)]
+    problems = []
+    for name in manifest.include:
+        if name not in registry.names():
+            from quantverdict.documents import closest
+
+            problems.append(f"{manifest.path}: include: unknown model {name!r}{closest(name, registry.names())}")
+    if problems:
+        raise DocumentError("\n".join(problems))
+    return [*own, *(name for name in manifest.include if name not in own)]

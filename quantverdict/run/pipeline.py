@@ -17,7 +17,7 @@ from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, detect
 from quantverdict.judge.mutations import Mutation
 from quantverdict.judge.tolerances import ToleranceTable
-from quantverdict.models import ModelSpec, model_registry
+from quantverdict.models import ModelSpec
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.registry import Registry
 from quantverdict.report.gate import judge_case, load_policy, rules_for, runner_class, runner_class_note
@@ -25,6 +25,8 @@ from quantverdict.report.load import load_record
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, enumerate_cases
 from quantverdict.run.execute import CaseExecutor
+from quantverdict.run.manifest import Manifest, default_models, load_manifest, model_registry
+from quantverdict.run.settings import Settings
 
 __all__ = ["Case", "CaseResult", "Pipeline"]
 
@@ -40,7 +42,8 @@ class Pipeline:
                  recipe_settings: Mapping[str, Mapping[str, Any]] | None = None):
         self.cache = Cache(cache_dir)
         self.tolerances = ToleranceTable.load(tolerances)
-        self.models: Registry[ModelSpec] = model_registry(manifest)
+        self.manifest: Manifest | None = load_manifest(manifest) if manifest is not None else None
+        self.models: Registry[ModelSpec] = model_registry(self.manifest)
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
         self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
@@ -48,6 +51,12 @@ class Pipeline:
         self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
         self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
             if baseline is not None else None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, capabilities: Capabilities | None = None) -> "Pipeline":
+        return cls(settings["cache-dir"], settings["tolerances"], settings["manifest"], capabilities,
+                   settings["calibration"], bool(settings["time"]), settings["baseline"], settings["gate-policy"],
+                   settings.recipe_settings())
 
     def mutated(self, mutation: Mutation) -> "Pipeline":
         """This pipeline with a planted defect in its artifacts (everything else shared)."""
@@ -59,8 +68,9 @@ class Pipeline:
 
     def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
               backends: list[str] | None = None) -> list[Case]:
-        """Every model × precision × backend combination the backends offer (validated names)."""
-        model_names = models or self.models.names()
+        """Every model × precision × backend combination the backends offer (validated names); the
+        models default to the manifest's own and those it includes, or every registered one without one."""
+        model_names = models or default_models(self.manifest, self.models)
         for name in model_names:
             self.models.get(name)
         return enumerate_cases(model_names, backends or self.backends.names(),

@@ -1,145 +1,188 @@
-"""pytest plugin: options, markers and parametrization. All logic lives in :mod:`quantverdict.run.pipeline`.
+"""pytest plugin (registered through the ``pytest11`` entry point): the manifest's model × precision ×
+backend cases as test items, markers, options, the run record, and the ``quantverdict`` fixture.
 
-Loaded by the repository's ``conftest.py`` (``pytest_plugins = ["quantverdict.run.pytest_plugin"]``).
-Heavy imports happen inside hooks, so importing this module costs nothing.
+It does nothing until a manifest is configured (``[tool.quantverdict] manifest = "models.yaml"`` in
+pyproject.toml, ``qv_manifest = models.yaml`` in pytest's ini file, or ``--qv-manifest``): pytest
+loads it in every run of an environment where the package is installed. Configured, the manifest
+file is collected like a test file, one item per case, so ``pytest -m int8`` judges a repository's
+models without any test code. All logic lives in :mod:`quantverdict.run.pipeline`; this module
+imports nothing heavy until a hook needs it.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
+if TYPE_CHECKING:
+    from quantverdict.run.cases import Case
+    from quantverdict.run.judge_outputs import OutputJudge
+    from quantverdict.run.pipeline import Pipeline
+    from quantverdict.run.settings import Settings
+
+RESULT_PROPERTY = "quantverdict_result"
 PRECISION_MARKERS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4")
 BACKEND_MARKERS = ("torch", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch_quant")
 OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/101)",
                  "benchmark": "timing benchmarks; run only when selected (pytest -m benchmark)"}
-RESULT_PROPERTY = "quantverdict_result"
 
-_pipeline_key = pytest.StashKey["Any"]()
+_settings_key = pytest.StashKey["Settings"]()
+_pipeline_key = pytest.StashKey["Pipeline"]()
 _results_key = pytest.StashKey[list]()
 _started_key = pytest.StashKey[float]()
 
 
-def _csv(value: str | None) -> list[str] | None:
-    return [item.strip() for item in value.split(",") if item.strip()] if value else None
-
-
-def _register_hypothesis_profiles() -> None:
-    """``ci``: few, derandomised examples and no deadline (model builds are slow); ``nightly``: deep."""
-    try:
-        from hypothesis import HealthCheck, settings
-    except ImportError:
-        return
-    common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
-    settings.register_profile("ci", max_examples=12, derandomize=True, print_blob=True, **common)
-    settings.register_profile("nightly", max_examples=300, **common)
-
-
-_register_hypothesis_profiles()  # before Hypothesis's own plugin reads --hypothesis-profile
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("quantverdict", "quantized-model regression harness")
-    group.addoption("--models", help="comma-separated model names (default: all registered)")
-    group.addoption("--precisions", help="comma-separated precisions (default: all a backend offers)")
-    group.addoption("--backends", help="comma-separated backends (default: all)")
-    group.addoption("--tolerances", type=Path, help="tolerance table (default: fixtures/tolerances.yaml)")
-    group.addoption("--manifest", type=Path, default=Path("fixtures/models.yaml"),
-                    help="user model manifest (default: fixtures/models.yaml, if present)")
-    group.addoption("--report-dir", type=Path, default=Path("reports"),
-                    help="where the run's JSON record is written (default: reports/)")
-    group.addoption("--cache-dir", type=Path, default=Path(".quantverdict-cache"),
-                    help="artifact cache shared by runs and xdist workers (default: .quantverdict-cache/)")
-    group.addoption("--calibration", help="calibration method for INT8/FP8: max (default), entropy, percentile, mse")
-    group.addoption("--baseline", type=Path, help="run record to judge every case against under the gate's rules "
-                                                  "(default: the ini option quantverdict_baseline, if set)")
-    group.addoption("--shard", help="run part i of n of the accuracy matrix (i/n); 'python -m quantverdict merge' "
-                                    "combines the records")
-    group.addoption("--gate-policy", type=Path, help="gate policy for --baseline (default: fixtures/gate.yaml)")
-    parser.addini("quantverdict_baseline", "default run record for --baseline", default="")
+    from quantverdict.run.settings import INI_PREFIX, PYTEST_PREFIX, SETTINGS, add_options
 
-
-def pin_worker_gpu(worker: str | None, gpu_count: int) -> str | None:
-    """The CUDA_VISIBLE_DEVICES value for pytest-xdist worker ``gwN``: one GPU each, round robin."""
-    if not worker or not worker.startswith("gw") or gpu_count < 2:
-        return None
-    return str(int(worker[2:]) % gpu_count)
-
-
-def _gpu_count() -> int:
-    """GPUs seen by the driver, counted without initialising CUDA in this process."""
-    import shutil
-    import subprocess
-
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(line.startswith("GPU ") for line in listing.splitlines())
+    group = parser.getgroup("quantverdict", "quantized-model regression harness (quantverdict)")
+    add_options(group.addoption, prefix=PYTEST_PREFIX)
+    for setting in SETTINGS.values():
+        parser.addini(INI_PREFIX + setting.dest, setting.help, type="linelist" if setting.kind == "list" else "string")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    import os
-
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and "CUDA_VISIBLE_DEVICES" not in os.environ:  # before anything initialises CUDA
-        device = pin_worker_gpu(worker, _gpu_count())
-        if device is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = device
     for name in PRECISION_MARKERS:
         config.addinivalue_line("markers", f"{name}: cases in {name.upper()} precision")
     for name in BACKEND_MARKERS:
         config.addinivalue_line("markers", f"{name}: cases run on the {name} backend")
     for name, text in OTHER_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    settings = _resolve(config)
+    config.stash[_settings_key] = settings
     config.stash[_results_key] = []
     config.stash[_started_key] = time.time()
     config.pluginmanager.register(_RecordCollector(config), "quantverdict-record-collector")
+    _pin_worker_gpu()
+    manifest = settings["manifest"]
+    if manifest is None:
+        return
+    if not manifest.is_file():
+        raise pytest.UsageError(f"quantverdict: the configured manifest {manifest} does not exist")
+    pipeline(config)  # reads and checks the manifest now: a bad field is a usage error, not a traceback
+    if config.args_source != pytest.Config.ArgsSource.ARGS and not any(
+            manifest.is_relative_to(Path(arg).resolve()) for arg in config.args if Path(arg).exists()):
+        config.args.append(str(manifest))  # testpaths elsewhere: the manifest's cases are collected too
 
 
-def pipeline(config: pytest.Config) -> Any:
+def _resolve(config: pytest.Config) -> "Settings":
+    from quantverdict.documents import DocumentError
+    from quantverdict.run.settings import INI_PREFIX, SETTINGS, Settings
+
+    given = {setting.dest: config.getoption(setting.dest, None) for setting in SETTINGS.values()}
+    ini: dict[str, tuple[Any, Path]] = {}
+    folder = config.inipath.parent if config.inipath else config.rootpath
+    for name, setting in SETTINGS.items():
+        value = config.getini(INI_PREFIX + setting.dest)
+        if value:
+            ini[name] = (value, folder)
+    try:
+        return Settings.resolve(given, config.invocation_params.dir, ini, root=config.rootpath)
+    except DocumentError as exc:
+        raise pytest.UsageError(f"quantverdict: {exc}") from None
+
+
+def _pin_worker_gpu() -> None:
+    """Under pytest-xdist, one GPU per worker (before anything initialises CUDA)."""
+    import os
+
+    from quantverdict.capabilities import gpu_count, pin_worker_gpu
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        device = pin_worker_gpu(worker, gpu_count())
+        if device is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = device
+
+
+def pipeline(config: pytest.Config) -> "Pipeline":
     """The session's :class:`quantverdict.run.pipeline.Pipeline`, made on first use."""
     if _pipeline_key not in config.stash:
+        from quantverdict.errors import HarnessError
         from quantverdict.run.pipeline import Pipeline
 
-        baseline = config.getoption("baseline") or (Path(config.getini("quantverdict_baseline"))
-                                                    if config.getini("quantverdict_baseline") else None)
-        config.stash[_pipeline_key] = Pipeline(
-            cache_dir=config.getoption("cache_dir"), tolerances=config.getoption("tolerances"),
-            manifest=config.getoption("manifest"), calibration=config.getoption("calibration"),
-            baseline=baseline, policy=config.getoption("gate_policy"))
+        try:
+            config.stash[_pipeline_key] = Pipeline.from_settings(config.stash[_settings_key])
+        except HarnessError as exc:
+            raise pytest.UsageError(f"quantverdict: {exc}") from None
     return config.stash[_pipeline_key]
 
 
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    manifest = parent.config.stash[_settings_key]["manifest"]
+    if manifest is not None and file_path.resolve() == manifest:
+        return ManifestFile.from_parent(parent, path=file_path)
+    return None
+
+
+class ManifestFile(pytest.File):
+    """The manifest as a test file: one item per case of its models (and the registered models it
+    includes, or those ``--qv-models`` names), marked by precision and backend."""
+
+    def collect(self) -> Iterator["CaseItem"]:
+        from quantverdict.errors import HarnessError
+        from quantverdict.run.cases import Shard
+
+        settings, pipe = self.config.stash[_settings_key], pipeline(self.config)
+        try:
+            cases = pipe.cases(settings["models"], settings["precisions"], settings["backends"])
+            if settings["shard"]:
+                cases = Shard.parse(settings["shard"]).select(cases)
+        except HarnessError as exc:
+            raise pytest.UsageError(f"quantverdict: {exc}") from None
+        for case in cases:
+            item = CaseItem.from_parent(self, name=case.id, case=case)
+            item.add_marker(case.precision)
+            item.add_marker(case.backend)
+            if pipe.models.get(case.model).slow:
+                item.add_marker("slow")
+            if case.precision in pipe.backend(case.backend).gpu_precisions:
+                item.add_marker("gpu")
+            yield item
+
+
+class CaseFailed(Exception):
+    """A case that failed or errored; its message is the whole report (no traceback of the harness)."""
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case: "Case", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.case = case
+
+    def runtest(self) -> None:
+        result = pipeline(self.config).run(self.case)
+        self.user_properties.append((RESULT_PROPERTY, result.to_dict()))
+        if result.status == "skipped":
+            pytest.skip(result.message)
+        if result.status != "passed":
+            raise CaseFailed(result.message or f"{self.case.id}: {result.status}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CaseFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.case.id
+
+
 @pytest.fixture(scope="session")
-def qv_pipeline(request: pytest.FixtureRequest) -> Any:
+def qv_pipeline(request: pytest.FixtureRequest) -> "Pipeline":
+    """The session's pipeline (models, artifacts, backends), for tests that drive cases themselves."""
     return pipeline(request.config)
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "case" not in metafunc.fixturenames:
-        return
-    config = metafunc.config
-    pipe = pipeline(config)
-    cases = pipe.cases(_csv(config.getoption("models")), _csv(config.getoption("precisions")),
-                       _csv(config.getoption("backends")))
-    if config.getoption("shard"):
-        from quantverdict.run.cases import Shard
+@pytest.fixture
+def quantverdict(request: pytest.FixtureRequest, record_property: Any) -> "OutputJudge":
+    """Judge your own outputs against your own reference under a precision's tolerances, recorded in
+    the run record: ``quantverdict.check(reference, outputs, "int8", name="my-net")``."""
+    from quantverdict.run.judge_outputs import OutputJudge
 
-        cases = Shard.parse(config.getoption("shard")).select(cases)
-    params = []
-    for case in cases:
-        marks = [getattr(pytest.mark, case.precision), getattr(pytest.mark, case.backend)]
-        if pipe.models.get(case.model).slow:
-            marks.append(pytest.mark.slow)
-        if case.precision in pipe.backend(case.backend).gpu_precisions:
-            marks.append(pytest.mark.gpu)
-        params.append(pytest.param(case, id=case.id, marks=marks))
-    metafunc.parametrize("case", params)
+    return OutputJudge(pipeline(request.config).tolerances,
+                       lambda result: record_property(RESULT_PROPERTY, result.to_dict()))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -150,16 +193,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("benchmark"):
             item.add_marker(skip)
-
-
-@pytest.fixture
-def record_case(record_property: Any) -> Any:
-    """Call with a :class:`CaseResult` to put it in the run record (works under pytest-xdist)."""
-
-    def record(result: Any) -> None:
-        record_property(RESULT_PROPERTY, result.to_dict())
-
-    return record
 
 
 class _RecordCollector:
@@ -177,19 +210,17 @@ class _RecordCollector:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    results = config.stash[_results_key]
+    results = config.stash.get(_results_key, [])
     if not results or hasattr(config, "workerinput"):  # xdist workers report to the controller
         return
     from quantverdict.capabilities import detect
     from quantverdict.report.record import build_record, write_record
+    from quantverdict.run.cases import Shard
 
-    shard = config.getoption("shard")
-    if shard:
-        from quantverdict.run.cases import Shard
-
-        shard = Shard.parse(shard).to_dict()
-    record = build_record(results, detect(), config.stash[_started_key], shard=shard or None)
-    path = write_record(record, config.getoption("report_dir"))
+    settings = config.stash[_settings_key]
+    shard = Shard.parse(settings["shard"]).to_dict() if settings["shard"] else None
+    record = build_record(results, detect(), config.stash[_started_key], shard=shard)
+    path = write_record(record, settings["report-dir"], settings["history-db"])
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"quantverdict: run record written to {path}")
