@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.errors import HarnessError
+from quantverdict.run import init
 from quantverdict.run.settings import COMMON, Settings, add_options, recipe_settings
 
 if TYPE_CHECKING:
@@ -121,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.add_argument("--out", type=Path, help="also write every planted defect and verdict as JSON here")
     _common(mutate)
     _common(commands.add_parser("models", help="list registered models"))
+    init.add_arguments(commands.add_parser("init", help="a starter manifest, its project setting and .gitignore "
+                                                        "lines in a repository"))
     commands.add_parser("env", help="print GPU, packages and the precision support matrix")
     return parser
 
@@ -132,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "gate": _gate, "nightly": _nightly, "bench": _bench, "mutate": _mutate,
                     "merge": _merge, "compare-timings": _compare_timings, "history": _history,
                     "compare-recipes": _compare_recipes, "formats": _formats,
-                    "prune-cache": _prune_cache}
+                    "prune-cache": _prune_cache, "init": init.run}
         return commands[args.command](args)
     except HarnessError as exc:
         for line in str(exc).splitlines():

@@ -1,0 +1,140 @@
+"""The pytest plugin as a user meets it: a temporary repository with a model package and a manifest and
+no test code, run by pytest in a subprocess (the plugin comes from the installed entry point)."""
+import json
+import textwrap
+
+import pytest
+
+MODEL = textwrap.dedent("""\
+    import numpy as np
+    import torch
+    from torch import nn
+
+
+    def make_net():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(8, 4)).eval()
+
+
+    def calibration():
+        rng = np.random.default_rng(1)
+        return [{"image": rng.uniform(0, 1, (4, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
+
+
+    def broken_calibration():
+        settings = {"mean": 0.5}
+        return [{"image": np.full((4, 3, 16, 16), settings["scale"], np.float32)}]
+    """)
+MANIFEST = textwrap.dedent("""\
+    models:
+      - name: tiny
+        build: tinymodels.nets:make_net
+        build_files: []
+        inputs: [{name: image, shape: [4, 3, 16, 16], range: [0, 1]}]
+        outputs: [scores]
+        task: classification
+        calibration: tinymodels.nets:calibration
+    """)
+
+
+@pytest.fixture
+def user_repo(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory) -> pytest.Pytester:
+    """A repository holding only a model package, a manifest and the setting naming it."""
+    pytester.mkpydir("tinymodels")
+    (pytester.path / "tinymodels" / "nets.py").write_text(MODEL)
+    (pytester.path / "models.yaml").write_text(MANIFEST)
+    cache = tmp_path_factory.getbasetemp() / "plugin-cache"  # shared by these tests: the tiny model once
+    (pytester.path / "pyproject.toml").write_text(f'[tool.quantverdict]\nmanifest = "models.yaml"\n'
+                                                  f'cache-dir = "{cache}"\n')
+    return pytester
+
+
+def _run(repo: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return repo.runpytest_subprocess("-p", "no:cacheprovider", "-rs", *args, timeout=600)
+
+
+def test_a_repository_with_only_a_manifest_runs_exactly_its_own_int8_cases(user_repo):
+    result = _run(user_repo, "-m", "int8", "--collect-only", "-q")
+    collected = [line for line in result.outlines if "::" in line]
+    backends = ("onnxruntime", "tensorrt", "tensorrt_rtx", "torch_quant")  # those that offer INT8
+    assert collected == [f"models.yaml::tiny-int8-{backend}" for backend in backends]
+    result = _run(user_repo, "-m", "int8")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and outcomes["passed"] == 1 and outcomes["skipped"] == 3, result.stdout.str()[-3000:]
+    [record_path] = (user_repo.path / "reports").glob("run-*.json")
+    record = json.loads(record_path.read_text())
+    assert {case["id"] for case in record["cases"]} == {f"tiny-int8-{backend}" for backend in backends}
+    assert record["summary"] == {"passed": 1, "skipped": 3}
+
+
+def test_built_in_models_run_only_when_asked_for(user_repo):
+    assert "cnn-int8-onnxruntime" not in _run(user_repo, "--collect-only", "-q").stdout.str()
+    asked = _run(user_repo, "--collect-only", "-q", "--qv-models", "cnn", "--qv-precisions", "int8")
+    assert [line for line in asked.outlines if "::" in line][0] == "models.yaml::cnn-int8-onnxruntime"
+
+
+def test_the_manifest_can_be_named_in_pytest_ini_instead(pytester):
+    pytester.mkpydir("tinymodels")
+    (pytester.path / "tinymodels" / "nets.py").write_text(MODEL)
+    (pytester.path / "config").mkdir()
+    (pytester.path / "config" / "models.yaml").write_text(MANIFEST)
+    pytester.makeini("[pytest]\nqv_manifest = config/models.yaml\n")
+    result = _run(pytester, "--collect-only", "-q", "-m", "fp32 and onnxruntime")
+    assert "config/models.yaml::tiny-fp32-onnxruntime" in result.stdout.str()
+
+
+def test_a_misspelled_manifest_field_is_a_usage_error_of_one_line(user_repo):
+    (user_repo.path / "models.yaml").write_text(MANIFEST.replace("range:", "rnage:"))
+    result = _run(user_repo, "-m", "int8")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert errors == [f"ERROR: quantverdict: {user_repo.path / 'models.yaml'}: model 'tiny': "
+                      "models[0].inputs[0].rnage: unknown field 'rnage'; did you mean 'range'? "
+                      "(allowed: name, shape, dtype, range, dynamic_axes, resolution)"], result.errlines
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_failing_calibration_callable_is_named_with_its_trace(user_repo):
+    (user_repo.path / "models.yaml").write_text(MANIFEST.replace("nets:calibration", "nets:broken_calibration"))
+    result = _run(user_repo, "-m", "int8 and onnxruntime")
+    text = result.stdout.str()
+    assert result.ret == 1
+    assert "model 'tiny': its calibration callable tinymodels.nets:broken_calibration failed: KeyError: 'scale'" in text
+    assert 'tinymodels/nets.py", line 19, in broken_calibration' in text  # the user's own frame
+    assert "quantverdict/run" not in text.split("broken_calibration failed")[1]  # no harness frames above it
+    [record_path] = (user_repo.path / "reports").glob("run-*.json")
+    [case] = json.loads(record_path.read_text())["cases"]
+    assert case["status"] == "error" and 'line 19, in broken_calibration' in case["trace"]
+
+
+def test_the_quantverdict_fixture_judges_a_users_own_outputs(user_repo):
+    user_repo.makepyfile(test_engine="""
+        import numpy as np
+        import pytest
+
+
+        def test_close_outputs_pass(quantverdict):
+            reference = np.random.default_rng(0).normal(size=(64, 10)).astype(np.float32)
+            comparison = quantverdict.check(reference, reference * 1.001, "int8", name="my-engine",
+                                            task="classification")
+            assert comparison.passed
+
+
+        def test_wrong_outputs_fail_with_the_bound(quantverdict):
+            reference = np.random.default_rng(0).normal(size=(64, 10)).astype(np.float32)
+            with pytest.raises(AssertionError, match="cosine .* must be ≥ 0.99"):
+                quantverdict.check(reference, -reference, "int8", name="my-engine")
+        """)
+    result = _run(user_repo, "test_engine.py")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    [record_path] = (user_repo.path / "reports").glob("run-*.json")
+    statuses = sorted(case["status"] for case in json.loads(record_path.read_text())["cases"])
+    assert statuses == ["failed", "passed"]
+
+
+def test_an_unconfigured_repository_is_left_alone(pytester):
+    pytester.makepyfile(test_plain="def test_one():\n    assert True\n")
+    result = _run(pytester)
+    assert result.ret == 0 and result.parseoutcomes() == {"passed": 1}
+    assert not (pytester.path / "reports").exists()
