@@ -1,4 +1,5 @@
-"""The labeled task: a real accuracy, reproducible training, and an INT8 delta that is measured."""
+"""The labeled task: a real accuracy from shipped trained weights, the script that trained them, and an
+INT8 delta that is measured."""
 import numpy as np
 import pytest
 import torch
@@ -6,18 +7,27 @@ import torch
 from quantverdict.models import digits
 from quantverdict.run.pipeline import Case
 
+# The shipped network classifies 96.7% of the 450 held-out digits (15 errors); a bound at twice its
+# error rate (6.7%) is what any retraining on any CPU must keep.
+MIN_ACCURACY = 0.93
 
-def test_training_is_deterministic_and_accurate():
-    first = {k: v.clone() for k, v in digits._trained_state().items()}
-    digits._trained_state.cache_clear()
-    second = digits._trained_state()
-    assert all(torch.equal(first[k], second[k]) for k in first)
+
+def _accuracy(model: torch.nn.Module) -> float:
     data = digits.eval_data()
     with torch.no_grad():
-        model = digits.build()
         predictions = np.concatenate([model(torch.from_numpy(b["input"])).argmax(1).numpy() for b in data.inputs])
     assert len(data.labels) == 450  # held-out quarter of the 1,797 images
-    assert np.mean(predictions == data.labels) >= 0.95
+    return float(np.mean(predictions == data.labels))
+
+
+def test_the_shipped_weights_classify_the_held_out_digits():
+    assert _accuracy(digits.build()) >= MIN_ACCURACY
+
+
+def test_the_script_behind_the_shipped_weights_still_trains_an_accurate_network():
+    model = digits._net()
+    model.load_state_dict({name: torch.from_numpy(values) for name, values in digits.train().items()})
+    assert _accuracy(model.eval()) >= MIN_ACCURACY
 
 
 @pytest.mark.int8
@@ -25,6 +35,6 @@ def test_training_is_deterministic_and_accurate():
 def test_int8_reports_task_accuracy_delta(qv_pipeline):
     result = qv_pipeline.run(Case("digits-cnn", "int8", "onnxruntime"))
     task = result.metrics["task"]
-    assert task["reference_accuracy"] >= 0.95
+    assert task["reference_accuracy"] >= MIN_ACCURACY
     assert task["accuracy_drop_points"] == pytest.approx(100 * (task["reference_accuracy"] - task["accuracy"]))
     assert any(c["metric"] == "accuracy drop (points)" for c in result.metrics["checks"])

@@ -36,7 +36,7 @@ def test_record_holds_environment_and_every_case(record_path):
     assert record["schema_version"] == 1 and record["summary"] == {"passed": 6, "skipped": 1}
     assert {"gpu", "packages", "python", "git_commit"} <= set(record["environment"])
     digits = next(c for c in record["cases"] if c["id"] == "digits-cnn-int8-onnxruntime")
-    assert digits["metrics"]["task"]["reference_accuracy"] >= 0.95 and "latency" in digits["metrics"]
+    assert digits["metrics"]["task"]["reference_accuracy"] >= 0.93 and "latency" in digits["metrics"]  # 2x its error
     skipped = next(c for c in record["cases"] if c["status"] == "skipped")
     assert "CUDA execution provider" in skipped["message"]
 

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from quantverdict.models.seeded import seeded_init
+
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "sigmoid": nn.Sigmoid}
 
 
@@ -47,13 +49,14 @@ class Architecture:
         return len(self.blocks)
 
     def build(self) -> nn.Module:
-        torch.manual_seed(self.seed)
+        """The network, its weights drawn CPU-independently from ``seed``: a shrunk failing example is
+        the same model on every runner."""
         layers: list[nn.Module] = []
         shape = list(self.input_shape)
         for block in self.blocks:
             module, shape = _block(block, shape)
             layers.append(module)
-        return nn.Sequential(*layers).eval()
+        return seeded_init(nn.Sequential(*layers), self.seed).eval()
 
 
 class _Residual(nn.Module):

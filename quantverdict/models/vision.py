@@ -2,41 +2,26 @@
 
 Random weights leave BatchNorm at mean 0 / variance 1, so activations grow block by block
 unlike a trained network's. Re-estimating the BatchNorm statistics on a few synthetic batches
-(``_recalibrate_batchnorm``) gives activation ranges shaped like a trained model's, which is
-what quantization accuracy depends on.
+gives activation ranges shaped like a trained model's, which is what quantization accuracy
+depends on. Both the weights and the statistics are the same on every CPU (:mod:`.seeded`).
 """
 from __future__ import annotations
 
 from typing import Any
 
+from quantverdict.models.seeded import estimate_batchnorm, seeded_init
 from quantverdict.models.spec import InputSpec, ModelSpec, Ref
 
 IMAGENET = InputSpec("input", (4, 3, 224, 224), value_range=(-2.0, 2.0))
 
 
-def _recalibrate_batchnorm(model: Any, batches: int = 4, batch: int = 8) -> Any:
-    import torch
-    from torch import nn
-
-    generator = torch.Generator().manual_seed(1234)
-    for module in model.modules():
-        if isinstance(module, nn.BatchNorm2d):
-            module.reset_running_stats()
-            module.momentum = None  # cumulative average over the batches below
-    model.train()
-    with torch.no_grad():
-        for _ in range(batches):
-            model(torch.rand((batch, 3, 224, 224), generator=generator) * 4 - 2)
-    return model.eval()
-
-
 def build_torchvision(arch: str) -> Any:
-    """torchvision's ``arch`` with seeded random weights and re-estimated BatchNorm statistics."""
-    import torch
+    """torchvision's ``arch`` with seeded random weights and BatchNorm statistics re-estimated on four
+    batches of eight synthetic images in [-2, 2]."""
     import torchvision
 
-    torch.manual_seed(0)
-    return _recalibrate_batchnorm(getattr(torchvision.models, arch)(weights=None))
+    model = seeded_init(getattr(torchvision.models, arch)(weights=None), seed=0)
+    return estimate_batchnorm(model, batches=4, shape=(8, 3, 224, 224), low=-2.0, high=2.0, seed=1234)
 
 
 def _spec(name: str, arch: str, slow: bool) -> ModelSpec:
