@@ -58,6 +58,7 @@ def test_first_divergence_skips_constants_and_never_reports_nan(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from quantverdict.export.compat import make_model
     from quantverdict.judge.diagnose import first_divergence
 
     def graph(mask_value: float, gate_scale: float) -> Path:
@@ -67,12 +68,11 @@ def test_first_divergence_skips_constants_and_never_reports_nan(tmp_path):
                  helper.make_node("Mul", ["x", "mask2"], ["masked"], name="apply_mask"),
                  helper.make_node("Mul", ["x", "gate"], ["gated"], name="gate"),
                  helper.make_node("Add", ["masked", "gated"], ["y"], name="out")]
-        model = helper.make_model(helper.make_graph(
+        model = make_model(helper.make_graph(
             nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
             [numpy_helper.from_array(np.float32(2.0), "two"),
-             numpy_helper.from_array(np.full((1, 4), gate_scale, np.float32), "gate")]),
-            opset_imports=[helper.make_opsetid("", 19)])
+             numpy_helper.from_array(np.full((1, 4), gate_scale, np.float32), "gate")]), opset=19)
         path = tmp_path / f"g-{mask_value}-{gate_scale}.onnx"
         onnx.save(model, str(path))
         return path

@@ -59,6 +59,8 @@ def test_fp8_for_sm86_is_predicted_and_really_fails(qv_pipeline):
 def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, qv_pipeline):
     import tensorrt_rtx
 
+    from quantverdict.export.compat import make_model
+
     graph = helper.make_graph(
         [helper.make_node("Cast", ["x"], ["x_bf16"], to=TensorProto.BFLOAT16),
          helper.make_node("HardSwish", ["x_bf16"], ["y_bf16"], name="act"),
@@ -66,7 +68,7 @@ def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, qv_pipel
         "hardswish-bf16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
     path = tmp_path / "hardswish.onnx"
-    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]).SerializeToString())
+    path.write_bytes(make_model(graph, opset=19).SerializeToString())
     with pytest.raises(UnsupportedError, match=r"hardswish\.onnx \(bf16 recipe\): node 1 'act' \(op HardSwish\)") as info:
         build_engine(tensorrt_rtx, "tensorrt_rtx", path, "bf16", BuildOptions(target_cc=SM89), Cache(tmp_path / "c"))
     assert info.value.ops == ("HardSwish",)

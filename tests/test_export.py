@@ -44,3 +44,67 @@ def test_export_is_cached_by_content(qv_pipeline, tmp_path):
     assert export_onnx(spec, module, cache) != first
     assert cache.stats["onnx.miss"] == 2
     assert onnx.load(str(first)).opset_import[0].version == 19
+
+
+def _opset17_user_model(qv_pipeline, tmp_path, ir_version: int):
+    """The built-in cnn exported at opset 17 (what most exporters write) as a user's ONNX file, stamped
+    with ``ir_version``, declared in a manifest."""
+    import io
+    import warnings
+
+    from quantverdict.run.pipeline import Pipeline
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(qv_pipeline.store.module("cnn"), torch.zeros(4, 3, 32, 32), buffer, input_names=["input"],
+                          output_names=["logits"], opset_version=17, dynamo=False,
+                          dynamic_axes={"input": {0: "batch"}})
+    model = onnx.load_from_string(buffer.getvalue())
+    model.ir_version = ir_version
+    onnx.save(model, str(tmp_path / "net17.onnx"))
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: net17\n    onnx: net17.onnx\n    inputs: [{name: input, shape: [4, 3, 32, 32]}]\n"
+        "    outputs: [logits]\n    task: classification\n    calibration: synthetic\n")
+    return Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+
+
+def test_graphs_are_written_at_the_lowest_ir_version_their_opsets_need(qv_pipeline, tmp_path):
+    """onnx writes its newest IR version (1.23: 14), which older runtimes refuse (onnxruntime 1.30 reads
+    13 at most): the harness's graphs, and a user's file stamped with the newest, carry the lowest one."""
+    from quantverdict.export.compat import lowest_ir
+
+    exported = onnx.load(str(qv_pipeline.store.fp32_onnx("cnn")))
+    assert exported.ir_version == lowest_ir(exported) == 9  # opset 19
+    pipeline = _opset17_user_model(qv_pipeline, tmp_path, onnx.IR_VERSION)
+    readable = onnx.load(str(pipeline.store.fp32_onnx("net17")))
+    assert readable.ir_version == 8 < onnx.IR_VERSION  # opset 17 needs IR 8
+    int8 = onnx.load(str(pipeline.store.precision_onnx("net17", pipeline.store.recipe("net17", "int8", "emulated"))))
+    assert int8.ir_version == lowest_ir(int8)
+
+
+@pytest.mark.fp8
+def test_an_opset_17_graph_is_converted_for_the_float8_recipe(qv_pipeline, tmp_path):
+    from quantverdict.export.compat import opset_of
+    from quantverdict.run.cases import Case
+
+    pipeline = _opset17_user_model(qv_pipeline, tmp_path, 8)
+    result = pipeline.run(Case("net17", "fp8", "onnxruntime"))
+    assert result.status == "passed", result.message
+    fp8 = onnx.load(str(pipeline.store.precision_onnx("net17", pipeline.store.recipe("net17", "fp8", "emulated"))))
+    assert opset_of(fp8) == 19 and opset_of(onnx.load(str(pipeline.store.fp32_onnx("net17")))) == 17
+
+
+def test_a_graph_the_converter_cannot_take_is_refused_naming_both_opsets():
+    from onnx import TensorProto, helper
+
+    from quantverdict.errors import ModelFileError
+    from quantverdict.export.compat import at_opset
+
+    graph = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelFileError, match=r"net\.onnx is at opset 17; the fp8 recipe needs opset 19, and onnx's "
+                                             r"version converter could not convert it .*export it at opset 19"):
+        at_opset(model, 19, "the fp8 recipe", "net.onnx")

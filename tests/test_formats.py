@@ -112,13 +112,15 @@ def _qdq_pair(graph: onnx.ModelProto, tensor: str):
     alone, as an ONNX Runtime session over FP32 values."""
     from onnx import TensorProto, helper
 
+    from quantverdict.export.compat import make_model, opset_of
+
     names = {f"{tensor}_scale", f"{tensor}_zero_point"}
     constants = [i for i in graph.graph.initializer if i.name in names]
     pair = [n for n in graph.graph.node if n.name in (f"{tensor}_QuantizeLinear", f"{tensor}_DequantizeLinear")]
     pair[0].input[0], pair[-1].output[0] = "x", "y"
-    model = helper.make_model(helper.make_graph(
+    model = make_model(helper.make_graph(
         pair, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], constants), opset_imports=graph.opset_import)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], constants), opset=opset_of(graph))
     return as_written_session(model)
 
 

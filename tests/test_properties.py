@@ -93,7 +93,7 @@ class FloorInt8(type(INT8)):
 
 @pytest.mark.int8
 def test_planted_rounding_bug_is_found_and_shrunk(cache, tmp_path):
-    buggy = QDQ(FloorInt8("int8", INT8.onnx_type, INT8.qmax, np.int8))
+    buggy = QDQ(FloorInt8("int8", INT8.onnx_type, INT8.qmax, np.int8, INT8.min_opset))
 
     # The example database lives in the harness cache: a rerun replays the shrunk example first, as
     # Hypothesis does for its users, instead of searching and shrinking again (the cold run proves both).

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantverdict.cache import Cache
 from quantverdict.errors import HarnessError
+from quantverdict.export.compat import make_model
 from quantverdict.judge.task_metrics import embedding_agreement
 from quantverdict.precision.calibrate import calibrate, channel_ranges
 from quantverdict.precision.qdq import INT8, QDQ
@@ -376,7 +377,7 @@ def _layer(op: str, weight: np.ndarray, shape: list, out: list, name: str = "lay
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
                               [numpy_helper.from_array(weight, "w")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    return make_model(graph, opset=19)
 
 
 def _rounding_gain(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict], cache: Cache,

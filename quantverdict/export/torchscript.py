@@ -14,6 +14,7 @@ import onnx
 
 from quantverdict.cache import Cache, content_hash, source_fingerprint
 from quantverdict.errors import InputSpecError, ModelFileError, user_trace
+from quantverdict.export.compat import serialized
 from quantverdict.models.spec import ModelSpec
 
 DEFAULT_OPSET = 19  # float8 Q/DQ needs 19; TensorRT 10/11 and ONNX Runtime ≥ 1.15 parse it
@@ -72,7 +73,7 @@ def export_built(spec: ModelSpec, identity: str, module: Callable[[], "object"],
             )
         model = onnx.load_from_string(buffer.getvalue())
         onnx.checker.check_model(model, full_check=True)
-        return buffer.getvalue()
+        return serialized(model)
 
     return cache.get_or_create("onnx", key, ".onnx", produce,
                                {"model": spec.name, "opset": opset, "torch": torch_version, "identity": identity})

@@ -14,6 +14,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 
+from quantverdict.export.compat import serialized
 from quantverdict.generate.arch import Architecture
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.cache import Cache, atomic_write_bytes
@@ -83,7 +84,7 @@ def low_precision_within_format_bound(arch: Architecture, inputs: Inputs, precis
     module, path = _fp32_graph(arch, cache)
     graph = onnx.load(str(path))
     rounded = cache.root / "properties" / f"{arch.digest}-{precision}.onnx"
-    atomic_write_bytes(rounded, get_recipe(precision).apply(graph).SerializeToString())
+    atomic_write_bytes(rounded, serialized(get_recipe(precision).apply(graph)))
     x = inputs.array(arch.input_shape)
     got, want = _run(rounded, x), _torch(module, x)
     rounding_points = len(graph.graph.node) + len(graph.graph.input)
@@ -111,7 +112,7 @@ def quantized_layer_within_scale_bound(arch: Architecture, inputs: Inputs, recip
     graph = onnx.load(str(path))
     ranges = calibrate(cache, path.read_bytes(), recipe.tensors_to_calibrate(graph), [{"input": x}], recipe.calibrator)
     quantized = cache.root / "properties" / f"{arch.digest}-{recipe.fmt.name}-{inputs.seed}.onnx"
-    atomic_write_bytes(quantized, recipe.apply(graph, ranges).SerializeToString())
+    atomic_write_bytes(quantized, serialized(recipe.apply(graph, ranges)))
     got, want = _run(quantized, x, optimize=False), _torch(module, x)
 
     layer = module[0]

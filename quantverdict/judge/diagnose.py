@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quantverdict.export.compat import serialized
 from quantverdict.judge.compare import cosine
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import float_tensors
@@ -40,7 +41,7 @@ def _run_all(source: Path | onnx.ModelProto, names: list[str], batch: Batch, opt
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(serialized(model), options, providers=["CPUExecutionProvider"])
     return dict(zip(names, session.run(names, dict(batch))))
 
 

@@ -26,6 +26,7 @@ class Recipe:
     calibration_data: bool = False  # calibrates itself from the calibration batches (apply_batches), not ranges
     configurable: bool = False  # takes recipe settings (a manifest's recipe:, --recipe-option)
     fallback_pending: bool = False  # layers to keep in FP32 still to be chosen on the calibration set (fallback)
+    min_opset: int = 0  # the lowest default-domain opset whose operators and types the recipe's graph needs
     runtime: Mapping[str, Any] = {}
 
     def params(self) -> dict[str, Any]:

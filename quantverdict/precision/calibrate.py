@@ -17,6 +17,7 @@ import onnx
 
 from quantverdict.cache import Cache, content_hash, source_fingerprint
 from quantverdict.errors import CalibrationError
+from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch
 from quantverdict.precision.calibrators import BINS, Calibrator, Histogram
 
@@ -91,7 +92,7 @@ def as_written_session(model: onnx.ModelProto) -> Any:
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(serialized(model), options, providers=["CPUExecutionProvider"])
 
 
 def tensor_values(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> Iterator[list[np.ndarray]]:

@@ -54,6 +54,7 @@ class RoundedStorage(Recipe):
     def __init__(self, name: str):
         self.name = name
         self.onnx_type, self.np_type = _LOW[name]
+        self.min_opset = 13 if name == "bf16" else 0  # Cast to bfloat16: opset 13
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "mode": "emulated-storage"}

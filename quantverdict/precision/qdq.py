@@ -48,6 +48,7 @@ class QuantFormat:
     onnx_type: int
     qmax: float
     np_type: Any
+    min_opset: int  # per-axis DequantizeLinear: 13; float8 QuantizeLinear/DequantizeLinear: 19
 
     def scale(self, amax: Any) -> np.ndarray:
         """The symmetric scale that maps ``amax`` (a range, or one per channel) onto ``qmax``, as float32; a
@@ -62,8 +63,8 @@ class QuantFormat:
         return clipped.astype(self.np_type)
 
 
-INT8 = QuantFormat("int8", TensorProto.INT8, 127.0, np.int8)
-FP8_E4M3 = QuantFormat("fp8", TensorProto.FLOAT8E4M3FN, 448.0, ml_dtypes.float8_e4m3fn)
+INT8 = QuantFormat("int8", TensorProto.INT8, 127.0, np.int8, 13)
+FP8_E4M3 = QuantFormat("fp8", TensorProto.FLOAT8E4M3FN, 448.0, ml_dtypes.float8_e4m3fn, 19)
 
 
 def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt: QuantFormat, first: bool) -> bool:
@@ -227,6 +228,7 @@ class QDQ(Recipe):
     def __init__(self, fmt: QuantFormat, options: QDQOptions | None = None):
         self.fmt = fmt
         self.name = fmt.name
+        self.min_opset = fmt.min_opset
         self.options = options or QDQOptions()
 
     @property

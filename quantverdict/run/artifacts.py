@@ -25,6 +25,7 @@ from quantverdict.cache import Cache, content_hash, file_sha256, source_fingerpr
 from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.errors import CalibrationError
 from quantverdict.export import export_onnx, load_onnx
+from quantverdict.export.compat import at_opset, lowest_ir, opset_of, serialized
 from quantverdict.export.torchscript import export_built
 from quantverdict.judge.compare import concat
 from quantverdict.judge.decided import undecided
@@ -94,7 +95,7 @@ class ArtifactStore:
         source = path.read_bytes()
         key = content_hash("mutant", source, mutation.key(), source_fingerprint("quantverdict.judge.mutations"))
         return self.cache.get_or_create("mutant", key, ".onnx",
-                                        lambda: mutation.graph(onnx.load_from_string(source)).SerializeToString(),
+                                        lambda: serialized(mutation.graph(onnx.load_from_string(source))),
                                         {"mutation": mutation.name})
 
     def module(self, model: str) -> Any:
@@ -113,14 +114,40 @@ class ArtifactStore:
         def make() -> Path:
             spec = self.models.get(model)
             if spec.onnx_path is not None:
-                load_onnx(spec.onnx_path)
-                return self._plant("fp32", spec.onnx_path)
+                return self._plant("fp32", self._readable(spec.onnx_path))
             build_key = spec.build_key()
             if build_key is None:  # keyed by the built module's weights
                 return self._plant("fp32", export_onnx(spec, self.module(model), self.cache))
             return self._plant("fp32", export_built(spec, "build:" + build_key, lambda: self.module(model), self.cache))
 
         return self._fp32.get(model, make)
+
+    def _readable(self, path: Path) -> Path:
+        """A user's ONNX file, checked (a missing or corrupt one is named), or a cached copy of it at the
+        lowest IR version that holds it where its own is higher (:mod:`quantverdict.export.compat`)."""
+        graph = load_onnx(path)
+        if graph.ir_version <= lowest_ir(graph):
+            return path
+        key = content_hash("readable", file_sha256(path), source_fingerprint("quantverdict.export"))
+        return self.cache.get_or_create("readable", key, ".onnx", lambda: serialized(graph), {"file": str(path)})
+
+    def recipe_source(self, model: str, recipe: Recipe) -> Path:
+        """The FP32 graph a recipe starts from: at the opset the recipe's operators need (float8 Q/DQ: 19),
+        converted by onnx's version converter where the model's own opset is lower (cached)."""
+        path = self.fp32_onnx(model)
+        if not recipe.min_opset:
+            return path
+        import onnx
+
+        graph = onnx.load(str(path))
+        if opset_of(graph) >= recipe.min_opset:
+            return path
+        key = content_hash("opset", file_sha256(path), recipe.min_opset, package_version("onnx"),
+                           source_fingerprint("quantverdict.export"))
+        return self.cache.get_or_create(
+            "opset", key, ".onnx", lambda: serialized(at_opset(graph, recipe.min_opset, f"the {recipe.name} recipe",
+                                                               f"model {model!r}'s graph {path.name}")),
+            {"model": model, "opset": recipe.min_opset})
 
     def ranges(self, model: str, recipe: Recipe) -> dict[str, float]:
         """Calibrated activation ranges for ``recipe`` (empty for uncalibrated recipes); cached."""
@@ -131,7 +158,7 @@ class ArtifactStore:
         the recipe's calibrated ranges of that graph; the FP32 graph and no ranges for uncalibrated recipes."""
         import onnx
 
-        graph = onnx.load(str(self.fp32_onnx(model)))
+        graph = onnx.load(str(self.recipe_source(model, recipe)))
         if not recipe.calibrated:
             return graph, {}
         graph = recipe.prepare(graph, lambda graph_bytes, tensors, axis: channel_ranges(
@@ -150,26 +177,25 @@ class ArtifactStore:
         a warm run finds it without parsing the FP32 graph or reading its ranges."""
         user_graph = self.models.get(model).quantized.get(recipe.name)
         if user_graph is not None:
-            load_onnx(user_graph)  # a missing or corrupt file is named
-            return self._plant("precision", user_graph, recipe.name)
+            return self._plant("precision", self._readable(user_graph), recipe.name)
 
         def make() -> Path:
             calibrated = recipe.calibrated or recipe.calibration_data
             calibration = [self.data_key(model, "calibration"), package_version("onnxruntime")] if calibrated else None
-            key = content_hash("precision", file_sha256(self.fp32_onnx(model)), recipe.params(), calibration,
+            key = content_hash("precision", file_sha256(self.recipe_source(model, recipe)), recipe.params(), calibration,
                                source_fingerprint("quantverdict.precision"))
 
             def produce() -> bytes:
                 if recipe.calibration_data:  # a recipe that calibrates itself from batches
                     import onnx
 
-                    graph = onnx.load(str(self.fp32_onnx(model)))
-                    return recipe.apply_batches(graph, self.calibration_batches(model)).SerializeToString()
+                    graph = onnx.load(str(self.recipe_source(model, recipe)))
+                    return serialized(recipe.apply_batches(graph, self.calibration_batches(model)))
                 graph, ranges = self._prepared_and_ranges(model, recipe)
                 made = recipe.apply(graph, ranges)
                 if recipe.calibrated:  # corrections measured on the calibration set (bias correction)
                     made = recipe.correct(made, graph, self.calibration_batches(model))
-                return made.SerializeToString()
+                return serialized(made)
 
             path = self.cache.get_or_create("precision", key, ".onnx", produce, {"model": model, **recipe.params()})
             return self._plant("precision", path, recipe.name)
