@@ -132,8 +132,9 @@ class ManifestFile(pytest.File):
                 cases = Shard.parse(settings["shard"]).select(cases)
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None
+        lines = _declaration_lines(self.path.read_text(encoding="utf-8"))
         for case in cases:
-            item = CaseItem.from_parent(self, name=case.id, case=case)
+            item = CaseItem.from_parent(self, name=case.id, case=case, line=lines.get(case.model, lines.get("", 0)))
             item.add_marker(case.precision)
             item.add_marker(case.backend)
             if pipe.models.get(case.model).slow:
@@ -147,16 +148,30 @@ class CaseFailed(Exception):
     """A case that failed or errored; its message is the whole report (no traceback of the harness)."""
 
 
+def _declaration_lines(text: str) -> dict[str, int]:
+    """0-based line of each model's ``name:`` in a manifest, and of ``include:`` under the key ''."""
+    import re
+
+    lines: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines()):
+        named = re.match(r"^\s*-?\s*name:\s*['\"]?([^'\"#\s]+)", line)
+        if named:
+            lines.setdefault(named.group(1), number)
+        elif re.match(r"^include:", line):
+            lines.setdefault("", number)
+    return lines
+
+
 class CaseItem(pytest.Item):
-    def __init__(self, *, case: "Case", **kwargs: Any):
+    def __init__(self, *, case: "Case", line: int = 0, **kwargs: Any):
         super().__init__(**kwargs)
-        self.case = case
+        self.case, self.line = case, line
 
     def runtest(self) -> None:
         result = pipeline(self.config).run(self.case)
         self.user_properties.append((RESULT_PROPERTY, result.to_dict()))
-        if result.status == "skipped":
-            pytest.skip(result.message)
+        if result.status == "skipped":  # reported at the case's item, not at this line
+            raise pytest.skip.Exception(result.message, _use_item_location=True)
         if result.status != "passed":
             raise CaseFailed(result.message or f"{self.case.id}: {result.status}")
 
@@ -166,7 +181,7 @@ class CaseItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, self.case.id
+        return self.path, self.line, self.case.id
 
 
 @pytest.fixture(scope="session")

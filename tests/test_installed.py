@@ -1,0 +1,121 @@
+"""The product as users get it: the wheel built from this tree, installed (not editable) into a fresh
+virtual environment, used from a repository that holds only a model package and a manifest, with
+no file of this repository in reach: pytest -m int8, pytest --qv-baseline, and the CLI's init, run,
+report and gate.
+
+The virtual environment sees this environment's site-packages (torch, onnxruntime… are gigabytes
+a CI run should not install twice); the package itself comes from the wheel, which the test checks."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = textwrap.dedent("""\
+    import numpy as np
+    from torch import nn
+
+
+    def make_net():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(8, 4)).eval()
+
+
+    def calibration():
+        rng = np.random.default_rng(1)
+        return [{"image": rng.uniform(0, 1, (4, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
+    """)
+MANIFEST = textwrap.dedent("""\
+    models:
+      - name: tiny
+        build: tinymodels.nets:make_net
+        build_files: []
+        inputs: [{name: image, shape: [4, 3, 16, 16], range: [0, 1]}]
+        outputs: [scores]
+        task: classification
+        calibration: tinymodels.nets:calibration
+    """)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment with the wheel of this tree installed from the file, not from the tree."""
+    import importlib.util
+
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("building the wheel needs setuptools in this environment (pip install setuptools)")
+    import shutil
+
+    root = tmp_path_factory.mktemp("installed")
+    source, wheels = root / "source", root / "wheels"  # built from a copy: the build writes build/ beside it
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".quantverdict-cache", ".whl", ".tox", "build", "reports", "*.egg-info", "__pycache__", ".hypothesis"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    [wheel] = wheels.glob("quantverdict-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root / "venv")], check=True,
+                   timeout=300)
+    python = root / "venv" / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-3000:]
+    return root / "venv"
+
+
+@pytest.fixture
+def user_repo(tmp_path: Path) -> Path:
+    (tmp_path / "tinymodels").mkdir()
+    (tmp_path / "tinymodels" / "__init__.py").write_text("")
+    (tmp_path / "tinymodels" / "nets.py").write_text(MODEL)
+    (tmp_path / "models.yaml").write_text(MANIFEST)
+    return tmp_path
+
+
+def _in(venv: Path, repo: Path, *command: str) -> subprocess.CompletedProcess:
+    """``command`` run in the user's repository with the virtual environment's programs first on PATH, and
+    no PYTHONPATH entry that holds another copy of the package (a GPU machine carries its dependencies so)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    paths = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if entry and not (Path(entry) / "quantverdict").exists()]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_the_installed_wheel_serves_a_users_repository(venv, user_repo, tmp_path_factory):
+    where = _in(venv, user_repo, "python", "-c", "import quantverdict; print(quantverdict.__file__)")
+    assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr  # the wheel, not this tree
+
+    init = _in(venv, user_repo, "quantverdict", "init")
+    assert init.returncode == 0 and "models.yaml: exists, left alone" in init.stdout, init.stdout + init.stderr
+    cache = tmp_path_factory.getbasetemp() / "installed-cache"
+    with (user_repo / "pyproject.toml").open("a") as config:
+        config.write(f'cache-dir = "{cache}"\n')
+
+    tests = _in(venv, user_repo, "python", "-m", "pytest", "-m", "int8", "-q", "-p", "no:cacheprovider", "-rs")
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
+    assert "1 passed, 3 skipped, " in tests.stdout and "models.yaml:" in tests.stdout  # its own cases only
+    [record] = (user_repo / "reports").glob("run-*.json")
+    assert {case["model"] for case in json.loads(record.read_text())["cases"]} == {"tiny"}
+
+    run = _in(venv, user_repo, "quantverdict", "run", "--precisions", "fp32,int8", "--backends", "onnxruntime",
+              "--report-dir", "cli")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [baseline] = (user_repo / "cli").glob("run-*.json")
+    assert [case["id"] for case in json.loads(baseline.read_text())["cases"]] == [
+        "tiny-fp32-onnxruntime", "tiny-int8-onnxruntime"]
+
+    report = _in(venv, user_repo, "quantverdict", "report", str(baseline))
+    assert report.returncode == 0 and baseline.with_suffix(".html").is_file(), report.stderr[-3000:]
+    gate = _in(venv, user_repo, "quantverdict", "gate", "--baseline", str(baseline), "--current", str(baseline))
+    assert gate.returncode == 0 and "0 regression(s)" in gate.stdout, gate.stdout + gate.stderr
+
+    judged = _in(venv, user_repo, "python", "-m", "pytest", "-m", "int8 and onnxruntime", "-q", "-p",
+                 "no:cacheprovider", "--qv-baseline", str(baseline))
+    assert judged.returncode == 0 and "1 passed" in judged.stdout, judged.stdout[-3000:] + judged.stderr[-3000:]
