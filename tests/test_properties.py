@@ -99,7 +99,10 @@ def test_planted_rounding_bug_is_found_and_shrunk(cache, tmp_path):
     # Hypothesis does for its users, instead of searching and shrinking again (the cold run proves both).
     database = DirectoryBasedExampleDatabase(str(Path(cache.root) / "hypothesis"))
 
-    @settings(max_examples=60, database=database, deadline=None, print_blob=False)
+    # Floor rounding breaks the bound only where a layer's inputs are mostly positive: 9 of 200 generated
+    # examples (4.5%) catch it, so 250 examples miss it with probability 0.955^250 ≈ 1e-5 (60 missed it 6%
+    # of the time, whatever the weights: measured, 2026-11-23).
+    @settings(max_examples=250, database=database, deadline=None, print_blob=False)
     @seed(0)
     @given(arch=quantizable_layers(), inputs=input_batches())
     def property_with_bug(arch, inputs):
