@@ -2,9 +2,13 @@
 
 Each artifact lives at ``<root>/<kind>/<key[:2]>/<key><suffix>`` next to a ``.json`` sidecar
 holding the SHA-256 of its bytes and the readable inputs of its key. Writes go to a temporary
-file in the same directory and are renamed into place, so a reader never sees half a file;
-a per-key ``flock`` lets concurrent pytest-xdist workers build each artifact once. An artifact
-whose bytes no longer match its sidecar is moved aside (``*.corrupt``) and rebuilt, never used.
+file in the same directory and are renamed into place, so a reader never sees half a file; the
+sidecar is published before the artifact, so whoever sees an artifact finds its checksum. A
+per-key ``flock`` lets concurrent processes (pytest-xdist workers, CI jobs on one cache volume)
+build each artifact once. A lookup outside the lock only reads; an entry that does not verify
+there is looked at again under the lock, and only then, if its bytes no longer match its
+sidecar, moved aside (``*.corrupt``) and rebuilt, never used. A writer killed mid-write leaves a
+temporary that the next build of that key, or ``prune``, removes.
 A hit touches the sidecar, so its time is the entry's last use: :meth:`Cache.prune` removes the
 least recently used entries (every code change re-keys what it touches, so a nightly runner's
 cache otherwise only grows).
@@ -27,6 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from quantverdict.errors import HarnessError
 
 
 def content_hash(*parts: Any) -> str:
@@ -152,19 +158,23 @@ class Cache:
     ) -> Path:
         """Return the path of the artifact for ``key``, calling ``produce`` only on a miss."""
         path = self.path(kind, key, suffix)
-        if self._valid(kind, path):
+        if self._verified(path):  # reads only: another process may be writing this entry right now
             self.stats[f"{kind}.hit"] += 1
             with contextlib.suppress(OSError):  # last use, for prune; a read-only cache still serves
                 os.utime(_sidecar(path))
             return path
         with file_lock(self.root / "locks" / kind / f"{key}.lock"):
-            if self._valid(kind, path):  # another worker built it while we waited
+            if self._valid(kind, path):  # another process built it while we waited
                 self.stats[f"{kind}.hit"] += 1
                 return path
+            _remove_temporaries(path)  # a writer of this key that was killed mid-write
             data = produce()
             meta = {"sha256": hashlib.sha256(data).hexdigest(), "key": key, "inputs": describe or {}}
-            atomic_write_bytes(path, data)
-            atomic_write_bytes(_sidecar(path), json.dumps(meta, indent=1, default=str).encode())
+            try:
+                atomic_write_bytes(_sidecar(path), json.dumps(meta, indent=1, default=str).encode())
+                atomic_write_bytes(path, data)
+            except OSError as exc:  # a full or read-only disk: name the place
+                raise CacheError(f"cannot write cache entry {path}: {exc.strerror or exc}") from exc
             self.stats[f"{kind}.miss"] += 1
             return path
 
@@ -223,18 +233,23 @@ class Cache:
                     item.unlink()
         return True
 
-    def _valid(self, kind: str, path: Path) -> bool:
-        sidecar = _sidecar(path)
-        if not path.exists() and not sidecar.exists():
-            return False
+    @staticmethod
+    def _verified(path: Path) -> bool:
+        """The artifact and its sidecar both exist and agree (no side effects: safe without the lock)."""
         try:
-            expected = json.loads(sidecar.read_text())["sha256"]
-            actual = file_sha256(path)
+            return json.loads(_sidecar(path).read_text())["sha256"] == file_sha256(path)
         except (OSError, ValueError, KeyError, TypeError):
-            expected, actual = "", "unreadable"
-        if expected == actual:
+            return False
+
+    def _valid(self, kind: str, path: Path) -> bool:
+        """Under the entry's lock: verified, or (if anything of it is there) quarantined."""
+        if self._verified(path):
             return True
-        self._quarantine(kind, path)
+        if path.exists():
+            self._quarantine(kind, path)
+        else:  # a sidecar alone: a write cut short between the sidecar's rename and the artifact's
+            with contextlib.suppress(FileNotFoundError):
+                _sidecar(path).unlink()
         return False
 
     def _quarantine(self, kind: str, path: Path) -> None:
@@ -271,3 +286,14 @@ def _last_use(files: list[Path]) -> float:
 
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".json")
+
+
+def _remove_temporaries(path: Path) -> None:
+    """Temporaries of ``path`` and its sidecar left by a writer that died (called under the entry's lock)."""
+    for leftover in path.parent.glob(f".{path.name}*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+
+
+class CacheError(HarnessError):
+    """A cache entry that cannot be written (a full or read-only disk), named with its path."""

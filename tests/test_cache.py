@@ -74,6 +74,64 @@ def test_concurrent_workers_build_an_artifact_once(tmp_path):
     assert Path(paths[0]).read_bytes() == b"shared artifact"
 
 
+KEYS = 40
+
+
+def _hammer(root: str, seed: int) -> dict:
+    """Every key of one cold cache, in this process's own order, each artifact's bytes checked after the
+    lookup returns: what two CI jobs sharing a cache volume do, at a higher rate."""
+    import hashlib
+    import random
+    import warnings
+
+    cache, problems = Cache(Path(root)), []
+    order = list(range(KEYS))
+    random.Random(seed).shuffle(order)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for number in order:
+            data = hashlib.sha256(str(number).encode()).digest() * 8192  # 256 KiB per artifact
+
+            def produce() -> bytes:
+                time.sleep(0.002)
+                return data
+
+            try:
+                path = cache.get_or_create("stress", content_hash(number), ".bin", produce)
+                if path.read_bytes() != data:
+                    problems.append(f"key {number}: other bytes")
+            except Exception as exc:  # the failure being tested for: report it, do not stop
+                problems.append(f"key {number}: {type(exc).__name__}: {exc}")
+    return {"problems": problems, "warnings": [str(w.message) for w in caught], "misses": cache.stats["stress.miss"],
+            "corrupt": cache.stats["stress.corrupt"]}
+
+
+def test_processes_on_one_cold_cache_neither_fail_nor_quarantine_good_entries(tmp_path):
+    """Four processes build and read the same 40 artifacts at once, 5 rounds on a new cache each: no lookup
+    fails, no good entry is moved aside as corrupt, each artifact is built once. (Before the lookup outside
+    the lock stopped quarantining, it took an artifact renamed into place before its sidecar for corrupt.)"""
+    for round_ in range(5):
+        root = tmp_path / f"cache{round_}"
+        with multiprocessing.get_context("spawn").Pool(4) as pool:
+            outcomes = pool.starmap(_hammer, [(str(root), seed) for seed in range(4)])
+        assert [o["problems"] for o in outcomes] == [[]] * 4, outcomes
+        assert sum(o["corrupt"] for o in outcomes) == 0 and not any(o["warnings"] for o in outcomes), outcomes
+        assert sum(o["misses"] for o in outcomes) == KEYS and not list(root.rglob("*.corrupt"))
+
+
+def test_two_concurrent_cold_runs_on_one_cache_both_pass(tmp_path):
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "quantverdict", "run", "--models", "cnn,mlp", "--precisions", "fp32,int8",
+           "--backends", "onnxruntime", "--cache-dir", str(tmp_path / "cache")]
+    started = [subprocess.Popen([*run, "--report-dir", str(tmp_path / name)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    outputs = [process.communicate(timeout=600) for process in started]
+    assert [process.returncode for process in started] == [0, 0], outputs
+    assert not any("checksum" in err for _, err in outputs) and not list((tmp_path / "cache").rglob("*.corrupt"))
+
+
 def test_a_warm_run_reads_every_artifact_and_imports_no_torch(tmp_path):
     """The second `quantverdict run` of the same matrix finds the export, precision graphs, reference,
     semantics and runtime outputs by content key: it builds no module (so, on a CPU-only machine,
