@@ -28,6 +28,7 @@ T = TypeVar("T")
 MAX_BYTES = 1 << 20  # a manifest of a thousand models is ~200 KB
 MAX_NODES = 200_000  # values after alias expansion
 MAX_DEPTH = 32
+EXPANSION = 16  # expanded characters per character of the file (YAML anchors reused a few times pass)
 
 
 class DocumentError(HarnessError):
@@ -55,19 +56,22 @@ def read_yaml(source: Path | resources.abc.Traversable, what: str, max_bytes: in
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise DocumentError(f"{what} {source} is not valid YAML: {' '.join(str(exc).split())}") from exc
-    _check_size(document, f"{what} {source}")
+    _check_size(document, len(text), f"{what} {source}")
     return document
 
 
-def _check_size(document: Any, where: str) -> None:
-    """Walk the document as it would be serialised (aliases expanded), stopping at the first limit."""
-    budget, stack = MAX_NODES, [(document, 0)]
+def _check_size(document: Any, size: int, where: str) -> None:
+    """Walk the document as it would be serialised (aliases expanded), stopping at the first limit: more
+    than :data:`MAX_NODES` values, more than :data:`EXPANSION` times the file's own characters (what the
+    harness echoes into run records stays of the order of what the user wrote), or :data:`MAX_DEPTH` levels."""
+    nodes, characters, stack = MAX_NODES, EXPANSION * size + 4096, [(document, 0)]
     while stack:
         node, depth = stack.pop()
-        budget -= 1
-        if budget < 0:
-            raise DocumentError(f"{where} expands to more than {MAX_NODES:,} values (aliases counted as "
-                                "expanded): refused")
+        nodes -= 1
+        characters -= len(node) if isinstance(node, str) else 1
+        if nodes < 0 or characters < 0:
+            limit = f"{MAX_NODES:,} values" if nodes < 0 else f"{EXPANSION} times its own size"
+            raise DocumentError(f"{where} expands to more than {limit} (aliases counted as expanded): refused")
         if depth > MAX_DEPTH:
             raise DocumentError(f"{where} nests deeper than {MAX_DEPTH} levels: refused")
         if isinstance(node, dict):

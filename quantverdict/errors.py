@@ -36,6 +36,10 @@ class InputSpecError(HarnessError):
     trace = ""
 
 
+class InputDataError(HarnessError):
+    """Calibration or evaluation batches that do not fit the model's declared inputs (or hold NaN)."""
+
+
 class CalibrationError(HarnessError):
     """Quantization asked for without usable calibration data."""
 
@@ -55,6 +59,18 @@ class UserCodeError(HarnessError):
     def __init__(self, what: str, error: BaseException):
         super().__init__(f"{what} failed: {type(error).__name__}: {error}")
         self.trace = user_trace(error)
+
+
+def interrupted(error: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is ``error`` or what caused it: extension modules turn one that lands in
+    their import into another error (ONNX Runtime's pybind11 module: "ImportError: initialization failed")."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return False
 
 
 def user_trace(error: BaseException) -> str:

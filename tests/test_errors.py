@@ -79,3 +79,78 @@ def test_quantizing_without_calibration_set_is_refused(tmp_path):
     with pytest.raises(CalibrationError):
         pipeline.store.calibration_batches("uncalibrated")
     assert pipeline.run(Case("uncalibrated", "fp16", "onnxruntime")).status == "passed"
+
+
+def _manifest_with(tmp_path, calibration_body: str, **extra: str) -> Pipeline:
+    """A tiny user model whose calibration callable returns what ``calibration_body`` builds (in a module of
+    its own name: one process imports each module once)."""
+    module = f"userdata_{tmp_path.name[-12:].replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(
+        "import numpy as np\nfrom torch import nn\n\n\ndef net():\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()\n\n\n"
+        f"def calibration():\n    return {calibration_body}\n")
+    lines = "".join(f"    {key}: {value}\n" for key, value in extra.items())
+    (tmp_path / "models.yaml").write_text(
+        f"models:\n  - name: tiny\n    build: {module}:net\n    inputs: [{{name: image, shape: [2, 3, 8, 8]}}]\n"
+        f"    outputs: [scores]\n    task: classification\n    calibration: {module}:calibration\n{lines}")
+    return Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+
+
+@pytest.mark.parametrize("body, words", [
+    ("[]", "returned an empty list; expected a non-empty list"),
+    ("[{'image': np.zeros((0, 3, 8, 8), np.float32)}]", "batch 0, input 'image': shape (0, 3, 8, 8): no values"),
+    ("[{'image': np.full((2, 3, 8, 8), np.nan, np.float32)}]", "384 of 384 values are NaN or infinite"),
+    ("[{'image': np.zeros((2, 3, 8), np.float32)}]", "shape (2, 3, 8) where the input is declared [2, 3, 8, 8]"),
+    ("[{'image': np.zeros((2, 3, 9, 8), np.float32)}]", "(axes 0 free): axis 2 differs"),
+    ("[{'pixels': np.zeros((2, 3, 8, 8), np.float32)}]", "batch 0 has inputs ['pixels']; the model's are ['image']"),
+])
+def test_calibration_data_that_cannot_calibrate_is_named_with_its_callable(tmp_path, body, words):
+    """Empty, non-finite or wrong-shaped calibration data is the data's fault, said so with the callable
+    that returned it, not "the recipe regressed" or ONNX Runtime's raw INVALID_ARGUMENT."""
+    result = _manifest_with(tmp_path, body).run(Case("tiny", "int8", "onnxruntime"))
+    assert result.status == "error", result.message
+    assert "model 'tiny': its calibration callable userdata_" in result.message and words in result.message
+
+
+def test_a_classifier_output_without_its_batch_axis_is_refused(tmp_path):
+    (tmp_path / "flat.py").write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Flat(nn.Module):\n"
+        "    def forward(self, x):\n        return x.flatten().mean(0, keepdim=True).expand(5)\n\n\ndef net():\n"
+        "    return Flat()\n")
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: flat\n    build: flat:net\n    inputs: [{name: x, shape: [2, 4]}]\n"
+        "    outputs: [scores]\n    task: classification\n    calibration: synthetic\n")
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("flat", "fp32", "onnxruntime"))
+    assert result.status == "error" and "output 'scores' has shape (50,): a classifier's outputs are [batch, " \
+                                      "classes]" in result.message, result.message
+
+
+def test_an_unwritable_report_folder_or_a_corrupt_history_is_found_before_the_matrix_runs(tmp_path):
+    from quantverdict.run.cli import main
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "history.sqlite").write_bytes(b"not a database, 40 bytes of something else")
+    run = [sys.executable, "-m", "quantverdict", "run", "--models", "mlp", "--precisions", "fp32", "--backends",
+           "onnxruntime", "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.run([*run, "--report-dir", str(tmp_path / "reports")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout  # refused before any case ran
+    assert f"error: cannot use the run history {tmp_path / 'reports' / 'history.sqlite'}" in proc.stderr
+    (tmp_path / "a-file").write_text("")  # a folder that cannot be made, for root too (unlike a chmod)
+    assert main(["run", "--models", "mlp", "--precisions", "fp32", "--backends", "onnxruntime",
+                 "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / "a-file" / "r")]) == 2
+
+
+def test_a_history_that_breaks_after_the_run_keeps_the_record_and_the_summary(tmp_path, monkeypatch):
+    import sqlite3
+
+    from quantverdict.report import history
+    from quantverdict.run.cli import main
+
+    def broken(db, record):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(history, "append", broken)  # a history corrupted while the matrix ran
+    code = main(["run", "--models", "mlp", "--precisions", "fp32", "--backends", "onnxruntime",
+                 "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / "reports")])
+    assert code == 2 and len(list((tmp_path / "reports").glob("run-*.json"))) == 1

@@ -63,7 +63,7 @@ def test_a_real_history_with_a_slowdown_and_an_accuracy_change(tmp_path, monkeyp
     recipe = verdicts[("mlp-int8-onnxruntime", "recipe_snr_db")]
     assert recipe.state in ("regression", "improvement") and recipe.steps[-1].index == 11
     assert verdicts[("mlp-fp32-onnxruntime", "snr_db")].state == "stable"
-    assert main(["history", "--db", str(tmp_path / "history.sqlite")]) == 1
+    assert main(["history", "--history-db", str(tmp_path / "history.sqlite")]) == 1
     latest = max(tmp_path.glob("run-*.json"), key=lambda path: json.loads(path.read_text())["started"])
     assert main(["report", str(latest)]) == 0  # the run's page carries its runner class's history
     page = latest.with_suffix(".html").read_text()
@@ -109,5 +109,5 @@ def test_the_history_page_shows_what_changed_since_the_last_good_run(tmp_path):
     assert section.count("<img") == 2 and "2 stable series not drawn" in section
     only_avx2 = history_section(db, verdicts, runner_class="x86_64-avx2")
     assert "Nothing: no series" in only_avx2 and "<img" not in only_avx2
-    assert main(["history", "--db", str(db), "--page", str(tmp_path / "history.html"), "--all"]) == 1
+    assert main(["history", "--history-db", str(db), "--page", str(tmp_path / "history.html"), "--all"]) == 1
     assert (tmp_path / "history.html").read_text().count("<img") == 4

@@ -138,3 +138,14 @@ def test_an_unconfigured_repository_is_left_alone(pytester):
     result = _run(pytester)
     assert result.ret == 0 and result.parseoutcomes() == {"passed": 1}
     assert not (pytester.path / "reports").exists()
+
+
+def test_an_option_value_after_a_space_does_not_lose_the_project_settings(user_repo, tmp_path):
+    """pytest takes the value of a plugin's option given after a space for a path when it picks its root
+    directory (before plugins' options are known); the project's settings are still found from the
+    working directory, and the option still applies."""
+    cache = tmp_path / "elsewhere"
+    cache.mkdir()
+    result = _run(user_repo, "-m", "int8 and onnxruntime", "--qv-cache-dir", str(cache))
+    assert result.ret == 0 and result.parseoutcomes()["passed"] == 1, result.stdout.str()[-2000:]
+    assert (cache / "calibration").is_dir()

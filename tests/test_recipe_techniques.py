@@ -229,7 +229,7 @@ def test_a_users_task_metric_is_bounded_by_name(tmp_path):
 
 
 def test_recipe_settings_come_from_the_manifest_and_the_command_line(tmp_path, token_model):
-    from quantverdict.run.cli import recipe_settings
+    from quantverdict.run.settings import recipe_settings
 
     assert recipe_settings(["smoothquant=0.5", "int8:calibration=mse", "fp8:equalize=true"]) == {
         "int8": {"smoothquant": 0.5, "calibration": "mse"}, "fp8": {"smoothquant": 0.5, "equalize": True}}

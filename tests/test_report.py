@@ -112,6 +112,49 @@ def test_gate_bad_input_exits_2_with_the_file_named(record_path, tmp_path, conte
     assert missing.returncode == 2 and "run record not found" in missing.stderr
 
 
+def _edited(record_path, tmp_path, edit) -> Path:
+    record = json.loads(record_path.read_text())
+    edit(record)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def _int8(record):
+    return next(c for c in record["cases"] if c["id"] == "digits-cnn-int8-onnxruntime")
+
+
+@pytest.mark.parametrize("edit, path", [
+    (lambda r: r["cases"].__setitem__(0, 7), "cases[0]: Input should be a valid dictionary"),
+    (lambda r: _int8(r).__setitem__("metrics", [1, 2]), "case 'digits-cnn-int8-onnxruntime': cases[1].metrics:"),
+    (lambda r: _int8(r)["metrics"]["metrics"]["logits"].__setitem__("cosine", "0.99"),
+     "cases[1].metrics.metrics.logits.cosine: Input should be a valid number"),
+    (lambda r: r.pop("environment"), "environment: required field missing"),
+    (lambda r: r.__setitem__("environment", None), "environment: Input should be a valid dictionary"),
+    (lambda r: _int8(r).__setitem__("status", "exploded"), "cases[1].status: 'exploded' is not one of passed"),
+    (lambda r: r.__setitem__("cases", {"a": 1}), "cases: Input should be a valid list"),
+])
+def test_a_record_of_the_wrong_shape_is_bad_input_named_by_field(record_path, tmp_path, edit, path):
+    """Malformed records end as exit 2 (bad input) with the field's path, never as a traceback with the gate's
+    regression code 1."""
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(_edited(record_path, tmp_path, edit)))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert path in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: [_int8(r)["metrics"]["metrics"]["logits"].__setitem__("cosine", float("nan")),
+                _int8(r)["metrics"]["task"].__setitem__("accuracy", float("nan"))], "logits cosine is nan, not a number"),
+    (lambda r: _int8(r)["metrics"]["recipe"]["metrics"]["logits"].__setitem__("snr_db", float("-inf")),
+     "recipe logits snr_db is -inf"),
+    (lambda r: r["cases"].append({**_int8(r), "status": "failed"}), "2 copies in the current run (passed, failed)"),
+])
+def test_the_gate_fails_a_run_whose_metrics_are_not_numbers_or_whose_cases_repeat(record_path, tmp_path, edit,
+                                                                                   words):
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(_edited(record_path, tmp_path, edit)))
+    assert proc.returncode == 1 and words in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_markdown_and_page_are_written(record_path, tmp_path):
     history = tmp_path / "history"
     history.mkdir()
@@ -119,7 +162,7 @@ def test_markdown_and_page_are_written(record_path, tmp_path):
         older = json.loads(record_path.read_text())
         older["started"] = f"2026-11-0{i + 1}T00:00:00+0000"
         (history / f"run-old{i}.json").write_text(json.dumps(older))
-    proc = harness("report", str(record_path), "--history", str(history), "--out", str(tmp_path))
+    proc = harness("report", str(record_path), "--history", str(history), "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     markdown = (tmp_path / f"{record_path.stem}.md").read_text()
     assert "| digits-cnn | int8 | onnxruntime |" in markdown and "## Skipped" in markdown
@@ -131,7 +174,7 @@ def test_markdown_and_page_are_written(record_path, tmp_path):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium not installed (apt-get install chromium; .ci/run does)")
 def test_page_renders_in_headless_chromium(record_path, tmp_path):
-    assert harness("report", str(record_path), "--out", str(tmp_path)).returncode == 0
+    assert harness("report", str(record_path), "--out-dir", str(tmp_path)).returncode == 0
     page = tmp_path / f"{record_path.stem}.html"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -159,3 +202,68 @@ def test_record_merges_cases_from_xdist_workers(tmp_path):
     [record] = [json.loads(p.read_text()) for p in tmp_path.glob("run-*.json")]
     assert sorted(c["id"] for c in record["cases"]) == [
         "cnn-fp32-onnxruntime", "cnn-int8-onnxruntime", "mlp-fp32-onnxruntime", "mlp-int8-onnxruntime"]
+
+
+PAYLOAD = "<script>document.documentElement.setAttribute('data-pwned','script')</script>" \
+          "<img src=x onerror=\"document.documentElement.setAttribute('data-pwned','img')\">\"'"
+
+
+def _poisoned(node, key=""):
+    """Every string of a record with markup appended (statuses kept: they steer the renderer's logic)."""
+    if isinstance(node, dict):
+        return {k: _poisoned(v, k) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_poisoned(v, key) for v in node]
+    return node + PAYLOAD if isinstance(node, str) and key not in ("status", "schema_version") else node
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium not installed (apt-get install chromium; .ci/run does)")
+def test_no_field_of_a_record_renders_as_markup_in_chromium(record_path, tmp_path):
+    """An ONNX file from a pull request names its nodes and ops; a record can carry anything. Markup in any
+    string of a record (case ids, messages, first diverging node and op, runner class, skip reasons…) is
+    shown as text: the page has no script of its own, and headless Chromium runs none of the record's."""
+    from quantverdict.report.render import html_page
+
+    record = json.loads(record_path.read_text())
+    failing = next(c for c in record["cases"] if c["status"] == "passed" and c["precision"] == "int8")
+    failing.update(status="failed", message="the recipe regressed")
+    failing["metrics"]["first_divergence"] = {"node": "conv", "op": "Conv", "tensor": "t", "summary": "cosine 0.5"}
+    record = _poisoned(record)
+    page = tmp_path / "hostile.html"
+    page.write_text(html_page(record, []))
+    import re
+    from html.parser import HTMLParser
+
+    class Tags(HTMLParser):
+        found: list[tuple[str, list[str]]] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found.append((tag, [name for name, _ in attrs]))
+
+    parser = Tags()
+    parser.feed(page.read_text())
+    assert parser.found and not [(tag, names) for tag, names in parser.found
+                                 if tag in ("script", "iframe", "object") or any(n.startswith("on") for n in names)]
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert "Accuracy run" in dom.stdout and "first diverging layer" in dom.stdout
+    assert not re.search(r"<html[^>]*data-pwned", dom.stdout)  # the attribute the markup would set: nothing ran
+
+
+def test_a_page_of_thousands_of_cases_draws_the_most_telling_ones(record_path):
+    """A bar per case is unreadable (and matplotlib's tick layout did not finish in 10 minutes for 100,000):
+    each per-case chart keeps the 60 of lowest SNR, accuracy change or speedup, and says so."""
+    import copy
+
+    from quantverdict.report.render import MAX_BARS, _most_telling, html_page
+
+    record = json.loads(record_path.read_text())
+    ran = [c for c in record["cases"] if c["status"] == "passed" and c["precision"] != "fp32"]
+    record["cases"] = [dict(copy.deepcopy(case), id=f"{case['id']}-{i}") for i in range(400) for case in ran]
+    kept, note = _most_telling(record["cases"], lambda c: c["metrics"]["metrics"]["logits"]["snr_db"])
+    assert len(kept) == MAX_BARS and note == f" ({MAX_BARS} lowest of {len(record['cases'])})"
+    worst = min(c["metrics"]["metrics"]["logits"]["snr_db"] for c in record["cases"])
+    assert min(c["metrics"]["metrics"]["logits"]["snr_db"] for c in kept) == worst
+    assert html_page(record, []).count("data:image/png;base64,") >= 3

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from quantverdict.errors import ResolutionWarning
+from quantverdict.errors import InputSpecError, ResolutionWarning
 from quantverdict.judge.intervals import (accuracy_drop_interval, bootstrap_cosine_snr, proportion_interval,
                                      resolve_agreement_bound, resolve_drop_bound)
 from quantverdict.judge.tolerances import Tolerance
@@ -112,6 +112,10 @@ def compare(
         if out.shape != ref.shape:
             result.checks.append(Check(name, f"shape {out.shape} vs {ref.shape}", 0.0, 1.0, True))
             continue
+        if classification and ref.ndim < 2:
+            raise InputSpecError(f"output {name!r} has shape {ref.shape}: a classifier's outputs are [batch, classes] "
+                                 "(top-1 agreement is judged per sample, so an output without its batch axis cannot be "
+                                 "judged); declare task: regression if it is not a classifier")
         metrics = _metrics(ref, out, classification, undecided)
         result.metrics[name] = metrics
         result.worst[name] = _worst(ref, out)
@@ -220,6 +224,7 @@ def _elementwise_check(name: str, ref: np.ndarray, out: np.ndarray, tol: Toleran
 
 
 def _polygraphy_passes(name: str, ref: np.ndarray, out: np.ndarray, atol: float, rtol: float) -> bool:
+    _import_torch_first()
     from polygraphy.comparator import IterationResult
     from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
@@ -229,6 +234,17 @@ def _polygraphy_passes(name: str, ref: np.ndarray, out: np.ndarray, atol: float,
     results = compare_func(IterationResult({name: out}, runner_name="candidate"),
                            IterationResult({name: ref}, runner_name="reference"))
     return bool(results[name])
+
+
+def _import_torch_first() -> None:
+    """Polygraphy asks whether torch imports (``is_torch`` → ``is_importable``) inside a bare ``except:``,
+    which swallows a Ctrl-C landing in that import and leaves torch half-initialised (the process then
+    crashed at exit); importing it here first, where an interrupt propagates, leaves it nothing to import."""
+    import importlib.util
+    import sys
+
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401
 
 
 def concat(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

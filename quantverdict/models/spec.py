@@ -9,7 +9,7 @@ import numpy as np
 
 from quantverdict.cache import content_hash, file_sha256, source_fingerprint
 from quantverdict.capabilities import package_version
-from quantverdict.errors import HarnessError, UserCodeError
+from quantverdict.errors import HarnessError, InputDataError, UserCodeError
 from quantverdict.registry import import_object
 
 Batch = dict[str, np.ndarray]
@@ -29,6 +29,26 @@ class InputSpec:
     value_range: tuple[float, float] = (-1.0, 1.0)
     dynamic_axes: Mapping[int, str] = field(default_factory=lambda: {0: "batch"})
     resolution: float | None = None
+
+    def problem(self, values: np.ndarray) -> str | None:
+        """What is wrong with ``values`` as this input (dtype kind, rank, fixed axes, rows, finiteness), or None."""
+        declared = np.dtype(self.dtype)
+        if values.dtype.kind != declared.kind and not (values.dtype.kind in "iu" and declared.kind in "iu"):
+            return f"dtype {values.dtype} where the input is declared {self.dtype}"
+        if values.ndim != len(self.shape):
+            return f"shape {values.shape} where the input is declared {list(self.shape)}"
+        fixed = [axis for axis in range(len(self.shape)) if axis not in self.dynamic_axes]
+        wrong = [axis for axis in fixed if values.shape[axis] != self.shape[axis]]
+        if wrong:
+            return (f"shape {values.shape} where the input is declared {list(self.shape)} (axes "
+                    f"{', '.join(map(str, sorted(self.dynamic_axes)))} free): axis {wrong[0]} differs")
+        if values.size == 0:
+            return f"shape {values.shape}: no values"
+        if declared.kind == "f":
+            bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+            if bad:
+                return f"{bad} of {values.size} values are NaN or infinite"
+        return None
 
     def sample(self, rng: np.random.Generator, batch: int | None = None) -> np.ndarray:
         """Random values in ``value_range`` (integers for integer dtypes)."""
@@ -65,6 +85,11 @@ class Ref:
     @property
     def module(self) -> str:
         return self.target.partition(":")[0]
+
+
+def _what(value: Any) -> str:
+    return f"an empty {type(value).__name__}" if hasattr(value, "__len__") and not len(value) else \
+        f"a {type(value).__name__}"
 
 
 ROLES = {"build": "model factory", "calibration": "calibration callable", "eval_data": "evaluation callable",
@@ -119,20 +144,50 @@ class ModelSpec:
         if self.eval_data is None:
             return None
         data = self.call("eval_data")
-        return (data.inputs, data.labels) if isinstance(data, LabeledData) else (list(data), None)
+        if isinstance(data, LabeledData):
+            return self.check_batches(data.inputs, "eval_data"), data.labels
+        return self.check_batches(data, "eval_data"), None
 
     def call(self, role: str, *args: Any) -> Any:
         """Call the spec's ``build``, ``calibration``, ``eval_data`` or ``metric``: the user's code, whose
         failure becomes a :class:`UserCodeError` naming the model, the callable and its role, with its trace."""
         function = self.task_metric() if role == "metric" else getattr(self, role)
-        name = function.target if isinstance(function, Ref) else \
-            f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
         try:
             return function(*args)
         except HarnessError:
             raise
         except Exception as exc:
-            raise UserCodeError(f"model {self.name!r}: its {ROLES.get(role, role)} {name}", exc) from exc
+            raise UserCodeError(self.describe(role), exc) from exc
+
+    def describe(self, role: str) -> str:
+        """``model 'x': its calibration callable pkg.data:batches``, for messages about what it returned."""
+        function = self.task_metric() if role == "metric" else getattr(self, role)
+        name = function.target if isinstance(function, Ref) else \
+            f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
+        return f"model {self.name!r}: its {ROLES.get(role, role)} {name}"
+
+    def check_batches(self, batches: Any, role: str) -> list[Batch]:
+        """``batches`` as a user's callable returned them, checked against the declared inputs: a list of
+        {input name: array} with every input, of its dtype kind and rank, its fixed axes as declared, at
+        least one row, and finite values; anything else is an :class:`InputDataError` naming the callable,
+        the batch and the input."""
+        where = self.describe(role)
+        if not isinstance(batches, (list, tuple)) or not batches:
+            raise InputDataError(f"{where} returned {_what(batches)}; expected a non-empty list of "
+                                 f"{{input name: array}} batches")
+        for index, batch in enumerate(batches):
+            if not isinstance(batch, dict):
+                raise InputDataError(f"{where}: batch {index} is {_what(batch)}, not a {{input name: array}} dict")
+            missing = [spec.name for spec in self.inputs if spec.name not in batch]
+            unknown = sorted(set(batch) - {spec.name for spec in self.inputs})
+            if missing or unknown:
+                raise InputDataError(f"{where}: batch {index} has inputs {sorted(batch)}; the model's are "
+                                     f"{[spec.name for spec in self.inputs]}")
+            for spec in self.inputs:
+                problem = spec.problem(np.asarray(batch[spec.name]))
+                if problem:
+                    raise InputDataError(f"{where}: batch {index}, input {spec.name!r}: {problem}")
+        return list(batches)
 
     def task_metric(self) -> Callable[..., Mapping[str, float]] | None:
         if self.metric is None and self.task == "embedding":

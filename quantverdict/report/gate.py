@@ -11,6 +11,7 @@ says so when the classes differ. The same rules judge each case in ``pytest --ba
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -96,16 +97,53 @@ def gate(baseline: dict[str, Any], current: dict[str, Any], policy: dict[str, An
     note = runner_class_note(runner_class(baseline), runner_class(current))
     if note:
         result.notes.append(note)
+    for label, record in (("baseline", baseline), ("current", current)):
+        result.regressions += duplicates(record, label)
     base = {case["id"]: case for case in baseline["cases"]}
     cur = {case["id"]: case for case in current["cases"]}
     result.only_in_baseline = sorted(set(base) - set(cur))
     result.only_in_current = sorted(set(cur) - set(base))
+    for case in current["cases"]:
+        result.regressions += [f"{case['id']}: {name} is {value}, not a number: a regression whatever the bounds"
+                               for name, value in non_finite(case)]
     for case_id in sorted(set(base) & set(cur)):
         regressions, improvements = judge_case(case_id, base[case_id], cur[case_id],
                                                rules_for(policy, cur[case_id]["precision"]), same_runner=note is None)
         result.regressions += regressions
         result.improvements += improvements
     return result
+
+
+def duplicates(record: dict[str, Any], label: str) -> list[str]:
+    """A case id the record holds more than once: which copy counts is undefined, so the run is not clean."""
+    statuses: dict[str, list[str]] = {}
+    for case in record["cases"]:
+        statuses.setdefault(case["id"], []).append(case["status"])
+    return [f"{case_id}: {len(found)} copies in the {label} run ({', '.join(found)}): a run judges each case once"
+            for case_id, found in sorted(statuses.items()) if len(found) > 1]
+
+
+def non_finite(case: dict[str, Any]) -> list[tuple[str, float]]:
+    """(name, value) of each judged metric of ``case`` that is NaN or infinite (an SNR of +inf, exact
+    outputs, excepted)."""
+    if case["status"] not in ("passed", "failed"):
+        return []
+    metrics, found = case.get("metrics", {}), []
+    views = [("", metrics), *((("recipe ", metrics["recipe"]),) if metrics.get("recipe") else ())]
+    for label, view in views:
+        for output, values in view.get("metrics", {}).items():
+            for name in ("cosine", "snr_db", "max_norm_err", "top1_agreement"):
+                value = values.get(name)
+                if value is not None and not math.isfinite(value) and not (name == "snr_db" and value > 0):
+                    found.append((f"{label}{output} {name}", value))
+        task = view.get("task")
+        for name in ("accuracy", "reference_accuracy"):
+            if task and not math.isfinite(task[name]):
+                found.append((f"{label}task {name}", task[name]))
+    for output in (metrics.get("fidelity") or {}).get("outputs", []):
+        if not math.isfinite(output["flip_fraction"]):
+            found.append((f"runtime fidelity flip fraction of {output.get('output', '?')}", output["flip_fraction"]))
+    return found
 
 
 def judge_case(case_id: str, old: dict[str, Any], new: dict[str, Any], rules: dict[str, float],

@@ -53,13 +53,23 @@ def case_metrics(case: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}
 
 
+def open_history(db: Path) -> sqlite3.Connection:
+    """The history database (made if absent), its tables ensured; a corrupt or unwritable file raises."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(db, timeout=60)
+    try:
+        connection.executescript(SCHEMA)
+    except sqlite3.Error:
+        connection.close()
+        raise
+    return connection
+
+
 def append(db: Path, record: dict[str, Any]) -> None:
     """Add a run record's passed and failed cases (idempotent: a run is keyed by its run_id)."""
     env = record.get("environment", {})
     run_id = record.get("run_id") or f"{record['started']}|{env.get('host', '')}|{record.get('shard', {}).get('index', '')}"
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(db, timeout=60) as connection:
-        connection.executescript(SCHEMA)
+    with open_history(db) as connection:
         connection.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?)",
                            (run_id, record["started"], env.get("git_commit"), env.get("runner_class", "unknown"),
                             json.dumps(env.get("packages", {}), sort_keys=True)))

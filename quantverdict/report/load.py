@@ -5,33 +5,69 @@ import json
 from pathlib import Path
 from typing import Any
 
+from quantverdict.documents import error_lines
 from quantverdict.errors import HarnessError
-from quantverdict.report.record import SCHEMA_VERSION
+from quantverdict.report.schema import SCHEMA_VERSION, CaseRecord, RunRecord
+
+MAX_RECORD_BYTES = 4 << 30  # a record of 100,000 cases is ~400 MB
 
 
 class RecordError(HarnessError):
-    """A run record that is missing, unreadable, or of another schema."""
+    """A run record that is missing, unreadable, or not of this schema (the gate's exit code 2)."""
 
 
 def load_record(path: Path) -> dict[str, Any]:
+    """A run record as a dict, checked against :mod:`quantverdict.report.schema`: every problem is a
+    :class:`RecordError` naming the file and the field's path, never a traceback later."""
     try:
-        record = json.loads(path.read_text())
+        size = path.stat().st_size
+        if size > MAX_RECORD_BYTES:
+            raise RecordError(f"run record {path} is {size:,} bytes; the limit is {MAX_RECORD_BYTES:,}")
+        record = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise RecordError(f"run record not found: {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RecordError(f"run record {path} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise RecordError(f"run record {path} nests too deeply to be a run record") from None
     if not isinstance(record, dict) or "schema_version" not in record:
         raise RecordError(f"{path} is not a run record (no schema_version)")
     if record["schema_version"] != SCHEMA_VERSION:
         raise RecordError(f"{path} has schema_version {record['schema_version']!r}; "
                           f"this harness reads schema_version {SCHEMA_VERSION}")
-    if not isinstance(record.get("cases"), list):
-        raise RecordError(f"{path}: 'cases' must be a list")
-    for index, case in enumerate(record["cases"]):
-        missing = {"id", "model", "precision", "backend", "status"} - set(case)
-        if missing:
-            raise RecordError(f"{path}: case {index} lacks {sorted(missing)}")
+    check_record(record, str(path))
     return record
+
+
+def check_record(record: dict[str, Any], where: str) -> None:
+    """Raise :class:`RecordError` unless ``record`` has the schema's shape; cases are checked one at a time,
+    so a record of 100,000 cases is never held twice."""
+    from pydantic import ValidationError
+
+    problems: list[str] = []
+    try:
+        RunRecord.model_validate({**record, "cases": []})
+    except ValidationError as exc:
+        problems += error_lines(exc.errors(), RunRecord, record, where)
+    cases = record.get("cases")
+    if isinstance(cases, list):
+        for index, case in enumerate(cases):
+            try:
+                CaseRecord.model_validate(case)
+            except ValidationError as exc:
+                errors = [{**error, "loc": ("cases", index, *error["loc"])} for error in exc.errors()]
+                problems += error_lines(errors, RunRecord, record, where, _case_name)
+            if len(problems) >= 20:
+                break
+    elif "cases" in record:
+        problems.append(f"{where}: cases: Input should be a valid list")
+    if problems:
+        raise RecordError("\n".join(problems))
+
+
+def _case_name(record: Any, loc: tuple[Any, ...]) -> str:
+    case = record["cases"][loc[1]] if len(loc) > 1 and isinstance(loc[1], int) else None
+    return f"case {case['id']!r}" if isinstance(case, dict) and isinstance(case.get("id"), str) else ""
 
 
 def history(directory: Path) -> list[dict[str, Any]]:

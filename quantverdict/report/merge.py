@@ -11,7 +11,8 @@ from itertools import zip_longest
 from typing import Any, Sequence
 
 from quantverdict.report.load import RecordError
-from quantverdict.report.record import SCHEMA_VERSION, summarize
+from quantverdict.report.record import summarize
+from quantverdict.report.schema import SCHEMA_VERSION
 
 
 def merge_records(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -19,8 +21,8 @@ from typing import Any, Iterable
 
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import Capabilities
-
-SCHEMA_VERSION = 1
+from quantverdict.errors import HarnessError
+from quantverdict.report.schema import SCHEMA_VERSION
 HISTORY_DB = "history.sqlite"  # beside the records: every run is appended (quantverdict.report.history)
 
 
@@ -64,13 +66,53 @@ def _toolchain() -> dict[str, str | None]:
             "git_commit": output("git", "rev-parse", "HEAD")}
 
 
-def write_record(record: dict[str, Any], report_dir: Path, history: Path | None = None) -> Path:
-    """Write atomically to ``report_dir/run-<time>-<pid>.json``, append it to the run history
-    (``history``, default ``report_dir/history.sqlite``) and return the path."""
+class DestinationError(HarnessError):
+    """A report folder or history database that cannot be written, named."""
+
+
+def history_path(report_dir: Path, history: Path | None) -> Path:
+    return history or report_dir / HISTORY_DB
+
+
+def check_destinations(report_dir: Path, history: Path | None = None) -> None:
+    """Before a run: the record's folder and the history database can be written, so that a read-only
+    folder or a corrupt history is found before the matrix runs, not after it."""
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=report_dir):
+            pass
+    except OSError as exc:
+        raise DestinationError(f"cannot write run records to {report_dir}: {exc.strerror or exc}") from None
+    from quantverdict.report.history import open_history
+
+    db = history_path(report_dir, history)
+    try:
+        open_history(db).close()
+    except (sqlite3.Error, OSError) as exc:
+        raise DestinationError(f"cannot use the run history {db}: {exc} (move it aside to start a new one)") \
+            from None
+
+
+def write_record(record: dict[str, Any], report_dir: Path) -> Path:
+    """Write atomically to ``report_dir/run-<time>-<pid>-<id>.json`` and return the path."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = report_dir / f"run-{stamp}-{os.getpid()}-{record.get('run_id', '')[:8]}.json"
-    atomic_write_bytes(path, json.dumps(record, indent=1, default=str).encode())
+    try:
+        atomic_write_bytes(path, json.dumps(record, indent=1, default=str).encode())
+    except OSError as exc:
+        raise DestinationError(f"cannot write the run record {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def record_run(record: dict[str, Any], report_dir: Path, history: Path | None = None) -> tuple[Path, str | None]:
+    """Write the record, then append it to the run history; (its path, why the history was not updated,
+    or None). The record is written first: a history that fails never loses it."""
+    path = write_record(record, report_dir)
     from quantverdict.report.history import append
 
-    append(history or report_dir / HISTORY_DB, record)
-    return path
+    db = history_path(report_dir, history)
+    try:
+        append(db, record)
+    except (sqlite3.Error, OSError) as exc:
+        return path, f"the run was not added to the history {db} ({exc}); its record is {path}"
+    return path, None

@@ -51,15 +51,21 @@ def markdown(record: dict[str, Any]) -> str:
                  f"{verdict['recipe']} ({_num(verdict['recipe_snr_db'], '.1f')})" if verdict["recipe"] else "–",
                  f"{verdict['fidelity']} ({100 * verdict['flip_fraction']:.2g}%)" if verdict["fidelity"] else "–",
                  _num(speedups.get(case["id"]), ".2f", "×")]
-        lines.append(f"| {case['model']} | {case['precision']} | {case['backend']} | {' | '.join(cells)} | "
-                     f"{'**' + case['status'] + '**' if case['status'] != 'passed' else 'passed'} |")
+        lines.append(f"| {_cell(case['model'])} | {_cell(case['precision'])} | {_cell(case['backend'])} | "
+                     f"{' | '.join(cells)} | {'**' + case['status'] + '**' if case['status'] != 'passed' else 'passed'} |")
     failures = [c for c in record["cases"] if c["status"] in ("failed", "error")]
     if failures:
-        lines += ["", "## Failures", ""] + [f"- `{c['id']}`: {c['message'].splitlines()[-1]}" for c in failures]
+        lines += ["", "## Failures", ""] + [f"- `{_cell(c['id'])}`: {_cell((c['message'] or '-').splitlines()[-1])}"
+                                           for c in failures]
     reasons = Counter(c["message"] for c in record["cases"] if c["status"] == "skipped")
     if reasons:
-        lines += ["", "## Skipped", ""] + [f"- {n} × {reason}" for reason, n in reasons.most_common()]
+        lines += ["", "## Skipped", ""] + [f"- {n} × {_cell(reason)}" for reason, n in reasons.most_common()]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text from a record as one Markdown table cell or list item: pipes and angle brackets escaped, one line."""
+    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _num(value: float | None, spec: str, suffix: str = "") -> str:
@@ -158,8 +164,9 @@ def _failures(record: dict[str, Any]) -> str:
     items = []
     for case in failures:
         divergence = case.get("metrics", {}).get("first_divergence")
-        where = (f"<br>first diverging layer: <code>{html.escape(divergence['node'])}</code> ({divergence['op']}), "
-                 f"{html.escape(divergence.get('summary', ''))}" if divergence else "")
+        where = (f"<br>first diverging layer: <code>{html.escape(str(divergence.get('node')))}</code> "
+                 f"({html.escape(str(divergence.get('op')))}), {html.escape(str(divergence.get('summary', '')))}"
+                 if divergence else "")
         items.append(f"<li><b>{html.escape(case['id'])}</b><pre>{html.escape(case['message'])}</pre>{where}</li>")
     return f"<h2>Failures</h2><ul>{''.join(items)}</ul>"
 
@@ -193,8 +200,21 @@ def _ran(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in record["cases"] if c["status"] in ("passed", "failed") and c["precision"] != "fp32"]
 
 
+MAX_BARS = 60  # a chart with a labelled bar per case stays readable (and drawable) up to about this many
+
+
+def _most_telling(cases: list[Any], key: Callable[[Any], float]) -> tuple[list[Any], str]:
+    """At most :data:`MAX_BARS` of ``cases``, lowest ``key`` first, in their run order; and the words to add to
+    the axis label when some were left out."""
+    if len(cases) <= MAX_BARS:
+        return cases, ""
+    kept = {id(c) for c in sorted(cases, key=key)[:MAX_BARS]}
+    return [c for c in cases if id(c) in kept], f" ({MAX_BARS} lowest of {len(cases)})"
+
+
 def _plot_snr(record: dict[str, Any]) -> str | None:
-    cases = [c for c in _ran(record) if np.isfinite(primary_metrics(c).get("snr_db", np.inf))]
+    cases, note = _most_telling([c for c in _ran(record) if np.isfinite(primary_metrics(c).get("snr_db", np.inf))],
+                                lambda c: primary_metrics(c)["snr_db"])
 
     def draw(ax: Any) -> bool:
         if not cases:
@@ -202,14 +222,16 @@ def _plot_snr(record: dict[str, Any]) -> str | None:
         colors = ["#c0392b" if c["status"] != "passed" else "#2e86c1" for c in cases]
         ax.bar(range(len(cases)), [primary_metrics(c)["snr_db"] for c in cases], color=colors)
         ax.set_xticks(range(len(cases)), [c["id"] for c in cases], rotation=90, fontsize=6)
-        ax.set_ylabel("SNR vs FP32 (dB)")
+        ax.set_ylabel(f"SNR vs FP32 (dB){note}")
         return True
 
     return figure(draw, height=5)
 
 
 def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
-    cases = [c for c in record["cases"] if c.get("metrics", {}).get("task") and c["precision"] != "fp32"]
+    cases, note = _most_telling([c for c in record["cases"] if c.get("metrics", {}).get("task")
+                                 and c["precision"] != "fp32"],
+                                lambda c: -c["metrics"]["task"]["accuracy_drop_points"])
 
     def draw(ax: Any) -> bool:
         if not cases:
@@ -225,7 +247,7 @@ def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
             ax.legend(fontsize=7)
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(cases)), [c["id"] for c in cases], rotation=45, ha="right", fontsize=7)
-        ax.set_ylabel("accuracy change (points)")
+        ax.set_ylabel(f"accuracy change (points){note}")
         return True
 
     return figure(draw)
@@ -233,15 +255,15 @@ def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
 
 def _plot_speedup(record: dict[str, Any]) -> str | None:
     speedups = _speedups(record)
+    names, note = _most_telling(list(speedups), lambda name: speedups[name])
 
     def draw(ax: Any) -> bool:
         if not speedups:
             return False
-        names = list(speedups)
         ax.bar(range(len(names)), [speedups[n] for n in names], color="#8e44ad")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
-        ax.set_ylabel("× FP32 throughput (median latency ratio)")
+        ax.set_ylabel(f"× FP32 throughput (median latency ratio){note}")
         return True
 
     return figure(draw, height=5)

@@ -211,9 +211,7 @@ class ArtifactStore:
         if spec.calibration == "synthetic":
             batches = spec.sample_batches(CALIBRATION_BATCHES, CALIBRATION_SEED)
         else:
-            batches = spec.call("calibration")
-        if not batches:
-            raise CalibrationError(f"model {model!r}: its calibration callable returned no batches")
+            batches = spec.check_batches(spec.call("calibration"), "calibration")
         if self.mutation is not None and self.mutation.stage == "calibration":
             return self.mutation.batches(batches)
         return batches

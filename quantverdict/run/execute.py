@@ -20,7 +20,8 @@ from quantverdict.backends import Backend, Runner
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.cache import file_sha256
 from quantverdict.capabilities import Capabilities
-from quantverdict.errors import HarnessError, InputSpecError, UnsupportedError, UserCodeError, user_trace
+from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
+                                 user_trace)
 from quantverdict.judge.compare import Comparison, compare, concat, judge_task_metrics, task_accuracy
 from quantverdict.judge.diagnose import first_divergence, first_runtime_divergence
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
@@ -60,6 +61,8 @@ class CaseExecutor:
         except HarnessError as exc:
             return CaseResult(case, "error", f"{case.id}: {exc}")
         except Exception as exc:  # a backend crash is a regression too: keep the trace
+            if interrupted(exc):  # a Ctrl-C that a library's import turned into another error
+                raise KeyboardInterrupt from exc
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
             return CaseResult(case, "error", f"{case.id}: {detail}", trace=user_trace(exc))
 

@@ -62,9 +62,21 @@ def pytest_configure(config: pytest.Config) -> None:
     if not manifest.is_file():
         raise pytest.UsageError(f"quantverdict: the configured manifest {manifest} does not exist")
     pipeline(config)  # reads and checks the manifest now: a bad field is a usage error, not a traceback
+    _check_destinations(settings)
     if config.args_source != pytest.Config.ArgsSource.ARGS and not any(
             manifest.is_relative_to(Path(arg).resolve()) for arg in config.args if Path(arg).exists()):
         config.args.append(str(manifest))  # testpaths elsewhere: the manifest's cases are collected too
+
+
+def _check_destinations(settings: "Settings") -> None:
+    """A report folder or history that cannot be written is found before the matrix runs."""
+    from quantverdict.errors import HarnessError
+    from quantverdict.report.record import check_destinations
+
+    try:
+        check_destinations(settings["report-dir"], settings["history-db"])
+    except HarnessError as exc:
+        raise pytest.UsageError(f"quantverdict: {exc}") from None
 
 
 def _resolve(config: pytest.Config) -> "Settings":
@@ -223,19 +235,31 @@ class _RecordCollector:
                 self.config.stash[_results_key].append(value)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     results = config.stash.get(_results_key, [])
     if not results or hasattr(config, "workerinput"):  # xdist workers report to the controller
         return
+    if exitstatus == pytest.ExitCode.INTERRUPTED:  # no record may claim a run that did not finish
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("quantverdict: interrupted: no run record written")
+        return
     from quantverdict.capabilities import detect
-    from quantverdict.report.record import build_record, write_record
+    from quantverdict.errors import HarnessError
+    from quantverdict.report.record import build_record, record_run
     from quantverdict.run.cases import Shard
 
     settings = config.stash[_settings_key]
     shard = Shard.parse(settings["shard"]).to_dict() if settings["shard"] else None
     record = build_record(results, detect(), config.stash[_started_key], shard=shard)
-    path = write_record(record, settings["report-dir"], settings["history-db"])
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    try:
+        path, problem = record_run(record, settings["report-dir"], settings["history-db"])
+    except HarnessError as exc:
+        path, problem = None, str(exc)
     if reporter is not None:
-        reporter.write_line(f"quantverdict: run record written to {path}")
+        if path is not None:
+            reporter.write_line(f"quantverdict: run record written to {path}")
+        if problem:
+            reporter.write_line(f"quantverdict: error: {problem}", red=True, bold=True)

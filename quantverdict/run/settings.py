@@ -85,14 +85,16 @@ class ProjectConfig:
     values: Mapping[str, Any]
 
     @classmethod
-    def find(cls, start: Path) -> "ProjectConfig":
-        """The nearest pyproject.toml at or above ``start`` that has a ``[tool.quantverdict]`` table."""
-        for folder in [start.resolve(), *start.resolve().parents]:
-            candidate = folder / "pyproject.toml"
-            if candidate.is_file():
-                table = _read_table(candidate)
-                if table is not None:
-                    return cls(candidate, _checked(table, candidate))
+    def find(cls, *starts: Path) -> "ProjectConfig":
+        """The nearest pyproject.toml at or above the first of ``starts`` that has one with a
+        ``[tool.quantverdict]`` table."""
+        for start in starts:
+            for folder in [start.resolve(), *start.resolve().parents]:
+                candidate = folder / "pyproject.toml"
+                if candidate.is_file():
+                    table = _read_table(candidate)
+                    if table is not None:
+                        return cls(candidate, _checked(table, candidate))
         return cls(None, {})
 
 
@@ -143,10 +145,12 @@ class Settings:
     def resolve(cls, given: Mapping[str, Any], where: Path, ini: Mapping[str, tuple[Any, Path]] | None = None,
                 root: Path | None = None) -> "Settings":
         """``given`` (option dests → values, None where not given; paths relative to ``where``), over
-        ``ini`` (name → (value, the ini file's folder)), over the project config found from ``root``
-        (default ``where``), over the defaults (relative to the project config's folder, else ``root``)."""
+        ``ini`` (name → (value, the ini file's folder)), over the project config found from ``where``, else
+        from ``root`` (pytest's rootdir), over the defaults (relative to the project config's folder, else
+        ``root``). pytest decides its rootdir before plugins' options are known, so it can be led astray by
+        an option's value given after a space: the working directory is looked at first."""
         root = root or where
-        config = ProjectConfig.find(root)
+        config = ProjectConfig.find(where, root)
         home = config.path.parent if config.path else root
         values: dict[str, Any] = {}
         for name, setting in SETTINGS.items():

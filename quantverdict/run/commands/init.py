@@ -10,6 +10,7 @@ from quantverdict.cache import atomic_write_bytes
 from quantverdict.documents import packaged
 from quantverdict.run.settings import SETTINGS, TABLE, ProjectConfig
 
+HELP = "a starter manifest, its project setting and .gitignore lines in a repository"
 MANIFEST = "models.yaml"
 IGNORED = (SETTINGS["cache-dir"].default + "/", SETTINGS["report-dir"].default + "/", ".benchmarks/")
 

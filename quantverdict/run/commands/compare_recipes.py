@@ -1,0 +1,62 @@
+"""``quantverdict compare-recipes``: the harness's, Model Optimizer's and ONNX Runtime's  quantization of one model side by side, and where  their Q/DQ placements differ."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from quantverdict.cache import atomic_write_bytes
+from quantverdict.run.commands import common
+from quantverdict.run.settings import recipe_settings
+
+HELP = "the harness's, Model Optimizer's and ONNX Runtime's  quantization of one model side by side, and where  their Q/DQ placements differ"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model")
+    parser.add_argument("--precision", default="int8", choices=["int8", "fp8"])
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                            help="a recipe to add, e.g. 'mse:calibration=mse' or 'sq:smoothquant=0.8' (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write the comparison here (for reports and history)")
+    common.common_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The harness's recipe (with the model's settings), ONNX Runtime's quantize_static (INT8) and
+    Model Optimizer's (where installed), plus ``--variant``s, on the same data."""
+    from quantverdict.judge.recipe_comparison import compare_quantizers
+    from quantverdict.precision.modelopt import modelopt_python
+
+    pipeline = common.pipeline(args)
+    own = dict(pipeline.models.get(args.model).recipe.get(args.precision, {}))
+    variants: dict[str, dict[str, Any]] = {"harness": own}
+    if args.precision == "int8":
+        variants["onnxruntime"] = {"quantizer": "onnxruntime"}
+    if modelopt_python() is not None:
+        variants["modelopt"] = {"quantizer": "modelopt"}
+    else:
+        print("(Model Optimizer not compared: set QUANTVERDICT_MODELOPT_PYTHON to a Python with nvidia-modelopt[onnx])")
+    for variant in args.variant:
+        label, _, assignments = variant.partition(":")
+        settings = recipe_settings([f"{args.precision}:{a}" for a in assignments.split(",") if a])
+        variants[label] = {**own, **settings.get(args.precision, {})}
+    results, differences = compare_quantizers(pipeline.store, args.model, args.precision, variants)
+    print(f"{'quantizer':<14} {'top1':>6} {'(all)':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  "
+          "settings   (top1: on the samples FP32 decides at its inputs' resolution, where declared)")
+    for r in results:
+        top1, every = r.metrics.get("top1_agreement"), r.metrics.get("top1_agreement_all")
+        print(f"{r.label:<14} {common.fmt(top1, '.3f', 6)} {common.fmt(every, '.3f', 6)} {r.metrics['cosine']:>9.5f} "
+              f"{r.metrics['snr_db']:>7.2f} "
+              f"{r.coverage['quantized']:>4}/{r.coverage['layers']:<4} {r.seconds:>8.1f}  {r.settings or '-'}")
+    print(f"\nlayers not every quantizer puts in {args.precision}: {len(differences)}")
+    for layer, labels in differences.items():
+        print(f"  {layer:<48} quantized by: {', '.join(labels) or '-'}")
+    if args.json:
+        document = {"model": args.model, "precision": args.precision, "placement_differences": differences,
+                    "quantizers": [{"label": r.label, "settings": r.settings, "coverage": r.coverage,
+                                    "seconds": r.seconds, "metrics": {k: v for k, v in r.metrics.items()
+                                                                      if k not in ("error_histogram", "intervals")}}
+                                   for r in results]}
+        atomic_write_bytes(args.json, json.dumps(document, indent=1, default=str).encode())
+    return 0

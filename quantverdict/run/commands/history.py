@@ -1,0 +1,45 @@
+"""``quantverdict history``: judge every case's metric series over the run history;  exit 1 on a regression, 2 on bad input."""
+from __future__ import annotations
+
+import argparse
+import html
+from pathlib import Path
+
+from quantverdict.cache import atomic_write_bytes
+
+HELP = "judge every case's metric series over the run history;  exit 1 on a regression, 2 on bad input"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--history-db", type=Path, default=Path("reports/history.sqlite"),
+                        help="the run history (default: reports/history.sqlite)")
+    parser.add_argument("--profile", default="nightly", choices=["nightly", "premerge"])
+    parser.add_argument("--history-policy", type=Path, help="history policy file (default: the packaged one)")
+    parser.add_argument("--all", action="store_true", help="also list (and with --page, draw) stable series")
+    parser.add_argument("--page", type=Path, help="also write an HTML page: what changed since the last good run, "
+                                                   "and a trend chart per flagged series with its change points")
+
+
+def run(args: argparse.Namespace) -> int:
+    import time as clock
+    from collections import Counter
+
+    from quantverdict.report.history import judge_history, load_policies
+
+    start = clock.perf_counter()
+    verdicts = judge_history(args.history_db, load_policies(args.history_policy, args.profile))
+    for verdict in verdicts:
+        if args.all or verdict.verdict.state not in ("stable", "insufficient data"):
+            print(verdict.describe())
+    counts = Counter(v.verdict.state for v in verdicts)
+    print(f"{len(verdicts)} series ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}) "
+          f"judged in {clock.perf_counter() - start:.1f} s, profile {args.profile}")
+    if args.page:
+        from quantverdict.report.history_page import history_section
+        from quantverdict.report.render import page
+
+        body = [f"<h1>Run history {html.escape(str(args.history_db))}</h1>",
+                history_section(args.history_db, verdicts, draw_all=args.all, profile=args.profile)]
+        atomic_write_bytes(args.page, page("Run history", body).encode())
+        print(f"page: {args.page}")
+    return 1 if counts["regression"] else 0

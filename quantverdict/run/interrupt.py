@@ -1,0 +1,65 @@
+"""Ctrl-C that stops a run at once, cleanly: exit code 130 and one line, within two seconds.
+
+Python turns SIGINT into KeyboardInterrupt only between bytecodes, so a native call that runs for
+seconds (an ONNX Runtime session over a batch, an export, a calibration pass) would hold the exit back.
+The signal's C handler writes its number to a wakeup file descriptor at once, whatever the main thread
+is doing: a watchdog thread reads it and, if the interpreter has not exited within the grace, ends the
+process. Ending it so (``os._exit``) skips finalizers, which is also why a module whose import the
+interrupt cut short cannot crash the exit. Nothing in the cache is lost: entries are renamed into place
+whole, a writer's temporary is removed by the next build of its key, and locks die with the process.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Iterator
+
+MESSAGE = "interrupted: no run record written (the cache keeps only whole entries)"
+_received = threading.Event()
+
+
+def received() -> bool:
+    """Whether a SIGINT arrived within :func:`exit_within`: no record may then claim a finished run, even if
+    a library swallowed the KeyboardInterrupt."""
+    return _received.is_set()
+EXIT_CODE = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
+
+
+def stop() -> int:
+    """Say so and end the process now, with finalizers skipped (see the module docstring)."""
+    sys.stdout.flush()
+    print(MESSAGE, file=sys.stderr, flush=True)
+    os._exit(EXIT_CODE)
+
+
+@contextlib.contextmanager
+def exit_within(grace_s: float = 1.5) -> Iterator[None]:
+    """Within the block, a SIGINT ends the process with :data:`EXIT_CODE` after at most ``grace_s``
+    seconds, even if the main thread is inside a native call that does not return to Python."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write)
+
+    def watch() -> None:
+        try:
+            while data := os.read(read, 64):
+                if signal.SIGINT in data:
+                    _received.set()
+                    time.sleep(grace_s)
+                    stop()
+        finally:
+            os.close(read)
+
+    threading.Thread(target=watch, name="quantverdict-interrupt", daemon=True).start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write)  # the watchdog reads end-of-file and returns

@@ -1,0 +1,60 @@
+"""Ctrl-C on a real run: a real SIGINT to a real process, at moments that land in imports (where torch's
+interrupted import once crashed the exit with a segfault), in export and calibration, and in a warm run.
+Every time: exit code 130, one line, no traceback, no run record, and every cache entry whole."""
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quantverdict.run.interrupt import EXIT_CODE, MESSAGE
+
+RUN = ["run", "--models", "cnn,resblock,digits-cnn", "--precisions", "fp32,int8,fp8", "--backends", "onnxruntime"]
+
+
+def _interrupted(cache: Path, reports: Path, delay_s: float) -> tuple[subprocess.CompletedProcess, float]:
+    process = subprocess.Popen([sys.executable, "-m", "quantverdict", *RUN, "--cache-dir", str(cache),
+                                "--report-dir", str(reports)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    time.sleep(delay_s)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), time.monotonic() - sent
+
+
+def _entries_whole(cache: Path) -> list[str]:
+    """Artifacts (files beside a ``<name>.json`` sidecar) whose bytes do not match its checksum (none may)."""
+    bad = []
+    for artifact in cache.rglob("*"):
+        sidecar = artifact.with_name(artifact.name + ".json")
+        if artifact.is_file() and sidecar.is_file() and "locks" not in artifact.parts:
+            if hashlib.sha256(artifact.read_bytes()).hexdigest() != json.loads(sidecar.read_text())["sha256"]:
+                bad.append(str(artifact))
+    return bad
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_ctrl_c_ends_a_run_with_130_one_line_no_record_and_a_whole_cache(tmp_path, warm):
+    cache = tmp_path / "cache"
+    if warm:
+        done = subprocess.run([sys.executable, "-m", "quantverdict", *RUN, "--cache-dir", str(cache),
+                               "--report-dir", str(tmp_path / "first")], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for delay_s in (0.3, 1.0, 2.5, 5.0):  # imports; torch's and Polygraphy's; export/calibration or cases
+        reports = tmp_path / f"reports-{delay_s}"
+        result, elapsed = _interrupted(cache, reports, delay_s)
+        if list(reports.glob("run-*.json")):  # a warm run can finish before a late signal: then it is whole
+            from quantverdict.report.load import load_record
+
+            assert len(load_record(next(reports.glob("run-*.json")))["cases"]) == 9 and "record:" in result.stdout
+            continue
+        assert result.returncode == EXIT_CODE, (delay_s, result.returncode, result.stderr[-3000:])
+        assert result.stderr.strip().splitlines()[-1] == MESSAGE and "Traceback" not in result.stderr
+        assert elapsed < 5, elapsed  # the watchdog's 1.5 s grace, with room for a loaded machine
+        assert not list(reports.glob("run-*.json"))  # no record claims a run that did not finish
+        assert _entries_whole(cache) == []
