@@ -220,3 +220,24 @@ def test_the_prune_command_reads_sizes_and_days(tmp_path, capsys):
     assert kept.exists() and not gone.exists()
     assert "removed 1 artifacts" in capsys.readouterr().out
     assert main(["prune-cache", "--cache-dir", str(tmp_path)]) == 2
+
+
+def test_a_full_disk_names_the_entry_and_a_killed_writers_temporary_is_cleared(tmp_path, monkeypatch):
+    import errno
+
+    from quantverdict import cache as module
+    from quantverdict.cache import CacheError
+
+    cache = Cache(tmp_path)
+    path = cache.path("onnx", "ab" * 32, ".onnx")
+    path.parent.mkdir(parents=True)
+    leftover = path.parent / f".{path.name}.x1y2z3.tmp"  # what kill -9 during atomic_write_bytes leaves
+    leftover.write_bytes(b"half a graph")
+
+    def full(target: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(module, "atomic_write_bytes", full)
+    with pytest.raises(CacheError, match=f"cannot write cache entry {path}: No space left on device"):
+        cache.get_or_create("onnx", "ab" * 32, ".onnx", lambda: b"graph")
+    assert not leftover.exists()  # the next build of the key removed the dead writer's temporary
