@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -28,75 +27,14 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import numpy as np
 
 from quantverdict.errors import HarnessError
+from quantverdict.hashing import content_hash, file_sha256
 
-
-def content_hash(*parts: Any) -> str:
-    """SHA-256 over a canonical encoding of ``parts`` (bytes, arrays, JSON-able values)."""
-    digest = hashlib.sha256()
-    for part in parts:
-        _feed(digest, part)
-    return digest.hexdigest()
-
-
-def _feed(digest: "hashlib._Hash", part: Any) -> None:
-    if isinstance(part, bytes):
-        digest.update(b"b%d:" % len(part) + part)
-    elif isinstance(part, np.ndarray):
-        arr = np.ascontiguousarray(part)
-        digest.update(f"a{arr.dtype.str}{arr.shape}:".encode() + arr.tobytes())
-    elif isinstance(part, dict):
-        digest.update(b"{")
-        for key in sorted(part):
-            _feed(digest, str(key))
-            _feed(digest, part[key])
-        digest.update(b"}")
-    elif isinstance(part, (list, tuple)):
-        digest.update(b"[")
-        for item in part:
-            _feed(digest, item)
-        digest.update(b"]")
-    else:
-        digest.update(("j" + json.dumps(part, sort_keys=True, default=str)).encode())
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes, read once per process while its size and mtime stay the same."""
-    stat = Path(path).stat()
-    return _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=1024)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@functools.lru_cache(maxsize=None)
-def source_fingerprint(*modules: str) -> str:
-    """Hash of the source files of ``modules`` (a package means every .py file in it).
-
-    Part of every cache key, so that changing the code that makes an artifact invalidates it.
-    """
-    import importlib.util
-
-    digest = hashlib.sha256()
-    for name in modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ValueError(f"no source for module {name!r}")
-        origin = Path(spec.origin)
-        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
-        for file in files:
-            digest.update(file.name.encode() + file.read_bytes())
-    return digest.hexdigest()
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -177,6 +115,33 @@ class Cache:
                 raise CacheError(f"cannot write cache entry {path}: {exc.strerror or exc}") from exc
             self.stats[f"{kind}.miss"] += 1
             return path
+
+    def arrays(self, kind: str, parts: list[Any], make: Callable[[], tuple[dict[str, "np.ndarray"], str]],
+               describe: dict[str, Any]) -> tuple[dict[str, "np.ndarray"], str]:
+        """Named arrays and a label (outputs, and the runtime that made them), made once per content key of
+        ``parts`` and stored as .npz (no pickles)."""
+        import io
+
+        import numpy as np
+
+        def produce() -> bytes:
+            arrays, label = make()
+            buffer = io.BytesIO()
+            names = list(arrays)
+            np.savez(buffer, __meta__=np.array(json.dumps({"names": names, "label": label})),
+                     **{f"a{i}": np.asarray(arrays[name]) for i, name in enumerate(names)})
+            return buffer.getvalue()
+
+        path = self.get_or_create(kind, content_hash(kind, parts), ".npz", produce, describe)
+        with np.load(path, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["__meta__"]))
+            return {name: stored[f"a{i}"] for i, name in enumerate(meta["names"])}, meta["label"]
+
+    def json(self, kind: str, parts: list[Any], make: Callable[[], Any], describe: dict[str, Any]) -> Any:
+        """A JSON-able result (a diagnosis, a count, a choice) made once per content key of ``parts``."""
+        path = self.get_or_create(kind, content_hash(kind, parts), ".json",
+                                  lambda: json.dumps(make(), default=str).encode(), describe)
+        return json.loads(path.read_text())
 
     def prune(self, max_bytes: int | None = None, unused_for_s: float | None = None,
               grace_s: float = GRACE_S) -> "PruneResult":

@@ -1,7 +1,11 @@
-"""A small name → object registry with lazy ``"module:attr"`` entries and typo suggestions."""
+"""A name → object registry with lazy ``"module:attr"`` entries, entry-point groups for installed
+packages' additions, and typo suggestions. Listing names imports nothing (a registry's entries are
+imported when first got), so the names can mark tests and order tables before any backend or recipe
+loads."""
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 from quantverdict.errors import HarnessError, UnknownNameError
@@ -21,11 +25,13 @@ def import_object(ref: str) -> object:
 
 
 class Registry(Generic[T]):
-    """Holds objects or lazy references to them under unique names."""
+    """Objects, or lazy ``"module:attr"`` references to them, under unique names; with ``group``, an
+    entry-point group whose entries (from installed packages) join after the built-in ones."""
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, group: str | None = None):
+        self.kind, self.group = kind, group
         self._entries: dict[str, T | str] = {}
+        self._plugins_read = group is None
 
     def add(self, name: str, entry: T | str) -> None:
         if name in self._entries:
@@ -33,12 +39,20 @@ class Registry(Generic[T]):
         self._entries[name] = entry
 
     def get(self, name: str) -> T:
-        if name not in self._entries:
-            raise UnknownNameError(self.kind, name, self._entries)
-        entry = self._entries[name]
+        entries = self._all()
+        if name not in entries:
+            raise UnknownNameError(self.kind, name, entries)
+        entry = entries[name]
         if isinstance(entry, str):
-            entry = self._entries[name] = import_object(entry)  # type: ignore[assignment]
+            entry = entries[name] = import_object(entry)  # type: ignore[assignment]
         return entry  # type: ignore[return-value]
 
     def names(self) -> list[str]:
-        return list(self._entries)
+        return list(self._all())
+
+    def _all(self) -> dict[str, T | str]:
+        if not self._plugins_read:
+            self._plugins_read = True
+            for point in entry_points(group=self.group):  # type: ignore[arg-type]
+                self.add(point.name, point.value)
+        return self._entries

@@ -94,7 +94,7 @@ def test_speedup_floor(floor, qv_pipeline, benchmark):
     reason = floor.skip_reason()
     if reason:
         pytest.skip(reason)
-    ratio = benchmark.pedantic(lambda: measure(qv_pipeline, floor), rounds=1, iterations=1)
+    ratio = benchmark.pedantic(lambda: measure(qv_pipeline.store, floor), rounds=1, iterations=1)
     benchmark.extra_info.update(ratio=ratio.__dict__, floor=floor.floor)
     assert not ratio.below(floor.floor), (
         f"{floor.id}: {floor.fast} runs {ratio.median:.2f}× {floor.base} "

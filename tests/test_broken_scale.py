@@ -6,7 +6,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from quantverdict.judge.compare import compare, concat
+from quantverdict.backends import infer_all
+from quantverdict.judge.compare import compare
 from quantverdict.precision import get_recipe
 
 
@@ -23,7 +24,7 @@ def test_int8_with_one_scale_times_100_violates_tolerance(qv_pipeline, tmp_path)
     onnx.save(good, str(broken))
 
     with OnnxRuntimeRunner(broken, ["CPUExecutionProvider"], optimize=True) as runner:
-        candidate = concat([runner.infer(b) for b in qv_pipeline.store.eval_batches("cnn")])
+        candidate = infer_all(runner, qv_pipeline.store.eval_batches("cnn"))
     tolerance = qv_pipeline.tolerances.resolve("cnn", "int8", {})
     result = compare(qv_pipeline.store.reference("cnn"), candidate, tolerance, classification=True)
 

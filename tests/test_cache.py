@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantverdict.cache import Cache, atomic_write_bytes, content_hash
+from quantverdict.cache import Cache, atomic_write_bytes
+from quantverdict.hashing import content_hash
 
 
 def test_content_hash_sees_every_part():

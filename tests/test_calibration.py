@@ -182,7 +182,7 @@ def test_trt_cache_round_trip_and_format(qv_pipeline):
 
 @pytest.mark.fp8
 def test_fp8_e4m3_error_matches_its_3_bit_mantissa():
-    from quantverdict.precision.qdq import FP8_E4M3
+    from quantverdict.precision.grids import FP8_E4M3
 
     rng = np.random.default_rng(3)
     x = rng.uniform(2 ** -6, 448, size=100_000).astype(np.float32)  # the normal range of E4M3
@@ -260,7 +260,8 @@ def test_fp8_mse_weighs_e4m3_rounding_not_int8_steps():
     """On heavy-tailed values the int8-grid MSE threshold clips the tail (uniform steps cost every value
     step²/12), while E4M3's relative rounding makes clipping cost more than it saves: the FP8 threshold
     keeps the maximum. An FP8 recipe's mse calibrator is the E4M3 one, and says so in its key."""
-    from quantverdict.precision.qdq import FP8_E4M3, INT8, QDQ, QDQOptions
+    from quantverdict.precision.grids import FP8_E4M3, INT8
+    from quantverdict.precision.qdq import QDQ, QDQOptions
 
     histogram = Histogram()
     histogram.add(np.random.default_rng(0).standard_t(3, 100_000))

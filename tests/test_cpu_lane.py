@@ -7,7 +7,8 @@ import onnx
 import pytest
 
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner, integer_kernel_config
-from quantverdict.judge.compare import compare, concat
+from quantverdict.backends import infer_all
+from quantverdict.judge.compare import compare
 from quantverdict.precision import get_recipe
 
 pytestmark = [pytest.mark.int8, pytest.mark.onnxruntime]
@@ -38,7 +39,7 @@ def test_the_cpu_lane_stays_within_the_int8_tolerance(qv_pipeline, model):
     spec = qv_pipeline.models.get(model)
     path = qv_pipeline.store.precision_onnx(model, get_recipe("int8").for_target("onnxruntime-cpu"))
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], True, integer_kernel_config()) as runner:
-        outputs = concat([runner.infer(batch) for batch in qv_pipeline.store.eval_batches(model)])
+        outputs = infer_all(runner, qv_pipeline.store.eval_batches(model))
     tolerance = qv_pipeline.tolerances.resolve(model, "int8", spec.tolerances)
     result = compare(qv_pipeline.store.reference(model), outputs, tolerance, spec.task == "classification")
     assert result.passed, result.explain()

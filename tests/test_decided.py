@@ -1,6 +1,5 @@
 """Samples FP32 does not decide at its input's resolution, found by running the real model."""
 import numpy as np
-import pytest
 
 from quantverdict.judge.decided import dithered
 from quantverdict.models.spec import InputSpec

@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 
 from quantverdict.judge.formats import format_fit, format_recipes, rounding_snr, snr_db, summarize
 from quantverdict.precision.calibrate import as_written_session
-from quantverdict.precision.qdq import FP8_E4M3, INT8
+from quantverdict.precision.grids import FP8_E4M3, INT8
 
 
 def _int8_expected_db(values: np.ndarray, step: float) -> float:

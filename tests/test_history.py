@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from quantverdict.judge.changepoint import Policy, classify
+from quantverdict.judge.changepoint import classify
 from quantverdict.report.history import judge_history, load_policies
 from quantverdict.run.cli import main
 

@@ -9,38 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from user_repo import MANIFEST, MODEL
+
 REPO = Path(__file__).resolve().parents[1]
-MODEL = textwrap.dedent("""\
-    import numpy as np
-    from torch import nn
-
-
-    def make_net():
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                             nn.Linear(8, 4)).eval()
-
-
-    def calibration():
-        rng = np.random.default_rng(1)
-        return [{"image": rng.uniform(0, 1, (4, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
-    """)
-MANIFEST = textwrap.dedent("""\
-    models:
-      - name: tiny
-        build: tinymodels.nets:make_net
-        build_files: []
-        inputs: [{name: image, shape: [4, 3, 16, 16], range: [0, 1]}]
-        outputs: [scores]
-        task: classification
-        calibration: tinymodels.nets:calibration
-    """)
-
-
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment with the wheel of this tree installed from the file, not from the tree."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "quantverdict"
-SHARED = {"__init__", "__main__", "cache", "capabilities", "documents", "errors", "registry"}
+SHARED = {"__init__", "__main__", "cache", "capabilities", "documents", "errors", "hashing", "registry"}
 # Stages from the bottom up; a module may import its own stage and the ones below it only.
 LAYERS = {"shared": 0, "models": 1, "export": 2, "precision": 3, "backends": 4, "judge": 5,
           "perf": 6, "generate": 6, "report": 7, "run": 8}
@@ -59,5 +59,40 @@ def test_no_backend_imports_below_the_backends(stage):
 
 def test_importing_the_recipes_loads_neither_torch_nor_onnxruntime():
     code = "import sys, quantverdict.precision; print(sorted({'torch', 'onnxruntime'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_no_module_imports_itself_back_through_others():
+    """No import cycle, counting imports under TYPE_CHECKING and inside functions too: the stage order is
+    what a reader sees."""
+    graph = {module: {name for name in _imports(path) if name in _modules()} - {module}
+             for module, path in _modules().items()}
+    state: dict[str, str] = {}
+
+    def visit(module: str, trail: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for other in sorted(graph[module]):
+            if state.get(other) == "open":
+                return [*trail, module, other]
+            if other not in state and (cycle := visit(other, [*trail, module])):
+                return cycle
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            assert (cycle := visit(module, [])) is None, " → ".join(cycle)
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_no_module_holds_more_than_300_lines(module):
+    assert len(_modules()[module].read_text().splitlines()) <= 300
+
+
+def test_importing_the_plugin_loads_nothing_heavy():
+    """pytest loads the plugin in every run of an environment where the package is installed."""
+    code = ("import sys, quantverdict.run.pytest_plugin; "
+            "print(sorted({'numpy', 'onnx', 'torch', 'yaml', 'pydantic', 'onnxruntime'} & set(sys.modules)))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"

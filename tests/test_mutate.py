@@ -3,7 +3,7 @@ and no false alarm on clean reruns from a cold cache."""
 import pytest
 
 from quantverdict.judge.mutations import Mutation, NotApplicable, load_catalogue
-from quantverdict.run.mutate import run_campaign
+from quantverdict.run.mutate import mutated, run_campaign
 
 MODELS = ["cnn", "digits-cnn", "resblock"]
 
@@ -41,7 +41,7 @@ def test_an_fp32_equivalent_rescale_overflows_fp16_only(qv_pipeline):
     from quantverdict.run.cases import Case
 
     defect = Mutation("fp16_overflow_rescale", "first", {"exponent": 16}, ("fp16",))
-    fp16 = qv_pipeline.mutated(defect).run(Case("cnn", "fp16", "onnxruntime"))
+    fp16 = mutated(qv_pipeline, defect).run(Case("cnn", "fp16", "onnxruntime"))
     assert fp16.status == "failed" and "nonfinite" in fp16.message
 
 

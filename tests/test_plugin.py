@@ -1,41 +1,10 @@
 """The pytest plugin as a user meets it: a temporary repository with a model package and a manifest and
 no test code, run by pytest in a subprocess (the plugin comes from the installed entry point)."""
 import json
-import textwrap
 
 import pytest
 
-MODEL = textwrap.dedent("""\
-    import numpy as np
-    import torch
-    from torch import nn
-
-
-    def make_net():
-        torch.manual_seed(3)
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                             nn.Linear(8, 4)).eval()
-
-
-    def calibration():
-        rng = np.random.default_rng(1)
-        return [{"image": rng.uniform(0, 1, (4, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
-
-
-    def broken_calibration():
-        settings = {"mean": 0.5}
-        return [{"image": np.full((4, 3, 16, 16), settings["scale"], np.float32)}]
-    """)
-MANIFEST = textwrap.dedent("""\
-    models:
-      - name: tiny
-        build: tinymodels.nets:make_net
-        build_files: []
-        inputs: [{name: image, shape: [4, 3, 16, 16], range: [0, 1]}]
-        outputs: [scores]
-        task: classification
-        calibration: tinymodels.nets:calibration
-    """)
+from user_repo import MANIFEST, MODEL
 
 
 @pytest.fixture

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from quantverdict.cache import Cache
 from quantverdict.capabilities import package_version
 from quantverdict.precision import get_recipe
-from quantverdict.precision.qdq import FP8_E4M3, INT8, QDQ
+from quantverdict.precision.grids import FP8_E4M3, INT8
+from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.trt_cache import from_trt_cache, to_trt_cache
 from quantverdict.generate.properties import (export_matches_torch, low_precision_within_format_bound,
-                                quantized_layer_within_scale_bound, saved_on_failure)
+                                              quantized_layer_within_scale_bound, saved_on_failure)
 from quantverdict.generate.strategies import architectures, input_batches, quantizable_layers
 
 REGRESSIONS = Path(__file__).resolve().parent.parent / "fixtures" / "regressions"

@@ -13,7 +13,8 @@ from quantverdict.errors import HarnessError
 from quantverdict.export.compat import make_model
 from quantverdict.judge.task_metrics import embedding_agreement
 from quantverdict.precision.calibrate import calibrate, channel_ranges
-from quantverdict.precision.qdq import INT8, QDQ
+from quantverdict.precision.grids import INT8
+from quantverdict.precision.qdq import QDQ
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 
@@ -422,7 +423,7 @@ def test_gptq_rounds_fp8_weights_of_a_linear_layer_on_correlated_inputs(tmp_path
     """MatMul over 64 inputs that move together (each row ±1 everywhere, exact on the E4M3 grid): the
     output error of nearest rounding sums 64 weights' errors, GPTQ's about one; 10·log10(64) = 18 dB,
     asserted: half of it."""
-    from quantverdict.precision.qdq import FP8_E4M3
+    from quantverdict.precision.grids import FP8_E4M3
 
     weight = np.random.default_rng(0).normal(0, 0.1, (64, 32)).astype(np.float32)
     model = _layer("MatMul", weight, ["n", 64], ["n", 32], name="")  # an unnamed node, as some exporters write

@@ -267,3 +267,16 @@ def test_a_page_of_thousands_of_cases_draws_the_most_telling_ones(record_path):
     worst = min(c["metrics"]["metrics"]["logits"]["snr_db"] for c in record["cases"])
     assert min(c["metrics"]["metrics"]["logits"]["snr_db"] for c in kept) == worst
     assert html_page(record, []).count("data:image/png;base64,") >= 3
+
+
+def test_a_record_round_trips_through_its_types(record_path):
+    """Results are data: a record's cases read back as CaseResult and its whole as the schema's RunRecord,
+    and both write back what they read."""
+    from quantverdict.report.schema import RunRecord
+    from quantverdict.run.cases import CaseResult
+
+    record = json.loads(record_path.read_text())
+    assert [CaseResult.from_dict(case).to_dict() for case in record["cases"]] == record["cases"]
+    typed = RunRecord.model_validate(record)
+    assert typed.cases[1].metrics.recipe is not None and typed.cases[1].metrics.recipe.coverage.quantized == 4
+    assert typed.model_dump(exclude_unset=True) == record

@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from quantverdict.judge.mutations import Mutation
 from quantverdict.models import BUILTIN
 from quantverdict.report.gate import gate, load_policy
 from quantverdict.run.cases import Case
+from quantverdict.run.mutate import mutated
 from quantverdict.run.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_the_record_names_the_cpu_its_instruction_sets_and_the_runner_class(qv_p
 
 @pytest.mark.int8
 def test_a_defect_in_the_graph_is_blamed_on_the_recipe(qv_pipeline):
-    mutant = qv_pipeline.mutated(Mutation("clipped_range", "first", {"factor": 0.05}))
+    mutant = mutated(qv_pipeline, Mutation("clipped_range", "first", {"factor": 0.05}))
     result = mutant.run(Case("cnn", "int8", "onnxruntime"))
     assert result.status == "failed" and "the recipe regressed" in result.message
     assert not result.metrics["recipe"]["passed"] and result.metrics["fidelity"]["passed"]
@@ -98,8 +98,8 @@ def test_pytest_baseline_catches_what_the_tolerance_table_lets_through(qv_pipeli
     case = Case("digits-cnn", "int8", "onnxruntime")
     baseline = _record(qv_pipeline, [case], tmp_path / "base.json")
     defect = Mutation("qdq_mismatch", "middle", {"factor": 1.1})
-    assert qv_pipeline.mutated(defect).run(case).status == "passed"  # the table alone misses it
-    judged = Pipeline(qv_pipeline.cache.root, baseline=baseline).mutated(defect)
+    assert mutated(qv_pipeline, defect).run(case).status == "passed"  # the table alone misses it
+    judged = mutated(Pipeline(qv_pipeline.cache.root, baseline=baseline), defect)
     result = judged.run(case)
     assert result.status == "failed" and "regressed against baseline" in result.message
     assert any("recipe SNR" in line for line in result.metrics["baseline"]["regressions"])

@@ -5,9 +5,9 @@ methods, and a runner is a context manager.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -18,7 +18,11 @@ from quantverdict.precision.base import Recipe
 
 
 class Runner:
+    """Activated, runs batches; a context manager. Running an inactive runner, or activating an active one, is
+    an error (a runner's session or engine exists only between ``activate`` and ``deactivate``)."""
+
     name: str = "runner"
+    is_active: bool = False
 
     def __enter__(self) -> "Runner":
         self.activate()
@@ -28,14 +32,21 @@ class Runner:
         self.deactivate()
 
     def activate(self) -> None:
+        if self.is_active:
+            raise RuntimeError(f"{self.name} runner activated twice")
         self.activate_impl()
+        self.is_active = True
 
     def infer(self, feed: Batch) -> dict[str, np.ndarray]:
         """Run one batch; outputs come back as float32/float64 host arrays, by name."""
+        if not self.is_active:
+            raise RuntimeError(f"{self.name} runner used before activate() (use it as a context manager)")
         return self.infer_impl(feed)
 
     def deactivate(self) -> None:
-        self.deactivate_impl()
+        if self.is_active:
+            self.deactivate_impl()
+            self.is_active = False
 
     def label(self) -> str:
         """The runtime in words (name, version, mode), for messages that blame or clear it."""
@@ -55,6 +66,19 @@ class Runner:
         pass
 
 
+class Infers(Protocol):
+    """Anything that runs a batch: our runners, and Polygraphy's ``TrtRunner``."""
+
+    def infer(self, feed: Batch) -> dict[str, np.ndarray]: ...
+
+
+def infer_all(runner: Infers, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
+    """Every batch run by an active ``runner`` (ours, or Polygraphy's ``TrtRunner``), each output joined along
+    the batch axis."""
+    outputs = [runner.infer(batch) for batch in batches]
+    return {name: np.concatenate([out[name] for out in outputs]) for name in outputs[0]}
+
+
 @dataclass(frozen=True)
 class Artifacts:
     """What the pipeline made for one case; each callable builds (or loads from cache) on demand."""
@@ -69,6 +93,15 @@ class Artifacts:
     ranges: Callable[[], dict[str, float]] | None
     calibration_batches: Callable[[], list[Batch]]
     cache: Cache
+
+
+@dataclass
+class Diagnosis:
+    """What a backend can say about where its outputs left the graph's semantics: notes for the person
+    reading the failure, and the located divergence (for the record), if it can locate one."""
+
+    notes: list[str] = field(default_factory=list)
+    divergence: dict[str, Any] | None = None
 
 
 class Backend:
@@ -91,6 +124,12 @@ class Backend:
     def load(self, artifacts: Artifacts) -> Runner:
         """A runner for the case; math modes such as TF32 come from ``artifacts.recipe.runtime``."""
         raise NotImplementedError
+
+    def diagnose(self, artifacts: Artifacts, batch: Batch, bound: float, caps: Capabilities) -> Diagnosis:
+        """Why and where this backend's outputs left the precision graph's semantics (``bound``: the largest
+        fraction of rounding decisions a faithful runtime may flip), after its fidelity failed; most backends
+        cannot say more than the verdict does."""
+        return Diagnosis()
 
     def outputs_key(self, artifacts: Artifacts, caps: Capabilities) -> list[Any] | None:
         """Everything that decides this backend's outputs for ``artifacts`` on this machine (the

@@ -24,11 +24,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from quantverdict.backends.base import Artifacts, Backend, Runner
-from quantverdict.cache import file_sha256
+from quantverdict.backends.base import Artifacts, Backend, Diagnosis, Runner
 from quantverdict.capabilities import Capabilities, detect, package_version
+from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.models.spec import Batch, ModelSpec
 
+NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 8-bit products in 16-bit "
+                "intermediates, which saturate; TensorRT accumulates in INT32")
 _FLOAT8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
 
 
@@ -77,8 +79,14 @@ class OnnxRuntimeRunner(Runner):
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
-    precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"})
     gpu_precisions = frozenset({"tf32"})
+
+    @property
+    def precisions(self) -> frozenset[str]:  # type: ignore[override]
+        """Every registered precision: a recipe's graph is an ONNX graph, which ONNX Runtime executes."""
+        from quantverdict.precision import known_precisions
+
+        return frozenset(known_precisions())
 
     def unavailable(self, caps: Capabilities) -> str | None:
         if not (caps.has("onnxruntime") or caps.has("onnxruntime-gpu")):
@@ -97,6 +105,25 @@ class OnnxRuntimeBackend(Backend):
             tf32 = int(bool(artifacts.recipe.runtime.get("tf32")))
             providers = [("CUDAExecutionProvider", {"use_tf32": tf32}), *providers]  # type: ignore[list-item]
         return OnnxRuntimeRunner(path, providers, optimize=not _has_float8(path), config=integer_kernel_config())
+
+    def diagnose(self, artifacts: Artifacts, batch: Batch, bound: float, caps: Capabilities) -> Diagnosis:
+        """On a CPU without VNNI, say that its default kernels saturate (unless the harness's setting is on);
+        with graph optimisations on, the first quantized tensor whose codes leave the graph's (cached: a pure
+        function of the graph, the batch, the bound, the settings, ONNX Runtime and the CPU)."""
+        from quantverdict.backends.onnxrt_divergence import first_runtime_divergence
+        from quantverdict.models.data import batches_key
+
+        path, config, diagnosis = artifacts.onnx_path(), integer_kernel_config(), Diagnosis()
+        if _has_float8(path):  # run as written: nothing fused, nothing to locate
+            return diagnosis
+        if caps.cpu is not None and not caps.cpu.has_vnni and "session.x64quantprecision" not in config:
+            diagnosis.notes.append(f"note: {NO_VNNI_HINT}")
+        parts = [file_sha256(path), batches_key([batch]), bound, config, package_version("onnxruntime"),
+                 caps.cpu.identity if caps.cpu else None, source_fingerprint("quantverdict.backends.onnxrt_divergence")]
+        diagnosis.divergence = artifacts.cache.json("runtime-divergence", parts,
+                                                    lambda: first_runtime_divergence(path, batch, bound, config),
+                                                    {"model": artifacts.spec.name})
+        return diagnosis
 
     def outputs_key(self, artifacts: Artifacts, caps: Capabilities) -> list[Any] | None:
         """On the CPU provider: the graph's bytes, ONNX Runtime's version, optimisation level and

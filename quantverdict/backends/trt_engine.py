@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from quantverdict.backends.base import Runner
-from quantverdict.cache import Cache, content_hash, source_fingerprint
+from quantverdict.cache import Cache
+from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import HarnessError, UnsupportedError
 from quantverdict.models.spec import Batch, ModelSpec
 

@@ -12,7 +12,8 @@ from typing import Callable
 
 import onnx
 
-from quantverdict.cache import Cache, content_hash, source_fingerprint
+from quantverdict.cache import Cache
+from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import InputSpecError, ModelFileError, user_trace
 from quantverdict.export.compat import serialized
 from quantverdict.models.spec import ModelSpec

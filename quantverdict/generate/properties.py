@@ -22,7 +22,8 @@ from quantverdict.export import export_onnx
 from quantverdict.models.spec import InputSpec, ModelSpec
 from quantverdict.precision import get_recipe
 from quantverdict.precision.calibrate import calibrate
-from quantverdict.precision.qdq import FP8_E4M3, INT8, QDQ
+from quantverdict.precision.grids import FP8_E4M3, INT8
+from quantverdict.precision.qdq import QDQ
 from quantverdict.generate.strategies import Inputs
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -246,7 +246,3 @@ def _import_torch_first() -> None:
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
         import torch  # noqa: F401
 
-
-def concat(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Join per-batch outputs along the batch axis."""
-    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}

@@ -8,12 +8,8 @@ similarity falls below the bound is reported with the node and op that produced 
 a tensor whose cosine is undefined (all zeros on one side) is judged by its relative error, so
 the report never names a constant or a NaN.
 
-``first_runtime_divergence`` (a runtime): the same INT8 graph run as written and with ONNX
-Runtime's optimisations on, up to each QuantizeLinear in turn; a faithful runtime's codes differ
-from the graph's by a step where a value sits near a rounding boundary, so the first quantized
-tensor whose codes differ by two steps or more on more than the bound's fraction of elements is
-where the runtime's kernels stop computing what the graph says. (In deep random-weight networks
-one-step differences compound, so this names the first place to look, not a proof.)
+Where a runtime leaves a graph's semantics is each backend's own diagnosis (:meth:`Backend.diagnose`;
+ONNX Runtime's in :mod:`quantverdict.backends.onnxrt_divergence`).
 """
 from __future__ import annotations
 
@@ -23,26 +19,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantverdict.export.compat import serialized
+from quantverdict.backends.onnxrt_divergence import run_exposing
 from quantverdict.judge.compare import cosine
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import float_tensors
-
-
-def _run_all(source: Path | onnx.ModelProto, names: list[str], batch: Batch, optimize: bool = False,
-             config: dict[str, str] | None = None) -> dict[str, np.ndarray]:
-    import onnxruntime
-
-    model = onnx.load(str(source)) if isinstance(source, Path) else source
-    existing = {o.name for o in model.graph.output}
-    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
-    options = onnxruntime.SessionOptions()
-    if not optimize:
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    for key, value in (config or {}).items():
-        options.add_session_config_entry(key, value)
-    session = onnxruntime.InferenceSession(serialized(model), options, providers=["CPUExecutionProvider"])
-    return dict(zip(names, session.run(names, dict(batch))))
 
 
 def _input_dependent(graph: onnx.GraphProto) -> set[str]:
@@ -79,7 +59,7 @@ def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_co
     names = [name for name, _ in order]
     if not names:
         return None
-    reference, candidate = _run_all(fp32_path, names, batch), _run_all(candidate_path, names, batch)
+    reference, candidate = run_exposing(fp32_path, names, batch), run_exposing(candidate_path, names, batch)
     for name, node in order:
         r, c = reference[name].astype(np.float64).ravel(), candidate[name].astype(np.float64).ravel()
         nonfinite = int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))
@@ -91,36 +71,4 @@ def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_co
         diverged, details = _similarity(r, c, min_cosine)
         if diverged:
             return {"tensor": name, "node": node.name, "op": node.op_type, "bound": min_cosine, **details}
-    return None
-
-
-def first_runtime_divergence(path: Path, batch: Batch, max_fraction: float,
-                             config: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """The first INT8 QuantizeLinear whose codes, with optimisations on (and the runtime's session
-    ``config``), leave the graph's by ≥ 2 steps on more than ``max_fraction`` of its elements.
-
-    Each candidate is made the only output of the graph, so the optimiser fuses everything before
-    it as it does in the whole graph (exposing a tensor in the middle would keep its producer
-    unfused); candidates are tried in topological order and the search stops at the first.
-    """
-    graph = onnx.load(str(path))
-    producers = {out: node for node in graph.graph.node for out in node.output}
-    for node in graph.graph.node:
-        if node.op_type != "QuantizeLinear":
-            continue
-        truncated = onnx.ModelProto()
-        truncated.CopyFrom(graph)
-        del truncated.graph.output[:]
-        truncated.graph.output.extend([onnx.ValueInfoProto(name=node.output[0])])
-        written = _run_all(truncated, [node.output[0]], batch)[node.output[0]]
-        if written.dtype != np.int8:
-            continue
-        optimized = _run_all(truncated, [node.output[0]], batch, optimize=True, config=config)[node.output[0]]
-        steps = np.abs(written.astype(np.int32) - optimized.astype(np.int32))
-        fraction = float(np.mean(steps >= 2))
-        if fraction > max_fraction:
-            source = producers.get(node.input[0])
-            return {"tensor": node.input[0], "node": source.name if source else node.input[0],
-                    "op": source.op_type if source else "graph input", "fraction": fraction,
-                    "max_steps": int(steps.max())}
     return None

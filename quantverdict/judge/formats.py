@@ -24,11 +24,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quantverdict.cache import file_sha256, source_fingerprint
+from quantverdict.cache import Cache
+from quantverdict.hashing import file_sha256, source_fingerprint
+from quantverdict.judge.bench import Workbench
+from quantverdict.models.spec import Batch
 from quantverdict.precision import get_recipe
 from quantverdict.precision.calibrate import calibrate, tensor_values
 from quantverdict.precision.graph import initializer_names
-from quantverdict.precision.qdq import QDQ, QuantFormat, WEIGHTED_OPS, activation_readers, weight_axis, weight_scales
+from quantverdict.precision.grids import QuantFormat, weight_scales
+from quantverdict.precision.placement import WEIGHTED_OPS, activation_readers, weight_axis
+from quantverdict.precision.qdq import QDQ
 
 PRECISIONS = ("int8", "fp8")
 
@@ -76,19 +81,19 @@ def format_recipes(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, QDQ]:
     return recipes
 
 
-def format_fit(store: Any, model: str) -> list[TensorFit]:
+def format_fit(store: Workbench, model: str) -> list[TensorFit]:
     """Every activation and weight the INT8 or FP8 recipe quantizes in ``model``, in graph order; cached
     by the FP32 graph, the calibration batches, the recipes and this code."""
-    recipes = format_recipes(store.models.get(model).recipe)
+    recipes = format_recipes(store.spec(model).recipe)
     fp32 = store.fp32_onnx(model)
     parts = [file_sha256(fp32), store.data_key(model, "calibration"), [r.params() for r in recipes.values()],
              *store.onnxruntime_cpu_parts("quantverdict.judge.formats"), source_fingerprint("quantverdict.precision")]
-    rows = store.cached_json("format-fit", parts, lambda: [asdict(fit) for fit in _measure(
-        onnx.load(str(fp32)), recipes, store.calibration_batches(model), store.cache)], {"model": model})
+    rows = store.cache.json("format-fit", parts, lambda: [asdict(fit) for fit in _measure(
+        onnx.load(str(fp32)), recipes, store.batches(model, "calibration"), store.cache)], {"model": model})
     return [TensorFit(**row) for row in rows]
 
 
-def _measure(graph: onnx.ModelProto, recipes: Mapping[str, QDQ], batches: list, cache: Any) -> list[TensorFit]:
+def _measure(graph: onnx.ModelProto, recipes: Mapping[str, QDQ], batches: list[Batch], cache: Cache) -> list[TensorFit]:
     weights = initializer_names(graph)
     readers = {p: activation_readers(r.quantized_inputs(graph), weights) for p, r in recipes.items()}
     candidates = activation_readers(_any_kernel(recipes).quantized_inputs(graph), weights)

@@ -24,7 +24,8 @@ from quantverdict.errors import HarnessError
 from quantverdict.precision import known_precisions
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
-from quantverdict.precision.qdq import FP8_E4M3, INT8, WEIGHTED_OPS, QuantFormat, weight_scales
+from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
+from quantverdict.precision.placement import WEIGHTED_OPS
 from quantverdict.registry import Registry
 
 HOMOGENEOUS = ("Relu", "MaxPool", "Flatten", "Reshape")  # f(a·x) = a·f(x) for a > 0

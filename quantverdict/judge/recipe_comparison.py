@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import onnx
 
+from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
@@ -24,16 +25,16 @@ class QuantizerResult:
     seconds: float  # making the graph (calibration, fallback, quantization); ~0 where it was cached
 
 
-def compare_quantizers(store: Any, model: str, precision: str,
+def compare_quantizers(store: Workbench, model: str, precision: str,
                        variants: Mapping[str, Mapping[str, Any]]) -> tuple[list[QuantizerResult], dict[str, list[str]]]:
     """Each variant (label → recipe settings, e.g. ``{"quantizer": "modelopt"}``) judged, and the
     weighted layers not every variant quantizes (layer → the labels that do)."""
-    spec = store.models.get(model)
-    reference, output = store.reference(model), spec.outputs[0]
+    spec = store.spec(model)
+    reference, output = store.fp32_outputs(model, "evaluation"), spec.outputs[0]
     results = []
     for label, settings in variants.items():
         start = time.perf_counter()
-        recipe = store.with_fallback(model, get_recipe(precision).configured(settings))
+        recipe = store.configured(model, get_recipe(precision).configured(settings))
         path = store.precision_onnx(model, recipe)
         seconds = time.perf_counter() - start
         metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),

@@ -9,13 +9,16 @@ float rounding of the float ops. Recipes are judged on this; runtimes are judged
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from quantverdict.backends import infer_all
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
-from quantverdict.judge.compare import concat
+from quantverdict.cache import Cache
+from quantverdict.hashing import file_sha256
 from quantverdict.models.spec import Batch
 
 EVALUATOR = "onnxruntime CPU, graph optimisations off (Q/DQ as written)"
@@ -24,4 +27,22 @@ EVALUATOR = "onnxruntime CPU, graph optimisations off (Q/DQ as written)"
 def evaluate_semantics(path: Path, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
     """The graph's outputs over ``batches``, each node evaluated exactly as written."""
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=False) as runner:
-        return concat([runner.infer(batch) for batch in batches])
+        return infer_all(runner, batches)
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """The loader of a graph's semantics over batches: cached by the graph's bytes, the batches' key, and
+    ``cpu_parts`` (ONNX Runtime's version, the CPU and this code: what can move a float op's last bits)."""
+
+    graph: Path
+    batches: Callable[[], Sequence[Batch]]
+    batches_key: str
+    cpu_parts: list[Any]
+    cache: Cache
+    describe: dict[str, Any]
+
+    def __call__(self) -> dict[str, np.ndarray]:
+        parts = [file_sha256(self.graph), self.batches_key, *self.cpu_parts]
+        return self.cache.arrays("semantics", parts, lambda: (evaluate_semantics(self.graph, self.batches()), ""),
+                                 self.describe)[0]

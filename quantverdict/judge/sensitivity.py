@@ -1,7 +1,7 @@
 """Per-layer quantization sensitivity, and accuracy-aware fallback to higher precision.
 
-``store`` is the run's :class:`quantverdict.run.artifacts.ArtifactStore` (precision graphs, batches,
-reference outputs); ``data`` names the batches a recipe is judged on: ``"evaluation"`` (the
+``store`` is a :class:`~quantverdict.judge.bench.Workbench` (precision graphs, batches, reference
+outputs: the run's artifact store); ``data`` names the batches a recipe is judged on: ``"evaluation"`` (the
 ``sensitivity`` command's diagnosis) or ``"calibration"`` (a recipe's own ``fallback``, chosen on
 the data it was fitted to, so the evaluation set stays held out).
 
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
-
 import onnx
 
+from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.tolerances import Tolerance
-from quantverdict.precision.qdq import QDQ, WEIGHTED_OPS
+from quantverdict.models.data import Data
+from quantverdict.precision.placement import WEIGHTED_OPS
+from quantverdict.precision.qdq import QDQ
 
 
 @dataclass(frozen=True)
@@ -32,29 +33,29 @@ class LayerSensitivity:
     snr_db: float
 
 
-def evaluate_recipe(store: Any, model: str, recipe: QDQ, tolerance: Tolerance,
-                    data: str = "evaluation") -> Comparison:
+def evaluate_recipe(store: Workbench, model: str, recipe: QDQ, tolerance: Tolerance,
+                    data: Data = "evaluation") -> Comparison:
     """The recipe's graph, evaluated as written (never a runtime's kernels), against FP32 on ``data``."""
     semantics = store.graph_semantics(model, store.precision_onnx(model, recipe), data)
-    spec = store.models.get(model)
+    spec = store.spec(model)
     undecided = store.undecided(model) if data == "evaluation" else None
     return compare(store.fp32_outputs(model, data), semantics, tolerance, spec.task == "classification", undecided)
 
 
-def weighted_layers(store: Any, model: str, recipe: QDQ) -> list[onnx.NodeProto]:
+def weighted_layers(store: Workbench, model: str, recipe: QDQ) -> list[onnx.NodeProto]:
     """The Conv/Gemm/MatMul layers ``recipe`` quantizes (those fallback may keep in FP32)."""
     graph = onnx.load(str(store.fp32_onnx(model)))
     return [node for node in recipe.quantized_nodes(graph) if node.op_type in WEIGHTED_OPS]
 
 
-def layer_sensitivity(store: Any, model: str, recipe: QDQ, progress: bool = True,
-                      data: str = "evaluation") -> list[LayerSensitivity]:
+def layer_sensitivity(store: Workbench, model: str, recipe: QDQ, progress: bool = True,
+                      data: Data = "evaluation") -> list[LayerSensitivity]:
     """Most sensitive first (lowest SNR of the first output). One calibration pass serves every
     layer (:meth:`QDQ.calibration_recipe`) and each layer's evaluation is cached by its graph, so
     a rerun reads; ``progress`` shows a bar on a terminal."""
     from tqdm import tqdm
 
-    output = store.models.get(model).outputs[0]
+    output = store.spec(model).outputs[0]
     rows = []
     for node in tqdm(weighted_layers(store, model, recipe), desc=f"sensitivity {model}", unit="layer", leave=False,
                      disable=None if progress else True):
@@ -64,8 +65,8 @@ def layer_sensitivity(store: Any, model: str, recipe: QDQ, progress: bool = True
     return sorted(rows, key=lambda row: row.snr_db)
 
 
-def fallback_until_within(store: Any, model: str, recipe: QDQ, tolerance: Tolerance, max_layers: int | None = None,
-                          data: str = "evaluation") -> tuple[QDQ, list[str], Comparison]:
+def fallback_until_within(store: Workbench, model: str, recipe: QDQ, tolerance: Tolerance, max_layers: int | None = None,
+                          data: Data = "evaluation") -> tuple[QDQ, list[str], Comparison]:
     """The recipe with the fewest most-sensitive layers kept in FP32 (its ``fallback_layers``) that
     meets ``tolerance`` on ``data``.
 
@@ -85,7 +86,7 @@ def fallback_until_within(store: Any, model: str, recipe: QDQ, tolerance: Tolera
     return current, kept, result
 
 
-def choose_fallback(store: Any, model: str, recipe: QDQ) -> list[str]:
+def choose_fallback(store: Workbench, model: str, recipe: QDQ) -> list[str]:
     """The layers ``recipe``'s ``fallback`` keeps in FP32: its share of the weighted layers (rounded
     down), the most sensitive ones judged on the calibration set. The share is spent whole, as Model
     Optimizer's AutoQuantize spends its bit budget: agreement on the few calibration samples the

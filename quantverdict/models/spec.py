@@ -7,7 +7,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from quantverdict.cache import content_hash, file_sha256, source_fingerprint
+from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.capabilities import package_version
 from quantverdict.errors import HarnessError, InputDataError, UserCodeError
 from quantverdict.registry import import_object

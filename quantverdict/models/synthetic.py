@@ -10,7 +10,7 @@ from quantverdict.models.spec import InputSpec, ModelSpec, Ref
 
 def build(name: str) -> Any:
     """The module ``nets.<name>`` with CPU-independent seeded weights."""
-    from quantverdict.models import nets
+    import quantverdict.models.nets as nets
     from quantverdict.models.seeded import seeded_init
 
     return seeded_init(getattr(nets, name)(), seed=0)

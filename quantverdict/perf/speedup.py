@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.dataclasses import dataclass
 
 from quantverdict.documents import load
 from quantverdict.errors import HarnessError
+from quantverdict.judge.bench import Workbench
 from quantverdict.perf.bench import Ratio, Timing, interleaved_ratio, time_call
 from quantverdict.precision import known_precisions
 
@@ -63,18 +64,18 @@ def load_floors(path: Path | None = None) -> list[Floor]:
     return load(path, "speedups.yaml", FloorFile, "speedup floors").floors
 
 
-def _timer(pipeline: Any, floor: Floor, precision: str, target: str = "emulated") -> Callable[[], Timing]:
-    spec = pipeline.models.get(floor.model)
+def _timer(bench: Workbench, floor: Floor, precision: str, target: str = "emulated") -> Callable[[], Timing]:
+    spec = bench.spec(floor.model)
     if floor.backend == "torch" and floor.hardware == "gpu":
         from quantverdict.perf.gpu_lane import torch_cuda_timing
 
         shape = (floor.batch, *spec.inputs[0].shape[1:])
-        return lambda: torch_cuda_timing(pipeline.store.module(floor.model), precision, shape)
+        return lambda: torch_cuda_timing(bench.module(floor.model), precision, shape)
     if floor.backend == "onnxruntime" and floor.hardware == "cpu":
         from quantverdict.backends.onnxrt import OnnxRuntimeRunner, integer_kernel_config
         from quantverdict.precision import get_recipe
 
-        path = pipeline.store.precision_onnx(floor.model, get_recipe(precision).for_target(target))
+        path = bench.precision_onnx(floor.model, get_recipe(precision).for_target(target))
         feeds = spec.sample_batches(2, seed=5, batch=floor.batch)
 
         def timed() -> Timing:
@@ -86,5 +87,5 @@ def _timer(pipeline: Any, floor: Floor, precision: str, target: str = "emulated"
     raise HarnessError(f"speedup floor {floor.id}: no timing method for {floor.backend} on {floor.hardware}")
 
 
-def measure(pipeline: Any, floor: Floor, rounds: int = 5) -> Ratio:
-    return interleaved_ratio(_timer(pipeline, floor, floor.base), _timer(pipeline, floor, floor.fast, floor.target), rounds)
+def measure(bench: Workbench, floor: Floor, rounds: int = 5) -> Ratio:
+    return interleaved_ratio(_timer(bench, floor, floor.base), _timer(bench, floor, floor.fast, floor.target), rounds)

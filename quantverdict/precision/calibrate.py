@@ -15,7 +15,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import onnx
 
-from quantverdict.cache import Cache, content_hash, source_fingerprint
+from quantverdict.cache import Cache
+from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import CalibrationError
 from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch

@@ -155,3 +155,6 @@ class NativeLowPrecision(Recipe):
         if tensor.data_type == TensorProto.FLOAT:
             lowered = saturate(numpy_helper.to_array(tensor), self.np_type)
             tensor.CopyFrom(numpy_helper.from_array(lowered, tensor.name))
+
+FP32_RECIPE, TF32_RECIPE = FP32(), TF32()
+FP16_RECIPE, BF16_RECIPE = RoundedStorage("fp16"), RoundedStorage("bf16")

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from quantverdict.errors import CalibrationError, UnsupportedError
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.graph import int_attribute
-from quantverdict.precision.qdq import WEIGHTED_OPS
+from quantverdict.precision.placement import WEIGHTED_OPS
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -118,3 +118,5 @@ class NVFP4Weights(Recipe):
                 weights[name].CopyFrom(numpy_helper.from_array(fake_quantize_nvfp4(values, axis), name))
                 done.add(name)
         return model
+
+FP4_RECIPE = NVFP4Weights()

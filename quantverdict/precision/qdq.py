@@ -21,88 +21,18 @@ import fnmatch
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from quantverdict.documents import suggest
 from quantverdict.errors import CalibrationError
 from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
-from quantverdict.precision.graph import initializer_names, int_attribute, topological_sort
-
-# op type → indices of inputs that are quantized (activations, or weights when initializers)
-QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
-WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
-# What TensorRT fuses into a convolution's epilogue (Model Optimizer's fusible paths: bias, scale,
-# batch norm, ReLU, SiLU's Sigmoid and Mul, max pooling), walked back from an Add's input.
-EPILOGUE_OPS = {"Add", "Mul", "BatchNormalization", "Relu", "Sigmoid", "MaxPool"}
-
-
-@dataclass(frozen=True)
-class QuantFormat:
-    """A quantized element type and the magnitude its scale maps the calibrated range onto."""
-
-    name: str
-    onnx_type: int
-    qmax: float
-    np_type: Any
-    min_opset: int  # per-axis DequantizeLinear: 13; float8 QuantizeLinear/DequantizeLinear: 19
-
-    def scale(self, amax: Any) -> np.ndarray:
-        """The symmetric scale that maps ``amax`` (a range, or one per channel) onto ``qmax``, as float32; a
-        range of zero gets a tiny scale instead of a division by zero."""
-        return np.asarray(np.maximum(amax, 1e-12) / self.qmax, dtype=np.float32)
-
-    def quantize(self, scaled: np.ndarray) -> np.ndarray:
-        """Round values already divided by their scale, as ONNX QuantizeLinear would."""
-        clipped = np.clip(scaled, -self.qmax, self.qmax)
-        if self.onnx_type == TensorProto.INT8:
-            return np.rint(clipped).astype(np.int8)  # rint: half to even, like QuantizeLinear
-        return clipped.astype(self.np_type)
-
-
-INT8 = QuantFormat("int8", TensorProto.INT8, 127.0, np.int8, 13)
-FP8_E4M3 = QuantFormat("fp8", TensorProto.FLOAT8E4M3FN, 448.0, ml_dtypes.float8_e4m3fn, 19)
-
-
-def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt: QuantFormat, first: bool) -> bool:
-    """Whether TensorRT has a quantized kernel for this convolution in ``fmt``, by Model Optimizer's
-    rules (``find_nodes_from_convs_to_exclude``), so the graph quantizes what TensorRT will run
-    quantized: input and output channels ≥ 16, except, in INT8, dense square kernels with a channel
-    count divisible by 8 (at the graph input or with one side ≥ 16) and grouped ones with output
-    channels divisible by 8 and kernels ≥ 3; in FP8, filters of at most 32 taps (so FP8 leaves
-    depthwise convolutions in high precision). A weight that is not a constant is not quantized."""
-    if weight is None or len(weight) < 3:
-        return False
-    out_channels, in_channels, kernel = weight[0], weight[1], weight[2:]
-    group = int_attribute(node, "group", 1)
-    if out_channels < 16 or in_channels < 16:
-        if fmt is not INT8:
-            return False
-        if group == 1:
-            return (out_channels % 8 == 0 or in_channels % 8 == 0) and len(set(kernel)) == 1 and \
-                (first or out_channels >= 16 or in_channels >= 16)
-        return out_channels % 8 == 0 and min(kernel) >= 3
-    return fmt is INT8 or int(np.prod(kernel)) <= 32
-
-
-def activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
-                       weights: set[str]) -> dict[str, list[tuple[onnx.NodeProto, list[int]]]]:
-    """Each activation tensor the plan quantizes (in first-read order), with the quantized nodes that
-    read it and at which input indices."""
-    readers: dict[str, list[tuple[onnx.NodeProto, list[int]]]] = {}
-    for node, inputs in plan:
-        for index in inputs:
-            if index < len(node.input) and node.input[index] not in weights:
-                at = readers.setdefault(node.input[index], [])
-                if at and at[-1][0] is node:
-                    at[-1][1].append(index)
-                else:
-                    at.append((node, [index]))
-    return readers
-
+from quantverdict.precision.graph import initializer_names, topological_sort
+from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
+from quantverdict.precision.placement import (QUANTIZED_INPUTS, WEIGHTED_OPS, activation_readers, residual_inputs,
+                                              tensorrt_quantizes_conv, weight_axis)
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
@@ -121,83 +51,6 @@ def _patterns(value: Any) -> tuple[str, ...]:
     """Node-name patterns from a list, or from one string separated by ``;`` (a command line's value)."""
     items = value.split(";") if isinstance(value, str) else value
     return tuple(str(item).strip() for item in items if str(item).strip())
-
-
-def residual_inputs(model: onnx.ModelProto) -> dict[str, int]:
-    """Residual Adds (by output tensor) and the index of the input to quantize: the one that is not
-    the convolution branch. Where both inputs come from different convolutions, the branch is the
-    input farther from their nearest common ancestor (the residual skips ahead): Model Optimizer's rule."""
-    graph = model.graph
-    constant = initializer_names(model) | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
-    out = {}
-    for node in graph.node:
-        if node.op_type != "Add" or len(node.input) != 2 or any(i in constant or i not in producer for i in node.input):
-            continue
-        sources = [producer[i] for i in node.input]
-        backbones = [_conv_backbone(graph, source, producer, constant) for source in sources]
-        if backbones[0] == backbones[1]:
-            continue  # no convolution to fuse into (a transformer's residual stream, a mask), or one branch
-        depth = [_ancestors(graph, source, producer) for source in sources]
-        if None not in backbones:
-            common = set(depth[0]) & set(depth[1])
-            lca = min(common, key=lambda i: depth[0][i] + depth[1][i]) if common else None
-            branch = 0 if lca is None or depth[0][lca] >= depth[1][lca] else 1
-        else:
-            branch = 0 if backbones[0] is not None else 1
-            if backbones[branch] in depth[1 - branch]:
-                continue  # ConvNeXt-like: the other input also starts at that convolution
-        out[node.output[0]] = 1 - branch
-    return out
-
-
-def _conv_backbone(graph: onnx.GraphProto, index: int, producer: Mapping[str, int], constant: set[str]) -> int | None:
-    """The convolution (node index) whose epilogue node ``index`` would fuse into, walking back
-    through :data:`EPILOGUE_OPS` along their one non-constant input (SiLU's Mul along x, not sigmoid(x))."""
-    for _ in range(8):
-        node = graph.node[index]
-        if node.op_type in ("Conv", "ConvTranspose"):
-            return index
-        if node.op_type not in EPILOGUE_OPS:
-            return None
-        sources = [producer[i] for i in node.input if i not in constant and i in producer]
-        if node.op_type == "Mul" and len(sources) == 2:
-            sources = [i for i in sources if graph.node[i].op_type != "Sigmoid"]
-        if len(set(sources)) != 1:
-            return None
-        index = sources[0]
-    return None
-
-
-def _ancestors(graph: onnx.GraphProto, index: int, producer: Mapping[str, int]) -> dict[int, int]:
-    """Every node that node ``index`` depends on (and itself), with its shortest distance from it."""
-    depth, frontier = {index: 0}, [index]
-    while frontier:
-        following = []
-        for current in frontier:
-            for name in graph.node[current].input:
-                parent = producer.get(name)
-                if parent is not None and parent not in depth:
-                    depth[parent] = depth[current] + 1
-                    following.append(parent)
-        frontier = following
-    return depth
-
-
-def weight_scales(values: np.ndarray, axis: int | None, fmt: QuantFormat) -> np.ndarray:
-    """A weight's symmetric scales: one per output channel along ``axis`` (the other axes kept with size
-    1, so they broadcast against the weight), or one for the whole tensor where ``axis`` is None."""
-    reduce = None if axis is None else tuple(i for i in range(values.ndim) if i != axis)
-    return fmt.scale(np.abs(values).max(axis=reduce, keepdims=axis is not None))
-
-
-def weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
-    """Output-channel axis of a weight, or None for per-tensor."""
-    if node.op_type == "Conv":
-        return 0
-    if node.op_type == "Gemm":
-        return 0 if int_attribute(node, "transB", 0) else 1
-    return 1 if rank == 2 else None  # MatMul: [in, out]
 
 
 @dataclass(frozen=True)
@@ -423,3 +276,5 @@ class QDQ(Recipe):
         extra = {} if axis is None else {"axis": axis}
         return helper.make_node("DequantizeLinear", [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"],
                                 [f"{base}_dequantized"], name=f"{base}_DequantizeLinear", **extra)
+
+INT8_RECIPE, FP8_RECIPE = QDQ(INT8), QDQ(FP8_E4M3)

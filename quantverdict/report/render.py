@@ -12,22 +12,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from quantverdict.judge.compare import HISTOGRAM_EDGES
-from quantverdict.report.load import case_margin, primary_metrics, verdicts
+from quantverdict.precision import known_precisions, precision_rank
+from quantverdict.report.load import case_margin, primary_metrics
+from quantverdict.report.rows import SUMMARY_HEADER, number, rows, speedups, summary_cells
 
-ORDER = ["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]
 
 
-def _speedups(record: dict[str, Any]) -> dict[str, float]:
-    """Median latency of the FP32 case over each case's, per model and backend."""
-    fp32 = {(c["model"], c["backend"]): c["metrics"]["latency"]["median_ms"] for c in record["cases"]
-            if c["precision"] == "fp32" and "latency" in c.get("metrics", {})}
-    out = {}
-    for case in record["cases"]:
-        latency = case.get("metrics", {}).get("latency")
-        base = fp32.get((case["model"], case["backend"]))
-        if latency and base and case["precision"] != "fp32":
-            out[case["id"]] = base / latency["median_ms"]
-    return out
 
 
 def markdown(record: dict[str, Any]) -> str:
@@ -37,22 +27,12 @@ def markdown(record: dict[str, Any]) -> str:
     lines = [f"# Accuracy run {record['started']}", "",
              f"{summary} in {record['duration_s']:.0f} s on {env.get('host', '?')} "
              f"({gpu.get('name', 'no GPU')}{', compute capability ' + gpu['compute_capability'] if gpu else ''})", "",
-             "| model | precision | backend | cosine | SNR dB | Δacc (points) | 95% interval | recipe (SNR dB) "
-             "| runtime fidelity (flips) | speedup | result |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    speedups = _speedups(record)
-    for case in record["cases"]:
-        if case["status"] == "skipped":
-            continue
-        m, task = primary_metrics(case), case.get("metrics", {}).get("task", {})
-        verdict = verdicts(case)
-        cells = [_num(m.get("cosine"), ".5f"), _num(m.get("snr_db"), ".1f"),
-                 _num(0.0 - task["accuracy_drop_points"] if task else None, "+.2f"), verdict["interval"] or "–",
-                 f"{verdict['recipe']} ({_num(verdict['recipe_snr_db'], '.1f')})" if verdict["recipe"] else "–",
-                 f"{verdict['fidelity']} ({100 * verdict['flip_fraction']:.2g}%)" if verdict["fidelity"] else "–",
-                 _num(speedups.get(case["id"]), ".2f", "×")]
-        lines.append(f"| {_cell(case['model'])} | {_cell(case['precision'])} | {_cell(case['backend'])} | "
-                     f"{' | '.join(cells)} | {'**' + case['status'] + '**' if case['status'] != 'passed' else 'passed'} |")
+             "| " + " | ".join(SUMMARY_HEADER) + " |", "|" + " --- |" * len(SUMMARY_HEADER)]
+    for row in rows(record):
+        if row.status != "skipped":
+            cells = [_cell(cell) for cell in summary_cells(row)]
+            cells[-1] = f"**{cells[-1]}**" if row.status != "passed" else cells[-1]
+            lines.append("| " + " | ".join(cells) + " |")
     failures = [c for c in record["cases"] if c["status"] in ("failed", "error")]
     if failures:
         lines += ["", "## Failures", ""] + [f"- `{_cell(c['id'])}`: {_cell((c['message'] or '-').splitlines()[-1])}"
@@ -68,8 +48,6 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _num(value: float | None, spec: str, suffix: str = "") -> str:
-    return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"
@@ -114,7 +92,7 @@ def html_page(record: dict[str, Any], history: list[dict[str, Any]], sections: S
 
 def _matrix(record: dict[str, Any]) -> str:
     every = sorted({(c["precision"], c["backend"]) for c in record["cases"]},
-                   key=lambda pb: (ORDER.index(pb[0]) if pb[0] in ORDER else 99, pb[1]))
+                   key=lambda pb: (precision_rank(pb[0]), pb[1]))
     ran = {(c["precision"], c["backend"]) for c in record["cases"] if c["status"] != "skipped"}
     columns = [pb for pb in every if pb in ran]
     hidden = [f"{p} on {b}" for p, b in every if (p, b) not in ran]
@@ -133,7 +111,7 @@ def _matrix(record: dict[str, Any]) -> str:
             cls = {"skipped": "skip"}.get(case["status"]) or (
                 "bad" if case["status"] != "passed" else "ok" if margin is None or margin > 0.5 else "thin")
             snr = primary_metrics(case).get("snr_db")
-            text = "skip" if case["status"] == "skipped" else ("∞" if snr == float("inf") else _num(snr, ".0f"))
+            text = "skip" if case["status"] == "skipped" else ("∞" if snr == float("inf") else number(snr, ".0f"))
             title = html.escape(case.get("message") or f"margin {margin:.2f}" if margin is not None else case["status"])
             tds.append(f'<td class="{cls}" title="{title}">{text}</td>')
         rows.append(f"<tr><th>{html.escape(model)}</th>{''.join(tds)}</tr>")
@@ -143,13 +121,12 @@ def _matrix(record: dict[str, Any]) -> str:
 
 
 def _verdicts(record: dict[str, Any]) -> str:
-    """The Markdown summary's per-case table (intervals, recipe and runtime verdicts) as HTML."""
-    rows = [line for line in markdown(record).splitlines() if line.startswith("| ") and "---" not in line]
-    if len(rows) < 2:
+    """The summary's per-case table (intervals, recipe and runtime verdicts), from the same rows as the Markdown."""
+    cases = [row for row in rows(record) if row.status != "skipped"]
+    if not cases:
         return ""
-    cells = [[html.escape(c.strip().strip("*")) for c in row.strip("|").split("|")] for row in rows]
-    head = "".join(f"<th>{c}</th>" for c in cells[0])
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in cells[1:])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in SUMMARY_HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in summary_cells(row)) + "</tr>" for row in cases)
     return ("<h2>Cases: confidence intervals, recipe and runtime verdicts</h2>"
             '<p class="legend">Recipe: the precision graph evaluated as written (Q/DQ semantics, the same on every '
             "CPU) against FP32. Runtime fidelity: the runtime's outputs against those semantics, as the fraction "
@@ -254,13 +231,13 @@ def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
 
 
 def _plot_speedup(record: dict[str, Any]) -> str | None:
-    speedups = _speedups(record)
-    names, note = _most_telling(list(speedups), lambda name: speedups[name])
+    found = speedups(record)
+    names, note = _most_telling(list(found), lambda name: found[name])
 
     def draw(ax: Any) -> bool:
-        if not speedups:
+        if not found:
             return False
-        ax.bar(range(len(names)), [speedups[n] for n in names], color="#8e44ad")
+        ax.bar(range(len(names)), [found[n] for n in names], color="#8e44ad")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
         ax.set_ylabel(f"× FP32 throughput (median latency ratio){note}")
@@ -280,7 +257,7 @@ def _plot_histograms(record: dict[str, Any]) -> str | None:
         if not totals:
             return False
         upper = np.r_[HISTOGRAM_EDGES[1:-1], 10.0]  # the last bin, errors ≥ max |reference|, drawn at 10
-        for precision in sorted(totals, key=lambda p: ORDER.index(p) if p in ORDER else 99):
+        for precision in sorted(totals, key=precision_rank):
             counts = totals[precision]
             ax.plot(upper, counts / counts.sum(), marker="o", label=precision)
         ax.set_xscale("log")
@@ -303,7 +280,7 @@ def _plot_trend(records: list[dict[str, Any]]) -> str | None:
                 snr = primary_metrics(case).get("snr_db")
                 if snr is not None and np.isfinite(snr):
                     by_precision[case["precision"]].append(snr)
-            for precision in ORDER[1:]:
+            for precision in known_precisions()[1:]:
                 per_precision[precision].append(float(np.mean(by_precision[precision])) if by_precision[precision] else np.nan)
         for precision, values in per_precision.items():
             if not np.all(np.isnan(values)):

@@ -5,10 +5,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
 from quantverdict.errors import HarnessError
-from quantverdict.precision import get_recipe
+from quantverdict.precision import get_recipe, precision_rank
 
 Status = Literal["passed", "failed", "skipped", "error"]
-PRECISION_ORDER = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4")
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,13 @@ class CaseResult:
 
     def __bool__(self) -> bool:
         return self.status == "passed"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CaseResult":
+        """The result a record's case holds (the inverse of :meth:`to_dict`)."""
+        return cls(Case(data["model"], data["precision"], data["backend"]), data["status"], data.get("message", ""),
+                   data.get("metrics", {}), data.get("tolerance", {}), data.get("timings", {}), data.get("cache", {}),
+                   data.get("trace", ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self.case), "id": self.case.id, "status": self.status, "message": self.message,
@@ -83,7 +89,3 @@ class Shard:
 
     def to_dict(self) -> dict[str, int]:
         return {"index": self.index, "count": self.count}
-
-
-def precision_rank(name: str) -> int:
-    return PRECISION_ORDER.index(name) if name in PRECISION_ORDER else len(PRECISION_ORDER)

@@ -16,26 +16,24 @@ from typing import Any, Callable
 
 import numpy as np
 
-from quantverdict.backends import Backend, Runner
-from quantverdict.backends.onnxrt import OnnxRuntimeRunner
-from quantverdict.cache import file_sha256
+from quantverdict.backends import Artifacts, Backend, Runner, infer_all
 from quantverdict.capabilities import Capabilities
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
-from quantverdict.judge.compare import Comparison, compare, concat, judge_task_metrics, task_accuracy
-from quantverdict.judge.diagnose import first_divergence, first_runtime_divergence
+from quantverdict.hashing import file_sha256
+from quantverdict.judge.compare import Comparison, compare, judge_task_metrics, task_accuracy
+from quantverdict.judge.diagnose import first_divergence
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
 from quantverdict.judge.semantics import EVALUATOR
 from quantverdict.judge.timed import judge_timed_outputs
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 from quantverdict.models import ModelSpec
+from quantverdict.models.data import batches_key
 from quantverdict.models.spec import Batch
 from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 
-NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 8-bit products in 16-bit "
-                "intermediates, which saturate; TensorRT accumulates in INT32")
 
 
 class CaseExecutor:
@@ -85,7 +83,7 @@ class CaseExecutor:
             timings["prepare_s"] = time.perf_counter() - start
             with runner:
                 start = time.perf_counter()
-                candidate = concat([runner.infer(batch) for batch in batches])
+                candidate = infer_all(runner, batches)
                 timings["run_s"] = time.perf_counter() - start
                 built, runtime = runner.describe(), runner.label()
                 if self.timing:
@@ -113,7 +111,7 @@ class CaseExecutor:
                                                              metrics)
             timings["semantics_s"] = time.perf_counter() - start
         passed = runtime_cmp.passed and (recipe_cmp is None or recipe_cmp.passed) and (fidelity is None or fidelity.passed)
-        message = "" if passed else self._explain(case, artifacts, runner or backend.load(artifacts), batches[0], runtime_cmp,
+        message = "" if passed else self._explain(case, artifacts, backend, batches[0], runtime_cmp,
                                                   recipe_cmp, fidelity, tolerance, metrics)
         if timed is not None and not timed.passed:
             passed, message = False, "\n".join(filter(None, [message, f"{case.id}: {timed.explain()}"]))
@@ -152,7 +150,7 @@ class CaseExecutor:
                                             outputs[output].argmax(-1) == labels, tolerance, comparison)
         return comparison
 
-    def _explain(self, case: Case, artifacts: Any, runner: Runner, first_batch: Batch, runtime_cmp: Comparison,
+    def _explain(self, case: Case, artifacts: Artifacts, backend: Backend, first_batch: Batch, runtime_cmp: Comparison,
                  recipe_cmp: Comparison | None, fidelity: Fidelity | None, tolerance: Tolerance,
                  metrics: dict[str, Any]) -> str:
         """Which verdict failed, in words a person can act on, with where the divergence starts."""
@@ -161,7 +159,7 @@ class CaseExecutor:
                      recipe_cmp.explain()]
             divergence = self._semantic_divergence(case, artifacts, first_batch, tolerance)
         elif fidelity is not None and not fidelity.passed:
-            return self._blame_runtime(case, artifacts, runner, fidelity, first_batch, metrics)
+            return self._blame_runtime(case, artifacts, backend, fidelity, first_batch, metrics)
         else:
             lines = [f"{case.id} vs FP32 reference:", runtime_cmp.explain()]
             if recipe_cmp is not None:
@@ -174,28 +172,22 @@ class CaseExecutor:
                          f"{divergence['tensor']!r}, {divergence['summary']}")
         return "\n".join(lines)
 
-    def _blame_runtime(self, case: Case, artifacts: Any, runner: Runner, fidelity: Fidelity, batch: Batch,
+    def _blame_runtime(self, case: Case, artifacts: Artifacts, backend: Backend, fidelity: Fidelity, batch: Batch,
                        metrics: dict[str, Any]) -> str:
-        """A runtime that left the graph: which, where it ran, and (ONNX Runtime) where it starts."""
+        """A runtime that left the graph: which, where it ran, and what its backend can say of where."""
         lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
                  "(judged on the graph's semantics): this is the runtime, not the recipe"]
-        if isinstance(runner, OnnxRuntimeRunner) and runner.optimize:
-            cpu = self.caps.cpu
-            if cpu is not None and not cpu.has_vnni and "session.x64quantprecision" not in runner.config:
-                lines.append(f"note: {NO_VNNI_HINT}")
-            path, bound = artifacts.onnx_path(), fidelity.outputs[0].bound
-            divergence = self.store.cached_json(  # a pure function of these: a rerun reads it
-                "runtime-divergence", [file_sha256(path), self.store.batch_key(batch), bound, runner.config,
-                                       *self.store.onnxruntime_cpu_parts("quantverdict.judge.diagnose")],
-                lambda: first_runtime_divergence(path, batch, bound, runner.config), {"case": case.id})
-            if divergence:
-                metrics["first_runtime_divergence"] = divergence
-                lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
-                             f"output {divergence['tensor']!r} differs from the graph's by ≥ 2 steps on "
-                             f"{100 * divergence['fraction']:.3g}% of elements (at most {divergence['max_steps']})")
+        diagnosis = backend.diagnose(artifacts, batch, fidelity.outputs[0].bound, self.caps)
+        lines += diagnosis.notes
+        divergence = diagnosis.divergence
+        if divergence:
+            metrics["first_runtime_divergence"] = divergence
+            lines.append(f"first diverging node: {divergence['node']} ({divergence['op']}): its quantized "
+                         f"output {divergence['tensor']!r} differs from the graph's by ≥ 2 steps on "
+                         f"{100 * divergence['fraction']:.3g}% of elements (at most {divergence['max_steps']})")
         return "\n".join(lines)
 
-    def _semantic_divergence(self, case: Case, artifacts: Any, batch: Any, tolerance: Tolerance) -> dict | None:
+    def _semantic_divergence(self, case: Case, artifacts: Artifacts, batch: Batch, tolerance: Tolerance) -> dict | None:
         """The first layer of the precision graph, evaluated as written, that leaves the FP32 graph."""
         if self.store.models.get(case.model).build is None:
             return None
@@ -204,7 +196,7 @@ class CaseExecutor:
         fp32 = self.store.fp32_onnx(case.model)
         emulated = self.store.precision_onnx(case.model, self.store.recipe(case.model, case.precision, "emulated"))
         bound = tolerance.min_cosine or 0.999
-        return self.store.cached_json(
-            "divergence", [file_sha256(fp32), file_sha256(emulated), self.store.batch_key(batch), bound,
+        return self.store.cache.json(
+            "divergence", [file_sha256(fp32), file_sha256(emulated), batches_key([batch]), bound,
                            *self.store.onnxruntime_cpu_parts("quantverdict.judge.diagnose")],
             lambda: first_divergence(fp32, emulated, batch, bound), {"case": case.id})

@@ -12,6 +12,7 @@ the fraction of significant defects caught.
 """
 from __future__ import annotations
 
+import copy
 import math
 import tempfile
 from collections import defaultdict
@@ -19,13 +20,56 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.judge.mutations import NO_SITE, Mutation
+from quantverdict.models.spec import Batch
 from quantverdict.report.gate import judge_case, load_policy, rules_for
+from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 
 MIN_SNR_COST_DB = 6.0
 MIN_ACCURACY_COST = 1.0
+
+
+class PlantedStore(ArtifactStore):
+    """The run's artifacts with ``mutation`` planted at its stage (the FP32 graph, the precision graph or the
+    calibration batches); torch modules and FP32 reference outputs, which no defect touches, are shared with
+    the clean store."""
+
+    def __init__(self, clean: ArtifactStore, mutation: Mutation):
+        super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.calibrator, clean.caps,
+                         clean.recipe_settings)
+        self._modules, self._references, self.mutation = clean._modules, clean._references, mutation
+
+    def planted(self, stage: str, path: Path, precision: str | None = None) -> Path:
+        mutation = self.mutation
+        if mutation.stage != stage or (precision and precision not in mutation.precisions):
+            return path
+        import onnx
+
+        from quantverdict.export.compat import serialized
+
+        source = path.read_bytes()
+        key = content_hash("mutant", source, mutation.key(), source_fingerprint("quantverdict.judge.mutations"))
+        return self.cache.get_or_create("mutant", key, ".onnx",
+                                        lambda: serialized(mutation.graph(onnx.load_from_string(source))),
+                                        {"mutation": mutation.name})
+
+    def planted_batches(self, batches: list[Batch]) -> list[Batch]:
+        return self.mutation.batches(batches) if self.mutation.stage == "calibration" else batches
+
+    def variant(self) -> Any:
+        return [self.mutation.key(), self.mutation.precisions]
+
+
+def mutated(pipeline: Pipeline, mutation: Mutation) -> Pipeline:
+    """``pipeline`` with ``mutation`` planted in its artifacts (everything else shared)."""
+    other = copy.copy(pipeline)
+    other.store = PlantedStore(pipeline.store, mutation)
+    other.executor = copy.copy(pipeline.executor)
+    other.executor.store = other.store
+    return other
 
 
 @dataclass
@@ -91,7 +135,7 @@ def run_campaign(pipeline: Pipeline, models: list[str], mutations: list[Mutation
              [Case(model, p, backend) for p in precisions]}
     campaign = Campaign()
     for mutation in mutations:
-        mutant = pipeline.mutated(mutation)
+        mutant = mutated(pipeline, mutation)
         for model in models:
             for precision in mutation.precisions:
                 case = Case(model, precision, backend)

@@ -6,7 +6,6 @@ The CLI and the pytest plugin both enumerate with :meth:`Pipeline.cases` and run
 """
 from __future__ import annotations
 
-import copy
 import functools
 from collections import Counter
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any, Mapping
 from quantverdict.backends import Backend, backend_registry
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, detect
-from quantverdict.judge.mutations import Mutation
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
 from quantverdict.precision.calibrators import Calibrator
@@ -57,14 +55,6 @@ class Pipeline:
         return cls(settings["cache-dir"], settings["tolerances"], settings["manifest"], capabilities,
                    settings["calibration"], bool(settings["time"]), settings["baseline"], settings["gate-policy"],
                    settings.recipe_settings())
-
-    def mutated(self, mutation: Mutation) -> "Pipeline":
-        """This pipeline with a planted defect in its artifacts (everything else shared)."""
-        other = copy.copy(self)
-        other.store = self.store.mutated(mutation)
-        other.executor = copy.copy(self.executor)
-        other.executor.store = other.store
-        return other
 
     def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
               backends: list[str] | None = None) -> list[Case]:

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from quantverdict.run.settings import Settings
 
 RESULT_PROPERTY = "quantverdict_result"
-PRECISION_MARKERS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4")
-BACKEND_MARKERS = ("torch", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch_quant")
 OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/101)",
                  "benchmark": "timing benchmarks; run only when selected (pytest -m benchmark)"}
 
@@ -44,9 +42,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name in PRECISION_MARKERS:
+    from quantverdict.backends import backend_registry
+    from quantverdict.precision import known_precisions
+
+    for name in known_precisions():  # the registries' names (installed packages' too): listing imports nothing
         config.addinivalue_line("markers", f"{name}: cases in {name.upper()} precision")
-    for name in BACKEND_MARKERS:
+    for name in backend_registry().names():
         config.addinivalue_line("markers", f"{name}: cases run on the {name} backend")
     for name, text in OTHER_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")

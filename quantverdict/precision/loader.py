@@ -1,0 +1,65 @@
+"""Stage 3's loader, lazy and cached: the graph for a precision, from the FP32 graph (at the recipe's
+opset), the recipe and the calibration data.
+
+Keyed by what the graph is a function of (the FP32 graph's bytes, the recipe's parameters, the
+calibration batches' key, ONNX Runtime's version for the calibration pass, the recipe code), so a warm
+run finds it without parsing the FP32 graph, reading its ranges or calling a calibration callable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from quantverdict.cache import Cache
+from quantverdict.capabilities import package_version
+from quantverdict.export.compat import serialized
+from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
+from quantverdict.models.spec import Batch
+from quantverdict.precision.base import Recipe
+from quantverdict.precision.calibrate import calibrate, channel_ranges
+
+
+@dataclass(frozen=True)
+class PrecisionGraph:
+    source: Callable[[], Path]  # the FP32 graph, at the recipe's opset
+    recipe: Recipe
+    calibration: Callable[[], list[Batch]]  # called only when the graph is made
+    calibration_key: Callable[[], str]
+    cache: Cache
+    name: str  # the model, for the cache entry's description
+
+    def __call__(self) -> Path:
+        recipe = self.recipe
+        calibrated = recipe.calibrated or recipe.calibration_data
+        calibration = [self.calibration_key(), package_version("onnxruntime")] if calibrated else None
+        key = content_hash("precision", file_sha256(self.source()), recipe.params(), calibration,
+                           source_fingerprint("quantverdict.precision"))
+        return self.cache.get_or_create("precision", key, ".onnx", self._make, {"model": self.name, **recipe.params()})
+
+    def _make(self) -> bytes:
+        recipe = self.recipe
+        if recipe.calibration_data:  # a recipe that calibrates itself from batches
+            return serialized(recipe.apply_batches(onnx.load(str(self.source())), self.calibration()))
+        graph, ranges = self.prepared_and_ranges()
+        made = recipe.apply(graph, ranges)
+        if recipe.calibrated:  # corrections measured on the calibration set (bias correction)
+            made = recipe.correct(made, graph, self.calibration())
+        return serialized(made)
+
+    def ranges(self) -> dict[str, float]:
+        """The calibrated activation ranges (empty for an uncalibrated recipe); cached."""
+        return self.prepared_and_ranges()[1]
+
+    def prepared_and_ranges(self) -> tuple[onnx.ModelProto, dict[str, float]]:
+        """The FP32 graph as the recipe prepares it (SmoothQuant, equalization: the same function) and the
+        recipe's calibrated ranges of that graph; the FP32 graph and no ranges for uncalibrated recipes."""
+        recipe, graph = self.recipe, onnx.load(str(self.source()))
+        if not recipe.calibrated:
+            return graph, {}
+        graph = recipe.prepare(graph, lambda graph_bytes, tensors, axis: channel_ranges(
+            self.cache, graph_bytes, tensors, axis, self.calibration()))
+        tensors = recipe.calibration_recipe().tensors_to_calibrate(graph)
+        return graph, calibrate(self.cache, graph.SerializeToString(), tensors, self.calibration(), recipe.calibrator)

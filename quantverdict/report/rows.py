@@ -1,0 +1,95 @@
+"""One row per case, computed once: the model the terminal table, the Markdown summary and the HTML page
+all render (each chooses its columns and its formatting; none re-derives a value or re-parses another)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from quantverdict.report.load import primary_metrics, verdicts
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    """A case's headline figures: its first output's metrics, task accuracy and its change against FP32,
+    the recipe's verdict and SNR on its graph's semantics, the runtime's fidelity, the 95% interval of the
+    case's headline (accuracy change where labelled, else top-1 agreement), the speedup over FP32."""
+
+    id: str
+    model: str
+    precision: str
+    backend: str
+    status: str
+    message: str
+    cosine: float | None
+    snr_db: float | None
+    top1: float | None
+    accuracy: float | None
+    accuracy_change: float | None  # points, negative for a loss
+    recipe: str | None  # "ok" / "FAIL" for quantized cases
+    recipe_snr_db: float | None
+    fidelity: str | None
+    flip_fraction: float | None
+    interval: str | None
+    speedup: float | None
+
+    @classmethod
+    def of(cls, case: dict[str, Any], speedup: float | None = None) -> "CaseRow":
+        metrics, task = primary_metrics(case), case.get("metrics", {}).get("task") or {}
+        verdict = verdicts(case)
+        return cls(case["id"], case["model"], case["precision"], case["backend"], case["status"], case.get("message", ""),
+                   metrics.get("cosine"), metrics.get("snr_db"), metrics.get("top1_agreement"), task.get("accuracy"),
+                   0.0 - task["accuracy_drop_points"] if task else None, verdict["recipe"], verdict["recipe_snr_db"],
+                   verdict["fidelity"], verdict["flip_fraction"], verdict["interval"], speedup)
+
+
+def speedups(record: dict[str, Any]) -> dict[str, float]:
+    """Median latency of the FP32 case over each case's, per model and backend."""
+    fp32 = {(c["model"], c["backend"]): c["metrics"]["latency"]["median_ms"] for c in record["cases"]
+            if c["precision"] == "fp32" and "latency" in c.get("metrics", {})}
+    out = {}
+    for case in record["cases"]:
+        latency = case.get("metrics", {}).get("latency")
+        base = fp32.get((case["model"], case["backend"]))
+        if latency and base and case["precision"] != "fp32":
+            out[case["id"]] = base / latency["median_ms"]
+    return out
+
+
+def rows(record: dict[str, Any]) -> list[CaseRow]:
+    """Every case of a record, in its order, with its speedup where timed."""
+    found = speedups(record)
+    return [CaseRow.of(case, found.get(case["id"])) for case in record["cases"]]
+
+
+def number(value: float | None, spec: str, suffix: str = "", missing: str = "–") -> str:
+    return missing if value is None else f"{value:{spec}}{suffix}"
+
+
+def terminal_table(cases: Iterable[CaseRow]) -> str:
+    """The run command's table: one line per case, skipped ones with their reason."""
+    header = f"{'model':<18} {'precision':<9} {'backend':<12} {'cosine':>8} {'snr_db':>7} {'top1':>6} " \
+             f"{'acc':>6} {'Δacc':>6} {'recipe':>11} {'flips':>6}  {'95% interval':<22} result"
+    lines = [header, "-" * len(header)]
+    for row in cases:
+        recipe = f"{row.recipe} {number(row.recipe_snr_db, '.1f', missing='-').rjust(5)}" if row.recipe else "-"
+        flips = f"{100 * row.flip_fraction:.2g}%" if row.flip_fraction is not None else "-"
+        cells = [number(row.cosine, ".5f", missing="-").rjust(8), number(row.snr_db, ".1f", missing="-").rjust(7),
+                 number(row.top1, ".3f", missing="-").rjust(6), number(row.accuracy, ".3f", missing="-").rjust(6),
+                 number(row.accuracy_change, "+.2f", missing="-").rjust(6), recipe.rjust(11), flips.rjust(6),
+                 (row.interval or "-").ljust(22)]
+        outcome = row.status if row.status != "skipped" else f"skipped: {row.message}"
+        lines.append(f"{row.model:<18} {row.precision:<9} {row.backend:<12} {' '.join(cells)} {outcome}")
+    return "\n".join(lines)
+
+
+SUMMARY_HEADER = ("model", "precision", "backend", "cosine", "SNR dB", "Δacc (points)", "95% interval",
+                  "recipe (SNR dB)", "runtime fidelity (flips)", "speedup", "result")
+
+
+def summary_cells(row: CaseRow) -> list[str]:
+    """The Markdown summary's and the page's cells for a case (plain text; each renderer escapes its own)."""
+    return [row.model, row.precision, row.backend, number(row.cosine, ".5f"), number(row.snr_db, ".1f"),
+            number(row.accuracy_change, "+.2f"), row.interval or "–",
+            f"{row.recipe} ({number(row.recipe_snr_db, '.1f')})" if row.recipe else "–",
+            f"{row.fidelity} ({100 * row.flip_fraction:.2g}%)" if row.fidelity and row.flip_fraction is not None
+            else "–", number(row.speedup, ".2f", "×"), row.status]

@@ -1,0 +1,35 @@
+"""A user's repository as strings (a model package and the manifest declaring it): what the plugin's and the
+installed product's tests build in a temporary folder, with nothing of this repository in it."""
+import textwrap
+
+MODEL = textwrap.dedent("""\
+    import numpy as np
+    import torch
+    from torch import nn
+
+
+    def make_net():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(8, 4)).eval()
+
+
+    def calibration():
+        rng = np.random.default_rng(1)
+        return [{"image": rng.uniform(0, 1, (4, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
+
+
+    def broken_calibration():
+        settings = {"mean": 0.5}
+        return [{"image": np.full((4, 3, 16, 16), settings["scale"], np.float32)}]
+    """)
+MANIFEST = textwrap.dedent("""\
+    models:
+      - name: tiny
+        build: tinymodels.nets:make_net
+        build_files: []
+        inputs: [{name: image, shape: [4, 3, 16, 16], range: [0, 1]}]
+        outputs: [scores]
+        task: classification
+        calibration: tinymodels.nets:calibration
+    """)
