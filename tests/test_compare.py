@@ -130,3 +130,26 @@ def test_top1_agreement_leaves_out_samples_fp32_does_not_decide():
         in judged.explain()
     plain = compare({"y": ref}, {"y": candidate}, Tolerance(), True).metrics["y"]
     assert plain["top1_samples"] == 10 and "top1_undecided" not in plain
+
+
+def test_an_embedding_is_judged_by_cosine_worst_sample_and_ranking_not_a_logits_bound():
+    """Unit vectors have small elements: an embedding at mean cosine ~0.997 (the T5-style encoder with
+    SmoothQuant) fails max_norm_err 0.25 though it is good; under the embedding task's bounds it passes, and
+    a few broken samples that the mean hides fail on the worst sample's cosine."""
+    from quantverdict.run.judge_outputs import OutputJudge
+
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(128, 384))
+    reference /= np.linalg.norm(reference, axis=1, keepdims=True)
+    close = reference + rng.normal(scale=0.002, size=reference.shape)
+    close[:, 7] += 0.07  # the error an outlier channel concentrates (what a logits bound reads as max_norm_err)
+    close /= np.linalg.norm(close, axis=1, keepdims=True)
+    judge = OutputJudge(ToleranceTable.load())
+    as_logits = judge.tolerances.resolve("encoder", "int8", {})
+    assert not compare({"e": reference}, {"e": close}, as_logits).passed  # the logits bound fails it
+    comparison = judge.check(reference, close, "int8", name="encoder", task="embedding")
+    assert comparison.metrics["output"]["cosine"] > 0.99 and comparison.task_metrics["row_cosine_min"] > 0.95
+    broken = close.copy()
+    broken[:3] = rng.normal(size=(3, 384)) / np.sqrt(384)  # three samples lost
+    with pytest.raises(AssertionError, match="row_cosine_min"):
+        judge.check(reference, broken, "int8", name="encoder", task="embedding")

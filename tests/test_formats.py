@@ -134,3 +134,15 @@ def test_the_formats_command_prints_and_writes_every_tensor(tmp_path, qv_pipelin
     assert [row["tensor"] for row in document["tensors"]] == [fit.tensor for fit in fits]
     assert document["summary"] == json.loads(json.dumps(summarize(fits)))
     assert "finer in int8" in capsys.readouterr().out
+
+
+def test_the_summary_names_each_formats_coarsest_tensors_which_a_median_hides():
+    from quantverdict.judge.formats import WORST, TensorFit, summarize
+
+    fits = [TensorFit(f"t{i}", "activation", f"layer{i}", {"int8": 40.0 + i, "fp8": 31.9}, ["int8", "fp8"])
+            for i in range(12)]
+    fits += [TensorFit("ffn_mul", "activation", "ffn", {"int8": 7.9, "fp8": 31.9}, ["int8", "fp8"])]  # one outlier-set range
+    summary = summarize(fits)["activation"]
+    assert summary["median_snr_db"]["int8"] > 40  # the median says INT8 is fine
+    assert [w["tensor"] for w in summary["worst"]["int8"]] == ["ffn_mul", "t0", "t1", "t2", "t3"][:WORST]
+    assert summary["worst"]["int8"][0]["snr_db"] == {"int8": 7.9, "fp8": 31.9}

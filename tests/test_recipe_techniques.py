@@ -535,3 +535,23 @@ def test_fp4_takes_gptq_from_the_run_and_records_it(qv_pipeline, tmp_path):
     assert result.metrics["recipe"]["settings"]["gptq"] is True
     with pytest.raises(CalibrationError, match=r"unknown fp4 recipe setting\(s\) \['smoothquant'\]; known: \['gptq'\]"):
         qv_pipeline.store.recipe("digits-cnn", "fp4", "emulated").configured({"smoothquant": 0.5})
+
+
+def test_compare_recipes_reports_the_others_when_one_quantizer_fails(tmp_path, monkeypatch):
+    """ONNX Runtime's quantize_static failing on a graph ("Gather ... indices element out of data bounds",
+    seen on a T5 encoder) is that quantizer's row, in one line; every other quantizer is still judged."""
+    from quantverdict.judge.recipe_comparison import compare_quantizers
+    from quantverdict.precision import ort_cpu
+
+    def fails(self, model, batches):
+        raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : indices element out of data bounds\nmore")
+
+    monkeypatch.setattr(ort_cpu.OrtCpuInt8, "apply_batches", fails)
+    variants = {"harness": {}, "onnxruntime": {"quantizer": "onnxruntime"}, "mse": {"calibration": "mse"}}
+    store = Pipeline(tmp_path / "cache").store  # a cold cache: the quantizer really runs
+    results, differences = compare_quantizers(store, "resblock", "int8", variants)
+    by_label = {r.label: r for r in results}
+    assert by_label["onnxruntime"].error == ("RuntimeError: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : indices "
+                                            "element out of data bounds")
+    assert not by_label["harness"].error and by_label["harness"].metrics["cosine"] > 0.99
+    assert not by_label["mse"].error and by_label["mse"].coverage["quantized"] >= 3

@@ -141,3 +141,24 @@ def test_builtin_evaluation_sets_resolve_every_bound(spec, qv_pipeline):
     if spec.task != "classification" and not labelled:
         return
     assert samples >= qv_pipeline.tolerances.samples_to_resolve(spec.name, spec.tolerances, labelled)
+
+
+@pytest.mark.fp16
+def test_an_fp16_overflow_is_reported_as_one_naming_the_layer(tmp_path):
+    """A layer whose FP32 output exceeds FP16's largest finite value (an FFN output of 87,189 in a trained T5
+    encoder) is infinite in FP16: the failure says overflow first, naming the tensor, its node and the value,
+    instead of metrics of a collapsed output."""
+    (tmp_path / "hot.py").write_text(
+        "import torch\nfrom torch import nn\n\n\ndef net():\n    torch.manual_seed(0)\n"
+        "    first, second = nn.Linear(8, 16), nn.Linear(16, 4)\n"
+        "    with torch.no_grad():\n        first.weight.mul_(3e5)\n        second.weight.mul_(1e-5)\n"
+        "    return nn.Sequential(first, nn.ReLU(), second).eval()\n")
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: hot\n    build: hot:net\n    inputs: [{name: x, shape: [4, 8]}]\n    outputs: [y]\n"
+        "    calibration: synthetic\n")
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("hot", "fp16", "onnxruntime"))
+    assert result.status == "failed"
+    first = result.message.splitlines()[0]
+    assert first.startswith("hot-fp16-onnxruntime: overflow: '/0/Gemm_output_0' (output of /0/Gemm, Gemm) reaches ")
+    assert "above FP16's largest finite value 65,504" in first
+    assert result.metrics["overflow"]["value"] > 65504 and result.metrics["overflow"]["op"] == "Gemm"

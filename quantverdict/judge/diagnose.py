@@ -8,6 +8,10 @@ similarity falls below the bound is reported with the node and op that produced 
 a tensor whose cosine is undefined (all zeros on one side) is judged by its relative error, so
 the report never names a constant or a NaN.
 
+``first_overflow``: the first tensor, in topological order, whose FP32 values exceed the largest finite
+value of a format tensors are stored in unscaled (FP16: 65,504): stored in it, that tensor becomes
+infinite, and everything after it is lost, whatever the metrics then say.
+
 Where a runtime leaves a graph's semantics is each backend's own diagnosis (:meth:`Backend.diagnose`;
 ONNX Runtime's in :mod:`quantverdict.backends.onnxrt_divergence`).
 """
@@ -71,4 +75,24 @@ def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_co
         diverged, details = _similarity(r, c, min_cosine)
         if diverged:
             return {"tensor": name, "node": node.name, "op": node.op_type, "bound": min_cosine, **details}
+    return None
+
+
+def first_overflow(fp32_path: Path, batches: list[Batch], limit: float) -> dict[str, Any] | None:
+    """The first input-dependent float tensor of the FP32 graph whose largest magnitude over ``batches``
+    exceeds ``limit``, with the node that computes it."""
+    graph = onnx.load(str(fp32_path))
+    floats, live = float_tensors(graph), _input_dependent(graph.graph)
+    order = [(out, node) for node in graph.graph.node for out in node.output if out in floats and out in live]
+    names = [name for name, _ in order]
+    if not names:
+        return None
+    peaks = dict.fromkeys(names, 0.0)
+    for batch in batches:
+        for name, values in run_exposing(fp32_path, names, batch).items():
+            finite = np.abs(values[np.isfinite(values)])
+            peaks[name] = max(peaks[name], float(finite.max()) if finite.size else 0.0)
+    for name, node in order:
+        if peaks[name] > limit:
+            return {"tensor": name, "node": node.name or name, "op": node.op_type, "value": peaks[name], "limit": limit}
     return None

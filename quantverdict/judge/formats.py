@@ -140,9 +140,13 @@ def _label(node: onnx.NodeProto) -> str:
     return node.name or node.output[0]
 
 
+WORST = 5  # tensors listed per format: the few that decide a network's verdict, which a median hides
+
+
 def summarize(fits: list[TensorFit]) -> dict[str, dict[str, Any]]:
-    """Per kind: how many tensors, how many round finer in each precision, and the median SNR of each and of
-    INT8's lead over FP8 (negative where FP8 leads)."""
+    """Per kind: how many tensors, how many round finer in each precision, the median SNR of each and of
+    INT8's lead over FP8 (negative where FP8 leads), and each format's worst tensors: a few GELU or FFN
+    outputs rounding at 8 dB in INT8 decide more than the median of every tensor at 32 dB."""
     summary = {}
     for kind in ("activation", "weight"):
         rows = [f for f in fits if f.kind == kind and all(math.isfinite(v) for v in f.snr_db.values())]
@@ -150,5 +154,7 @@ def summarize(fits: list[TensorFit]) -> dict[str, dict[str, Any]]:
             continue
         summary[kind] = {"tensors": len(rows), "finer": {p: sum(f.finer == p for f in rows) for p in PRECISIONS},
                          "median_snr_db": {p: float(np.median([f.snr_db[p] for f in rows])) for p in PRECISIONS},
-                         "median_int8_lead_db": float(np.median([f.snr_db["int8"] - f.snr_db["fp8"] for f in rows]))}
+                         "median_int8_lead_db": float(np.median([f.snr_db["int8"] - f.snr_db["fp8"] for f in rows])),
+                         "worst": {p: [{"tensor": f.tensor, "layer": f.layer, "snr_db": f.snr_db}
+                                       for f in sorted(rows, key=lambda f: f.snr_db[p])[:WORST]] for p in PRECISIONS}}
     return summary

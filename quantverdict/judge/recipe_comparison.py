@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import onnx
 
+from quantverdict.errors import interrupted
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
 from quantverdict.judge.tolerances import Tolerance
@@ -23,6 +24,7 @@ class QuantizerResult:
     metrics: dict[str, Any]  # of the first output: cosine, snr_db, top1_agreement where a classifier
     coverage: dict[str, Any]  # quantized_layers: counts, and the layers by name
     seconds: float  # making the graph (calibration, fallback, quantization); ~0 where it was cached
+    error: str = ""  # why this quantizer made no graph (its own failure, in one line); the others still count
 
 
 def compare_quantizers(store: Workbench, model: str, precision: str,
@@ -34,14 +36,21 @@ def compare_quantizers(store: Workbench, model: str, precision: str,
     results = []
     for label, settings in variants.items():
         start = time.perf_counter()
-        recipe = store.configured(model, get_recipe(precision).configured(settings))
-        path = store.precision_onnx(model, recipe)
-        seconds = time.perf_counter() - start
-        metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),
-                          spec.task == "classification", store.undecided(model)).metrics[output]
-        coverage = quantized_layers(onnx.load(str(path)))
-        results.append(QuantizerResult(label, dict(settings), metrics, coverage, seconds))
-    every = set().union(*(r.coverage["quantized_layers"] for r in results)) if results else set()
-    differences = {layer: [r.label for r in results if layer in r.coverage["quantized_layers"]]
-                   for layer in sorted(every)}
-    return results, {layer: labels for layer, labels in differences.items() if len(labels) < len(results)}
+        try:
+            recipe = store.configured(model, get_recipe(precision).configured(settings))
+            path = store.precision_onnx(model, recipe)
+            seconds = time.perf_counter() - start
+            metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),
+                              spec.task == "classification", store.undecided(model)).metrics[output]
+        except Exception as exc:  # a quantizer that fails on this graph (ONNX Runtime's, Model Optimizer's…)
+            if interrupted(exc):
+                raise KeyboardInterrupt from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            results.append(QuantizerResult(label, dict(settings), {}, {}, time.perf_counter() - start,
+                                           f"{type(exc).__name__}: {first}"[:300]))
+            continue
+        results.append(QuantizerResult(label, dict(settings), metrics, quantized_layers(onnx.load(str(path))), seconds))
+    made = [r for r in results if not r.error]
+    every = set().union(*(r.coverage["quantized_layers"] for r in made)) if made else set()
+    differences = {layer: [r.label for r in made if layer in r.coverage["quantized_layers"]] for layer in sorted(every)}
+    return results, {layer: labels for layer, labels in differences.items() if len(labels) < len(made)}

@@ -49,40 +49,47 @@ class ToleranceFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     defaults: PerPrecision = {}
+    tasks: dict[Literal["classification", "regression", "embedding"], PerPrecision] = {}
     models: dict[str, PerPrecision] = {}
 
 
 class ToleranceTable:
-    """Resolved bounds: the defaults, a model spec's own bounds, then this table's per-model bounds."""
+    """Resolved bounds: the defaults, the task's, a model spec's own bounds, then this table's per-model bounds."""
 
-    def __init__(self, defaults: Mapping[str, Mapping[str, Any]], models: Mapping[str, Mapping[str, Mapping[str, Any]]]):
-        self.defaults, self.models = defaults, models
+    def __init__(self, defaults: Mapping[str, Mapping[str, Any]], models: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                 tasks: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None):
+        self.defaults, self.models, self.tasks = defaults, models, tasks or {}
 
     @classmethod
     def load(cls, path: Path | None = None) -> "ToleranceTable":
         """The packaged table, with ``path``'s bounds merged over it."""
         defaults: dict[str, dict[str, Any]] = {}
         models: dict[str, dict[str, dict[str, Any]]] = {}
+        tasks: dict[str, dict[str, dict[str, Any]]] = {}
         for document in layers(path, "tolerances.yaml", ToleranceFile, "tolerance file"):
             for precision, bounds in document.defaults.items():
                 defaults.setdefault(precision, {}).update(bounds.given())
-            for model, per_precision in document.models.items():
-                for precision, bounds in per_precision.items():
-                    models.setdefault(model, {}).setdefault(precision, {}).update(bounds.given())
-        return cls(defaults, models)
+            for section, source in ((models, document.models), (tasks, document.tasks)):
+                for name, per_precision in source.items():
+                    for precision, bounds in per_precision.items():
+                        section.setdefault(name, {}).setdefault(precision, {}).update(bounds.given())
+        return cls(defaults, models, tasks)
 
     def samples_to_resolve(self, model: str, spec_overrides: Mapping[str, Mapping[str, Any]],
-                           labelled: bool) -> int:
+                           labelled: bool, task: str | None = None) -> int:
         """The fewest evaluation samples on which every top-1 bound of ``model`` (and, for a labelled
         set, every accuracy-drop bound), in any precision, allows at least one sample's change."""
         precisions = {*self.defaults, *spec_overrides, *self.models.get(model, {})}
-        bounds = [self.resolve(model, p, spec_overrides) for p in precisions]
+        bounds = [self.resolve(model, p, spec_overrides, task) for p in precisions]
         return max([samples_to_resolve(b.min_top1, b.max_accuracy_drop if labelled else None) for b in bounds],
                    default=1)
 
-    def resolve(self, model: str, precision: str, spec_overrides: Mapping[str, Mapping[str, Any]]) -> Tolerance:
-        """Defaults, then the model spec's own bounds, then this table's per-model bounds."""
+    def resolve(self, model: str, precision: str, spec_overrides: Mapping[str, Mapping[str, Any]],
+                task: str | None = None) -> Tolerance:
+        """Defaults, then the task's (an embedding is not judged by a logits bound), then the model spec's own
+        bounds, then this table's per-model bounds."""
         merged: dict[str, Any] = dict(self.defaults.get(precision, {}))
+        merged.update(self.tasks.get(task or "", {}).get(precision, {}))
         merged.update(spec_overrides.get(precision, {}))
         merged.update(self.models.get(model, {}).get(precision, {}))
         return Tolerance(**merged)

@@ -22,7 +22,7 @@ from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError,
                                  user_trace)
 from quantverdict.hashing import file_sha256
 from quantverdict.judge.compare import Comparison, compare, judge_task_metrics, task_accuracy
-from quantverdict.judge.diagnose import first_divergence
+from quantverdict.judge.diagnose import first_divergence, first_overflow
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
 from quantverdict.judge.semantics import EVALUATOR
 from quantverdict.judge.timed import judge_timed_outputs
@@ -67,7 +67,7 @@ class CaseExecutor:
     def _run(self, case: Case) -> CaseResult:
         store = self.store
         spec = store.models.get(case.model)
-        tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances)
+        tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances, spec.task)
         timings: dict[str, float] = {}
         start = time.perf_counter()
         reference = store.reference(case.model)
@@ -153,7 +153,14 @@ class CaseExecutor:
     def _explain(self, case: Case, artifacts: Artifacts, backend: Backend, first_batch: Batch, runtime_cmp: Comparison,
                  recipe_cmp: Comparison | None, fidelity: Fidelity | None, tolerance: Tolerance,
                  metrics: dict[str, Any]) -> str:
-        """Which verdict failed, in words a person can act on, with where the divergence starts."""
+        """Which verdict failed, in words a person can act on, with where the divergence starts (an overflow of
+        the storage format first: it decides everything after it)."""
+        overflow = self._overflow(case, artifacts)
+        if overflow:
+            metrics["overflow"] = overflow
+            head = (f"{case.id}: overflow: {overflow['tensor']!r} (output of {overflow['node']}, {overflow['op']}) "
+                    f"reaches {overflow['value']:,.6g} in FP32, above {case.precision.upper()}'s largest finite value "
+                    f"{overflow['limit']:,.6g}: stored in {case.precision.upper()} it is infinite")
         if recipe_cmp is not None and not recipe_cmp.passed:
             lines = [f"{case.id}: the recipe regressed: its graph's semantics ({EVALUATOR}) vs FP32 reference:",
                      recipe_cmp.explain()]
@@ -170,7 +177,17 @@ class CaseExecutor:
             metrics["first_divergence"] = divergence
             lines.append(f"first diverging layer: {divergence['node']} ({divergence['op']}) output "
                          f"{divergence['tensor']!r}, {divergence['summary']}")
-        return "\n".join(lines)
+        return "\n".join([head, *lines] if overflow else lines)
+
+    def _overflow(self, case: Case, artifacts: Artifacts) -> dict[str, Any] | None:
+        """The first tensor whose FP32 values the recipe's storage format cannot hold (cached)."""
+        limit = artifacts.recipe.storage_limit
+        if limit is None:
+            return None
+        fp32, key = self.store.fp32_onnx(case.model), self.store.data_key(case.model, "evaluation")
+        return self.store.cache.json(
+            "overflow", [file_sha256(fp32), key, limit, *self.store.onnxruntime_cpu_parts("quantverdict.judge.diagnose")],
+            lambda: first_overflow(fp32, self.store.eval_batches(case.model), limit), {"case": case.id})
 
     def _blame_runtime(self, case: Case, artifacts: Artifacts, backend: Backend, fidelity: Fidelity, batch: Batch,
                        metrics: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ class OutputJudge:
         __tracebackhide__ = True
         get_recipe(precision)  # an unknown precision is named, with the closest one
         ref, out = _named(reference), _named(outputs)
-        tolerance = self.tolerances.resolve(name, precision, {precision: dict(bounds or {})})
+        tolerance = self.tolerances.resolve(name, precision, {precision: dict(bounds or {})}, task)
         comparison = compare(ref, out, tolerance, task == "classification")
         if task == "embedding":
             judge_task_metrics(embedding_agreement(ref, out, None), tolerance, comparison)

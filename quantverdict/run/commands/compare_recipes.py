@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'quantizer':<14} {'top1':>6} {'(all)':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  "
           "settings   (top1: on the samples FP32 decides at its inputs' resolution, where declared)")
     for r in results:
+        if r.error:
+            print(f"{r.label:<14} failed after {r.seconds:.1f} s: {r.error}  (settings {r.settings or '-'})")
+            continue
         top1, every = r.metrics.get("top1_agreement"), r.metrics.get("top1_agreement_all")
         print(f"{r.label:<14} {common.fmt(top1, '.3f', 6)} {common.fmt(every, '.3f', 6)} {r.metrics['cosine']:>9.5f} "
               f"{r.metrics['snr_db']:>7.2f} "
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {layer:<48} quantized by: {', '.join(labels) or '-'}")
     if args.json:
         document = {"model": args.model, "precision": args.precision, "placement_differences": differences,
-                    "quantizers": [{"label": r.label, "settings": r.settings, "coverage": r.coverage,
+                    "quantizers": [{"label": r.label, "settings": r.settings, "coverage": r.coverage, "error": r.error,
                                     "seconds": r.seconds, "metrics": {k: v for k, v in r.metrics.items()
                                                                       if k not in ("error_histogram", "intervals")}}
                                    for r in results]}

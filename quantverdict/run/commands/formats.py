@@ -34,6 +34,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{kind}s: {row['tensors']}; finer in int8: {row['finer']['int8']}, in fp8: {row['finer']['fp8']}; "
               f"median SNR int8 {row['median_snr_db']['int8']:.1f} dB, fp8 {row['median_snr_db']['fp8']:.1f} dB; "
               f"median lead of int8 {row['median_int8_lead_db']:+.1f} dB")
+        for precision, worst in row["worst"].items():  # the few that decide, which the median hides
+            other = next(p for p in row["worst"] if p != precision)
+            listed = "; ".join(f"{w['tensor'][-40:]} {w['snr_db'][precision]:.1f} dB ({other} {w['snr_db'][other]:.1f})"
+                               for w in worst)
+            print(f"  coarsest in {precision}: {listed}")
     if args.json:
         document = {"model": args.model, "summary": summary, "tensors": [vars(fit) for fit in fits]}
         atomic_write_bytes(args.json, json.dumps(document, indent=1).encode())
