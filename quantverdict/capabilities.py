@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from importlib.metadata import PackageNotFoundError, version
+from quantverdict.cpuid import cpuid_flags
 
 # Minimum compute capability per precision on NVIDIA GPUs (TensorRT's support matrix).
 MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
@@ -71,8 +72,8 @@ class CPU:
 
 def detect_cpu() -> CPU:
     """Model name from /proc/cpuinfo; instruction sets as this process can execute them (NumPy's own
-    CPUID probe, right under emulators and containers whose /proc/cpuinfo shows the host), with
-    /proc/cpuinfo for the flags NumPy does not probe (AMX, AVX-VNNI)."""
+    CPUID probe, and :mod:`quantverdict.cpuid` for AVX-VNNI and AMX, which NumPy does not probe: right
+    under emulators and containers whose /proc/cpuinfo shows the host), /proc/cpuinfo where neither can."""
     model, listed = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
@@ -85,8 +86,9 @@ def detect_cpu() -> CPU:
                     break
     except OSError:
         pass
-    probed = _numpy_cpu_features()
-    flags = {flag for flag in ISA_FLAGS if probed.get(_NUMPY_NAMES.get(flag, ""), flag in listed)}
+    probed = {**{_NUMPY_NAMES.get(flag, flag): value for flag, value in (cpuid_flags() or {}).items()},
+              **_numpy_cpu_features()}
+    flags = {flag for flag in ISA_FLAGS if probed.get(_NUMPY_NAMES.get(flag, flag), flag in listed)}
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return CPU(model, tuple(f for f in ISA_FLAGS if f in flags), os.cpu_count() or 1, usable)
 

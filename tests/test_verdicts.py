@@ -41,6 +41,17 @@ def test_the_record_names_the_cpu_its_instruction_sets_and_the_runner_class(qv_p
     assert ("avx2" in env["cpu"]["isa"]) == ("avx2" in open("/proc/cpuinfo").read())
 
 
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists() or os.uname().machine != "x86_64",
+                    reason="CPUID is an x86-64 instruction; /proc/cpuinfo is Linux's")
+def test_cpuid_run_here_agrees_with_the_kernels_flags_on_bare_hardware():
+    """What the process executes CPUID for is what the kernel lists, when no emulator stands between them (under
+    QEMU they differ, and CPUID is the one that is right: the AVX2-emulation test below relies on it)."""
+    from quantverdict.cpuid import FLAGS, cpuid_flags
+
+    listed = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split()
+    assert cpuid_flags() == {flag: flag in listed for flag in FLAGS}
+
+
 @pytest.mark.int8
 def test_a_defect_in_the_graph_is_blamed_on_the_recipe(qv_pipeline):
     mutant = mutated(qv_pipeline, Mutation("clipped_range", "first", {"factor": 0.05}))
