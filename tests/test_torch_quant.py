@@ -73,3 +73,26 @@ def test_transformer_and_mlp_cases_run_their_linears_on_the_gpu(qv_pipeline, mod
     cosine = result.metrics["metrics"][SPECS[model].outputs[0]]["cosine"]
     assert cosine < 1.0 - 1e-7, "outputs identical to FP32: nothing was quantized"
     assert "fidelity" not in result.metrics  # its own layer selection: judged against FP32 only
+
+
+@pytest.mark.parametrize("model, quantized, layers", [("mlp", 3, 3), ("transformer-block", 2, 4), ("cnn", 1, 3)])
+def test_coverage_counts_the_layers_it_leaves_in_float(qv_pipeline, model, quantized, layers):
+    """``nn.Linear`` only: convolutions and attention projections stay FP32, and are counted as such."""
+    from quantverdict.backends.torch_quant import module_coverage
+
+    coverage = module_coverage(qv_pipeline.store.module(model))
+    assert (coverage["quantized"], coverage["layers"]) == (quantized, layers)
+    assert len(coverage["quantized_layers"]) + len(coverage["float_layers"]) == layers
+
+
+def test_a_case_that_would_run_most_layers_in_float_is_skipped_with_the_count(qv_pipeline):
+    """A CNN on torch_quant would run its convolutions in FP32: not an INT8 verdict. The capability is stated
+    (an H100), so the case reaches the coverage rule and stops there, before anything runs on a GPU."""
+    from quantverdict.run.pipeline import Pipeline
+
+    hopper = Capabilities(GPU("H100", (9, 0)), {"torch": "2"}, cpu=qv_pipeline.caps.cpu)
+    result = Pipeline(qv_pipeline.cache.root, capabilities=hopper).run(Case("cnn", "int8", "torch_quant"))
+    assert result.status == "skipped"
+    assert result.message == ("torch_quant runs 1 of 3 weighted layers of 'cnn' in INT8 (2 Conv2d in float): "
+                              "a verdict named INT8 would describe float layers")
+    assert result.metrics["coverage"]["float_layers"] == sorted(result.metrics["coverage"]["float_layers"])

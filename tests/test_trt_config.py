@@ -79,6 +79,7 @@ def test_a_users_own_quantized_graph_gives_tensorrt_no_ranges(qv_pipeline, tmp_p
     outputs: [logits]
     calibration: synthetic
     quantized: {{int8: {qv_pipeline.store.fp32_onnx("digits-cnn")}}}
+    recipe: {{fp8: {{calibration: max}}}}
 """)
     store = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").store
     assert store.for_case("mine", "int8", "tensorrt").ranges is None

@@ -93,6 +93,7 @@ class Artifacts:
     ranges: Callable[[], dict[str, float]] | None
     calibration_batches: Callable[[], list[Batch]]
     cache: Cache
+    coverage: Callable[[], dict[str, Any]] | None = None  # the recipe graph's quantized layers (quantized precisions)
 
 
 @dataclass
@@ -124,6 +125,12 @@ class Backend:
     def load(self, artifacts: Artifacts) -> Runner:
         """A runner for the case; math modes such as TF32 come from ``artifacts.recipe.runtime``."""
         raise NotImplementedError
+
+    def coverage(self, artifacts: Artifacts) -> dict[str, Any] | None:
+        """Which weighted layers this backend runs in the quantized precision and which in float: the recipe
+        graph's (:func:`quantverdict.precision.graph.quantized_layers`) for a backend that runs it, its own
+        for a backend that chooses its layers; None for a precision that quantizes nothing."""
+        return None if artifacts.coverage is None else artifacts.coverage()
 
     def diagnose(self, artifacts: Artifacts, batch: Batch, bound: float, caps: Capabilities) -> Diagnosis:
         """Why and where this backend's outputs left the precision graph's semantics (``bound``: the largest

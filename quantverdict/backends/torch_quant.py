@@ -166,6 +166,27 @@ def quantize_linears(module: Any, amax: dict[str, float], mode: str, out_dtype: 
     return model, sum(1 for name in linears if name in amax), len(linears)
 
 
+def module_coverage(module: Any) -> dict[str, Any]:
+    """Which of ``module``'s weighted layers this backend runs quantized (its ``nn.Linear`` layers) and which
+    stay FP32 (convolutions, and the input and output projections of ``nn.MultiheadAttention``, which
+    ``F.linear`` applies), in the shape of :func:`quantverdict.precision.graph.quantized_layers`, by module path."""
+    from torch import nn
+
+    attention = {name for name, layer in module.named_modules() if isinstance(layer, nn.MultiheadAttention)}
+    quantized, left = [], []
+    for name, layer in module.named_modules():
+        if name.rpartition(".")[0] in attention:  # out_proj: counted with its attention layer
+            continue
+        if isinstance(layer, nn.MultiheadAttention):
+            left += [f"{name}.in_proj (MultiheadAttention)", f"{name}.out_proj (MultiheadAttention)"]
+        elif isinstance(layer, nn.Linear):
+            quantized.append(name)
+        elif isinstance(layer, nn.modules.conv._ConvNd):
+            left.append(f"{name} ({type(layer).__name__})")
+    return {"layers": len(quantized) + len(left), "quantized": len(quantized), "quantized_layers": sorted(quantized),
+            "float_layers": sorted(left)}
+
+
 class TorchQuantRunner(Runner):
     name = "torch_quant"
 
@@ -232,6 +253,9 @@ class TorchQuantBackend(Backend):
             return (f"{precision} on torch_quant uses {kernel}, which needs compute capability ≥ {needed[0]}.{needed[1]}; "
                     f"this GPU ({caps.gpu.name}) is {caps.gpu.cc}")
         return None
+
+    def coverage(self, artifacts: Artifacts) -> dict[str, Any] | None:
+        return None if artifacts.module is None else module_coverage(artifacts.module())
 
     def load(self, artifacts: Artifacts) -> Runner:
         return TorchQuantRunner(artifacts, artifacts.recipe.name)  # the mode is the precision: int8 or fp8

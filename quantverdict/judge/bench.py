@@ -41,6 +41,6 @@ class Workbench(Protocol):
 
     def undecided(self, model: str) -> np.ndarray | None: ...
 
-    def onnxruntime_cpu_parts(self, code: str) -> list[Any]:
-        """Key parts of anything ONNX Runtime computes on this CPU (its version, the CPU, ``code``'s source)."""
+    def onnxruntime_cpu_parts(self, *code: str) -> list[Any]:
+        """Key parts of anything ONNX Runtime computes on this CPU (its version, the CPU, the source of the ``code`` modules)."""
         ...

@@ -4,8 +4,10 @@ ONNX Runtime's CPU provider with every graph optimisation off executes each node
 QuantizeLinear rounds (half to even) and saturates, DequantizeLinear multiplies back, and the
 Conv/Gemm/MatMul between them run in float on the dequantized values. No node is fused into an
 integer kernel, so the result is the Q/DQ graph's own semantics, the same on every CPU up to the
-float rounding of the float ops. Recipes are judged on this; runtimes are judged against it
-(:mod:`quantverdict.judge.fidelity`).
+float rounding of the float ops. A graph of integer operators (``MatMulInteger``, ``QLinearConv``…) has
+no such reading under ONNX Runtime, whose integer kernels differ by instruction set even unfused: it is
+evaluated in exact integer arithmetic instead (:mod:`quantverdict.judge.integer`). Recipes are judged on
+this; runtimes are judged against it (:mod:`quantverdict.judge.fidelity`).
 """
 from __future__ import annotations
 
@@ -14,18 +16,31 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import onnx
 
 from quantverdict.backends import infer_all
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.cache import Cache
 from quantverdict.hashing import file_sha256
+from quantverdict.judge.integer import evaluate_exact, has_integer_ops, reference_evaluable
 from quantverdict.models.spec import Batch
 
-EVALUATOR = "onnxruntime CPU, graph optimisations off (Q/DQ as written)"
+AS_WRITTEN = "onnxruntime CPU, graph optimisations off (Q/DQ as written)"
+EXACT = "ONNX reference evaluator, integer operators in exact integer arithmetic"
+CODE = ("quantverdict.judge.semantics", "quantverdict.judge.integer")
+
+
+def evaluator(path: Path) -> str:
+    """What evaluates ``path``'s semantics: exact integer arithmetic where the graph has integer operators
+    and ONNX defines every node of it, ONNX Runtime with its optimisations off otherwise."""
+    model = onnx.load(str(path), load_external_data=False)
+    return EXACT if has_integer_ops(model) and reference_evaluable(model) else AS_WRITTEN
 
 
 def evaluate_semantics(path: Path, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
     """The graph's outputs over ``batches``, each node evaluated exactly as written."""
+    if evaluator(path) == EXACT:
+        return evaluate_exact(onnx.load(str(path)), batches)
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=False) as runner:
         return infer_all(runner, batches)
 

@@ -31,6 +31,7 @@ class CaseRow:
     flip_fraction: float | None
     interval: str | None
     speedup: float | None
+    coverage: str | None  # "quantized/weighted layers" the backend ran in the precision
 
     @classmethod
     def of(cls, case: dict[str, Any], speedup: float | None = None) -> "CaseRow":
@@ -39,7 +40,13 @@ class CaseRow:
         return cls(case["id"], case["model"], case["precision"], case["backend"], case["status"], case.get("message", ""),
                    metrics.get("cosine"), metrics.get("snr_db"), metrics.get("top1_agreement"), task.get("accuracy"),
                    0.0 - task["accuracy_drop_points"] if task else None, verdict["recipe"], verdict["recipe_snr_db"],
-                   verdict["fidelity"], verdict["flip_fraction"], verdict["interval"], speedup)
+                   verdict["fidelity"], verdict["flip_fraction"], verdict["interval"], speedup, _coverage(case))
+
+
+def _coverage(case: dict[str, Any]) -> str | None:
+    metrics = case.get("metrics", {})
+    coverage = metrics.get("coverage") or (metrics.get("recipe") or {}).get("coverage")
+    return f"{coverage['quantized']}/{coverage['layers']}" if coverage else None
 
 
 def speedups(record: dict[str, Any]) -> dict[str, float]:
@@ -68,7 +75,7 @@ def number(value: float | None, spec: str, suffix: str = "", missing: str = "–
 def terminal_table(cases: Iterable[CaseRow]) -> str:
     """The run command's table: one line per case, skipped ones with their reason."""
     header = f"{'model':<18} {'precision':<9} {'backend':<12} {'cosine':>8} {'snr_db':>7} {'top1':>6} " \
-             f"{'acc':>6} {'Δacc':>6} {'recipe':>11} {'flips':>6}  {'95% interval':<22} result"
+             f"{'acc':>6} {'Δacc':>6} {'recipe':>11} {'flips':>6} {'layers':>7}  {'95% interval':<22} result"
     lines = [header, "-" * len(header)]
     for row in cases:
         recipe = f"{row.recipe} {number(row.recipe_snr_db, '.1f', missing='-').rjust(5)}" if row.recipe else "-"
@@ -76,14 +83,14 @@ def terminal_table(cases: Iterable[CaseRow]) -> str:
         cells = [number(row.cosine, ".5f", missing="-").rjust(8), number(row.snr_db, ".1f", missing="-").rjust(7),
                  number(row.top1, ".3f", missing="-").rjust(6), number(row.accuracy, ".3f", missing="-").rjust(6),
                  number(row.accuracy_change, "+.2f", missing="-").rjust(6), recipe.rjust(11), flips.rjust(6),
-                 (row.interval or "-").ljust(22)]
+                 (row.coverage or "-").rjust(7), (row.interval or "-").ljust(22)]
         outcome = row.status if row.status != "skipped" else f"skipped: {row.message}"
         lines.append(f"{row.model:<18} {row.precision:<9} {row.backend:<12} {' '.join(cells)} {outcome}")
     return "\n".join(lines)
 
 
 SUMMARY_HEADER = ("model", "precision", "backend", "cosine", "SNR dB", "Δacc (points)", "95% interval",
-                  "recipe (SNR dB)", "runtime fidelity (flips)", "speedup", "result")
+                  "recipe (SNR dB)", "runtime fidelity (flips)", "layers quantized", "speedup", "result")
 
 
 def summary_cells(row: CaseRow) -> list[str]:
@@ -92,4 +99,4 @@ def summary_cells(row: CaseRow) -> list[str]:
             number(row.accuracy_change, "+.2f"), row.interval or "–",
             f"{row.recipe} ({number(row.recipe_snr_db, '.1f')})" if row.recipe else "–",
             f"{row.fidelity} ({100 * row.flip_fraction:.2g}%)" if row.fidelity and row.flip_fraction is not None
-            else "–", number(row.speedup, ".2f", "×"), row.status]
+            else "–", row.coverage or "–", number(row.speedup, ".2f", "×"), row.status]

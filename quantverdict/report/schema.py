@@ -78,6 +78,7 @@ class Latency(_Open):
 
 
 class CaseMetrics(Verdict):
+    coverage: Coverage | None = None  # what the backend ran in the precision, of the layers it should quantize
     recipe: RecipeVerdict | None = None
     fidelity: Fidelity | None = None
     latency: Latency | None = None

@@ -25,13 +25,15 @@ from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.export.loader import AtOpset, Fp32Graph, readable
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
-from quantverdict.judge.semantics import Semantics
+from quantverdict.judge.recipe_search import AUTO_KEYS, SearchResult, auto_settings
+from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
 from quantverdict.models.data import Data, batches_key, build_module, calibration_batches, evaluation
 from quantverdict.models.spec import Batch
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.calibrators import Calibrator
+from quantverdict.precision.describe import describe_quantization
 from quantverdict.precision.graph import quantized_layers
 from quantverdict.precision.loader import PrecisionGraph
 from quantverdict.precision.qdq import QDQ
@@ -59,18 +61,22 @@ class _Memo:
         return value
 
 
+Searcher = Callable[["ArtifactStore", str, str], "SearchResult | None"]  # (store, model, precision)
+
+
 class ArtifactStore:
     """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners."""
 
     def __init__(self, cache: Cache, models: Registry[ModelSpec], backend: Callable[[str], Backend],
                  tolerances: ToleranceTable, calibrator: Calibrator | None = None, caps: Capabilities | None = None,
-                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None):
+                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None, search: Searcher | None = None):
         self.cache, self.models, self.backend, self.calibrator = cache, models, backend, calibrator
+        self.search = search  # chooses a model's recipe where it asks for one (recipe: auto); None: never
         self.recipe_settings = recipe_settings or {}  # precision → settings over the models' own
         self.tolerances, self.caps = tolerances, caps or detect()
         self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
         self._semantics, self._coverage, self._batch_keys, self._precision = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
-        self._evaluations, self._fallbacks, self._undecided = _Memo(MEMO_SIZE), _Memo(), _Memo()
+        self._evaluations, self._fallbacks, self._undecided, self._searches = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
 
     # planting hooks: a store whose artifacts carry a defect overrides these (quantverdict.run.mutate)
     def planted(self, stage: str, path: Path, precision: str | None = None) -> Path:
@@ -196,7 +202,7 @@ class ArtifactStore:
 
     def graph_semantics(self, model: str, path: Path, data: Data = "evaluation") -> dict[str, np.ndarray]:
         return Semantics(path, functools.partial(self.batches, model, data), self.data_key(model, data),
-                         self.onnxruntime_cpu_parts("quantverdict.judge.semantics"), self.cache,
+                         self.onnxruntime_cpu_parts(*SEMANTICS_CODE), self.cache,
                          {"model": model, "graph": path.name, "data": data})()
 
     def fp32_outputs(self, model: str, data: Data = "evaluation") -> dict[str, np.ndarray]:
@@ -206,21 +212,25 @@ class ArtifactStore:
             return self.reference(model)
         return self.graph_semantics(model, self.fp32_onnx(model), data)
 
-    def coverage(self, model: str, precision: str) -> dict[str, Any]:
-        """Which of ``precision``'s weighted layers take a dequantized weight (:func:`quantized_layers`)."""
-        def count() -> dict[str, Any]:
-            import onnx
+    def coverage(self, model: str, recipe: Recipe) -> dict[str, Any]:
+        """Which of ``recipe``'s graph's weighted layers are quantized (:func:`quantized_layers`), how the graph is
+        quantized (:func:`describe_quantization`) and what evaluates its semantics."""
+        import onnx
 
-            path = self.precision_onnx(model, self.recipe(model, precision, "emulated"))
-            return self.cache.json("coverage", [file_sha256(path), source_fingerprint("quantverdict.precision.graph")],
-                                   lambda: quantized_layers(onnx.load(str(path))),
-                                   {"model": model, "precision": precision})
+        path = self.precision_onnx(model, recipe)
 
-        return self._coverage.get((model, precision), count)
+        def read() -> dict[str, Any]:
+            graph = onnx.load(str(path))
+            return {**quantized_layers(graph), "graph": describe_quantization(graph),
+                    "evaluator": semantics_evaluator(path)}
 
-    def onnxruntime_cpu_parts(self, code: str) -> list[Any]:
+        return self._coverage.get(path, lambda: self.cache.json("coverage", [file_sha256(path), source_fingerprint(
+            "quantverdict.precision.graph", "quantverdict.precision.describe", *SEMANTICS_CODE)], read,
+            {"model": model, "precision": recipe.name}))
+
+    def onnxruntime_cpu_parts(self, *code: str) -> list[Any]:
         return [package_version("onnxruntime"), self.caps.cpu.identity if self.caps.cpu else None,
-                source_fingerprint(code)]
+                source_fingerprint(*code)]
 
     def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
         """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""
@@ -231,7 +241,8 @@ class ArtifactStore:
         return Artifacts(spec, recipe, module, onnx_path=functools.partial(self.precision_onnx, model, recipe),
                          fp32_onnx=functools.partial(self.fp32_onnx, model),
                          ranges=functools.partial(self.ranges, model, recipe) if ranges_suffice else None,
-                         calibration_batches=functools.partial(self.calibration_batches, model), cache=self.cache)
+                         calibration_batches=functools.partial(self.calibration_batches, model), cache=self.cache,
+                         coverage=functools.partial(self.coverage, model, recipe) if recipe.quantized else None)
 
     def recipe(self, model: str, precision: str, target: str) -> Recipe:
         """The recipe of ``precision`` for a graph target, with the model's recipe settings, then this run's
@@ -239,10 +250,20 @@ class ArtifactStore:
         recipe = get_recipe(precision).for_target(target)
         if not recipe.configurable:  # FP16, or a runtime's own layout (ONNX Runtime's CPU INT8)
             return recipe
-        settings = {**self.spec(model).recipe.get(precision, {}), **self.recipe_settings.get(precision, {})}
+        searched = self.recipe_search(model, precision)
+        own = {k: v for k, v in self.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
+        settings = dict(searched.chosen) if searched else {**own, **self.recipe_settings.get(precision, {})}
         if self.calibrator is not None and recipe.calibrated:
             settings["calibration"] = self.calibrator.method
         return self.configured(model, recipe.configured(settings))
+
+    def recipe_search(self, model: str, precision: str) -> SearchResult | None:
+        """The search that chose ``precision``'s settings where the model asks for one (``recipe: auto``) and this
+        run names none of its own (:func:`quantverdict.run.held_out.search_recipe`); None otherwise."""
+        search = self.search
+        if search is None or auto_settings(self.spec(model).recipe.get(precision, {})) is None:
+            return None
+        return self._searches.get((model, precision), lambda: search(self, model, precision))
 
     def configured(self, model: str, recipe: Recipe) -> Recipe:
         """``recipe`` with the layers its accuracy-aware fallback keeps in FP32 chosen, the most sensitive on

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -24,7 +25,6 @@ from quantverdict.hashing import file_sha256
 from quantverdict.judge.compare import Comparison, compare, judge_task_metrics, task_accuracy
 from quantverdict.judge.diagnose import first_divergence, first_overflow
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
-from quantverdict.judge.semantics import EVALUATOR
 from quantverdict.judge.timed import judge_timed_outputs
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 from quantverdict.models import ModelSpec
@@ -34,6 +34,16 @@ from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 
+
+
+def left_in_float(case: Case, coverage: dict[str, Any]) -> str:
+    """Why a backend that chooses its own layers is not judged: most of the layers would run in float, and a
+    verdict under the precision's name would describe them."""
+    kinds = Counter(name.rpartition(" (")[2].rstrip(")") for name in coverage["float_layers"])
+    left = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
+    return (f"{case.backend} runs {coverage['quantized']} of {coverage['layers']} weighted layers of "
+            f"{case.model!r} in {case.precision.upper()} ({left} in float): a verdict named "
+            f"{case.precision.upper()} would describe float layers")
 
 
 class CaseExecutor:
@@ -69,11 +79,16 @@ class CaseExecutor:
         spec = store.models.get(case.model)
         tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances, spec.task)
         timings: dict[str, float] = {}
+        artifacts = store.for_case(case.model, case.precision, case.backend)
+        backend = self.backend(case.backend)
+        coverage = backend.coverage(artifacts)
+        if coverage is not None:
+            coverage = {key: coverage[key] for key in ("layers", "quantized", "quantized_layers", "float_layers")}
+            if not backend.runs_recipe_graph and 2 * coverage["quantized"] < coverage["layers"]:
+                return CaseResult(case, "skipped", left_in_float(case, coverage), {"coverage": coverage})
         start = time.perf_counter()
         reference = store.reference(case.model)
         timings["reference_s"] = time.perf_counter() - start
-        artifacts = store.for_case(case.model, case.precision, case.backend)
-        backend = self.backend(case.backend)
         batches = store.eval_batches(case.model)
         built: dict[str, Any] = {}
         runner: Runner | None = None
@@ -95,6 +110,8 @@ class CaseExecutor:
             timings["outputs_s"] = time.perf_counter() - start
         runtime_cmp = self._judge(spec, reference, candidate, tolerance)
         metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime}
+        if coverage is not None:
+            metrics["coverage"] = coverage
         if built:
             metrics["engine"] = built
         timed = None
@@ -127,11 +144,16 @@ class CaseExecutor:
         recipe = self._judge(spec, reference, semantics, tolerance)
         fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.caps.device,
                                   tolerance.max_flip_fraction)
-        metrics["recipe"] = {**recipe.to_dict(), "evaluator": EVALUATOR, "passed": recipe.passed,
-                             "coverage": store.coverage(case.model, case.precision),
-                             "settings": store.recipe(case.model, case.precision, "emulated").params()}
-        if case.precision in spec.quantized:
-            metrics["recipe"]["user_graph"] = str(spec.quantized[case.precision])
+        emulated = store.recipe(case.model, case.precision, "emulated")
+        coverage = dict(store.coverage(case.model, emulated))
+        graph, evaluator = coverage.pop("graph"), coverage.pop("evaluator")
+        metrics["recipe"] = {**recipe.to_dict(), "evaluator": evaluator, "passed": recipe.passed, "coverage": coverage,
+                             "settings": emulated.params()}
+        search = store.recipe_search(case.model, case.precision)
+        if search is not None:  # recipe: auto: every candidate's score on held-out data, and the choice
+            metrics["recipe"]["search"] = search.to_dict()
+        if case.precision in spec.quantized:  # the user's graph, as it is: no recipe settings made it
+            metrics["recipe"].update(user_graph=str(spec.quantized[case.precision]), settings=graph)
         metrics["fidelity"] = fidelity.to_dict()
         return recipe, fidelity
 
@@ -162,7 +184,8 @@ class CaseExecutor:
                     f"reaches {overflow['value']:,.6g} in FP32, above {case.precision.upper()}'s largest finite value "
                     f"{overflow['limit']:,.6g}: stored in {case.precision.upper()} it is infinite")
         if recipe_cmp is not None and not recipe_cmp.passed:
-            lines = [f"{case.id}: the recipe regressed: its graph's semantics ({EVALUATOR}) vs FP32 reference:",
+            evaluator = metrics.get("recipe", {}).get("evaluator", "its semantics")
+            lines = [f"{case.id}: the recipe regressed: its graph's semantics ({evaluator}) vs FP32 reference:",
                      recipe_cmp.explain()]
             divergence = self._semantic_divergence(case, artifacts, first_batch, tolerance)
         elif fidelity is not None and not fidelity.passed:

@@ -56,7 +56,7 @@ class ModelEntry(_Strict):
     eval: CallableRef | None = None
     metric: CallableRef | None = None
     tolerances: dict[PrecisionName, Tolerance] = {}  # type: ignore[valid-type]
-    recipe: dict[PrecisionName, dict[str, Any]] = {}  # type: ignore[valid-type]
+    recipe: dict[PrecisionName, dict[str, Any] | Literal["auto"]] = {}  # type: ignore[valid-type]
     unsupported_ops: dict[str, list[str]] = {}
     slow: bool = False
     build_files: list[str] | None = None
@@ -125,6 +125,7 @@ def _describe(document: Any, loc: tuple[Any, ...]) -> str:
 def _check(entry: ModelEntry, index: int, path: Path) -> list[str]:
     """What the schema cannot see: factories' modules that cannot be found, recipe settings the
     recipe refuses (the recipe is the one source of its settings), backends that do not exist."""
+    from quantverdict.judge.recipe_search import auto_settings
     from quantverdict.precision import get_recipe
 
     where = f"{path}: model {entry.name!r}: models[{index}]"
@@ -140,9 +141,10 @@ def _check(entry: ModelEntry, index: int, path: Path) -> list[str]:
             if not found:
                 problems.append(f"{where}.{field}: cannot find module {module!r} (searched beside the manifest "
                                 "and on sys.path)")
-    for precision, settings in entry.recipe.items():
+    for precision, settings in _recipes(entry).items():
         try:
-            get_recipe(precision).configured(settings)
+            if auto_settings(settings) is None:
+                get_recipe(precision).configured(settings)
         except HarnessError as exc:
             problems.append(f"{where}.recipe.{precision}: {exc}")
     from quantverdict.backends import backend_registry
@@ -167,12 +169,25 @@ def _spec(entry: ModelEntry, root: Path) -> ModelSpec:
         calibration=calibration if calibration in (None, "synthetic") else Ref(calibration),
         eval_data=Ref(entry.eval) if entry.eval else None,
         metric=Ref(entry.metric) if entry.metric else None,
-        recipe=entry.recipe,
+        recipe=_recipes(entry),
         tolerances={precision: bounds.given() for precision, bounds in entry.tolerances.items()},
         unsupported_ops=entry.unsupported_ops,
         slow=entry.slow,
         build_files=None if entry.build_files is None else [root / f for f in entry.build_files],
     )
+
+
+AUTO_BY_DEFAULT = ("int8", "fp8")  # the precisions whose recipe is searched unless the manifest names one
+
+
+def _recipes(entry: ModelEntry) -> dict[str, dict[str, Any]]:
+    """The model's recipe settings per precision: ``auto`` spelled out, and searched for INT8 and FP8 where the
+    manifest names no recipe (:mod:`quantverdict.judge.recipe_search`); a graph the user quantized is not."""
+    recipes = {p: {"auto": True} if settings == "auto" else dict(settings) for p, settings in entry.recipe.items()}
+    for precision in AUTO_BY_DEFAULT:
+        if precision not in recipes and precision not in entry.quantized:
+            recipes[precision] = {"auto": True}
+    return recipes
 
 
 def _input(item: InputEntry) -> InputSpec:

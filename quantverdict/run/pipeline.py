@@ -23,6 +23,7 @@ from quantverdict.report.load import load_record
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, enumerate_cases
 from quantverdict.run.execute import CaseExecutor
+from quantverdict.run.held_out import search_recipe
 from quantverdict.run.manifest import Manifest, default_models, load_manifest, model_registry
 from quantverdict.run.settings import Settings
 
@@ -45,7 +46,8 @@ class Pipeline:
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
         self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
-                                   Calibrator(calibration) if calibration else None, self.caps, recipe_settings)
+                                   Calibrator(calibration) if calibration else None, self.caps, recipe_settings,
+                                   search_recipe)
         self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
         self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
             if baseline is not None else None
