@@ -86,8 +86,7 @@ def detect_cpu() -> CPU:
                     break
     except OSError:
         pass
-    probed = {**{_NUMPY_NAMES.get(flag, flag): value for flag, value in (cpuid_flags() or {}).items()},
-              **_numpy_cpu_features()}
+    probed = {**(cpuid_flags() or {}), **_numpy_cpu_features()}
     flags = {flag for flag in ISA_FLAGS if probed.get(_NUMPY_NAMES.get(flag, flag), flag in listed)}
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return CPU(model, tuple(f for f in ISA_FLAGS if f in flags), os.cpu_count() or 1, usable)

@@ -82,7 +82,7 @@ def test_exact_matmul_is_the_integer_product_and_is_what_judges_the_graph(tmp_pa
     path = tmp_path / "matmul.onnx"
     onnx.save(model, str(path))
     expected = (a.astype(np.int64) @ numpy_helper.to_array(model.graph.initializer[0]).astype(np.int64))
-    assert evaluator(path) == EXACT
+    assert evaluator(model) == EXACT
     assert np.array_equal(evaluate_semantics(path, [{"a": a}])["y"], expected)
 
 

@@ -18,7 +18,9 @@ import numpy as np
 import onnx
 from onnx.reference.op_run import OpRun
 
-INTEGER_OPS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "DynamicQuantizeLinear")
+from quantverdict.precision.graph import INTEGER_LAYERS
+
+INTEGER_OPS = (*INTEGER_LAYERS, "DynamicQuantizeLinear")
 REFERENCE_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 

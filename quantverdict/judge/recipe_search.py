@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import Comparison
-from quantverdict.judge.sensitivity import evaluate_recipe, fallback_until_within
+from quantverdict.judge.sensitivity import evaluate_recipe, fallback_until_within, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.qdq import QDQ
@@ -146,8 +146,6 @@ def _fallback(workbench: Workbench, model: str, recipe: Recipe, tolerance: Toler
               best: Candidate, attempt: Callable[[dict[str, Any]], Candidate]) -> dict[str, Any]:
     """The fewest most-sensitive layers (at most ``max_fallback`` of them) kept in FP32 that bring the held-out
     data within the tolerance, as ``exclude`` names; the best without fallback where none is needed or allowed."""
-    from quantverdict.judge.sensitivity import weighted_layers
-
     assert isinstance(recipe, QDQ)
     allowed = math.floor(auto.max_fallback * len(weighted_layers(workbench, model, recipe)))
     if allowed == 0:

@@ -30,17 +30,17 @@ EXACT = "ONNX reference evaluator, integer operators in exact integer arithmetic
 CODE = ("quantverdict.judge.semantics", "quantverdict.judge.integer")
 
 
-def evaluator(path: Path) -> str:
-    """What evaluates ``path``'s semantics: exact integer arithmetic where the graph has integer operators
+def evaluator(model: onnx.ModelProto) -> str:
+    """What evaluates ``model``'s semantics: exact integer arithmetic where the graph has integer operators
     and ONNX defines every node of it, ONNX Runtime with its optimisations off otherwise."""
-    model = onnx.load(str(path), load_external_data=False)
     return EXACT if has_integer_ops(model) and reference_evaluable(model) else AS_WRITTEN
 
 
 def evaluate_semantics(path: Path, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
     """The graph's outputs over ``batches``, each node evaluated exactly as written."""
-    if evaluator(path) == EXACT:
-        return evaluate_exact(onnx.load(str(path)), batches)
+    model = onnx.load(str(path))
+    if evaluator(model) == EXACT:
+        return evaluate_exact(model, batches)
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=False) as runner:
         return infer_all(runner, batches)
 

@@ -78,9 +78,9 @@ def describe_quantization(model: onnx.ModelProto) -> dict[str, object]:
         elif node.op_type == "QuantizeLinear":
             ops[node.op_type] += 1
             if reader.constant(node, 0) is None:  # an activation quantized in the graph
-                activations.add("static" if reader.constant(node, 1) is not None else "dynamic")
-                activation_symmetry.add(reader.symmetry(reader.constant(node, 2)))
                 zero_point = reader.constant(node, 2)
+                activations.add("static" if reader.constant(node, 1) is not None else "dynamic")
+                activation_symmetry.add(reader.symmetry(zero_point))
                 if zero_point is not None:
                     storage.add(str(zero_point.dtype))
     return {"operators": dict(sorted(ops.items())), "activations": _one_of(activations, "not quantized"),

@@ -222,7 +222,7 @@ class ArtifactStore:
         def read() -> dict[str, Any]:
             graph = onnx.load(str(path))
             return {**quantized_layers(graph), "graph": describe_quantization(graph),
-                    "evaluator": semantics_evaluator(path)}
+                    "evaluator": semantics_evaluator(graph)}
 
         return self._coverage.get(path, lambda: self.cache.json("coverage", [file_sha256(path), source_fingerprint(
             "quantverdict.precision.graph", "quantverdict.precision.describe", *SEMANTICS_CODE)], read,
