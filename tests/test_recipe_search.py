@@ -1,16 +1,19 @@
 """``recipe: auto``: a manifest model's INT8/FP8 settings chosen by a search on held-out calibration data, within a
 time budget, cached, and recorded with every candidate's score."""
-import fnmatch
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quantverdict.errors import CalibrationError
 from quantverdict.models.data import batches_key
-from quantverdict.judge.recipe_search import CALIBRATORS, TECHNIQUES, auto_settings, better, literal
+from quantverdict.judge.recipe_search import (CALIBRATORS, MAX_DB, MIN_GAIN_DB, AutoSettings, auto_settings, better,
+                                               sample_snr_db, stages)
+from quantverdict.judge.sensitivity import weighted_layers
+from quantverdict.precision import get_recipe
 from quantverdict.run.cases import Case
-from quantverdict.run.held_out import HeldOutStore, split
+from quantverdict.run.held_out import HeldOutStore, folds, split
 from quantverdict.run.manifest import load_manifest
 from quantverdict.run.pipeline import Pipeline
 
@@ -85,22 +88,27 @@ def test_the_search_records_every_candidate_and_takes_what_held_out_data_favours
     assert result.status == "passed", result.message
     search = result.metrics["recipe"]["search"]
     tried = [c for c in search["candidates"] if c["score"] is not None]
-    assert len(search["candidates"]) >= len(CALIBRATORS) + sum(map(len, TECHNIQUES)) and not search["not_tried"]
+    assert not search["not_tried"] and len(search["candidates"]) == sum(map(len, stages(AutoSettings(), 5)))
+    assert all(isinstance(c["score"], float) for c in tried)
     chosen = next(c for c in tried if c["settings"] == search["chosen"])
-    assert not any(better(c["score"], chosen["score"]) for c in tried)  # nothing tried beats the choice
+    for ancestor in (c for c in tried if c["settings"].items() < search["chosen"].items()):  # each step gained
+        assert chosen["score"] > ancestor["score"] + MIN_GAIN_DB
     for key, value in search["chosen"].items():  # the case ran the chosen settings
         recorded = result.metrics["recipe"]["settings"][key]
         assert recorded == value or recorded == {"method": value}
-    assert search["held_out_samples"] == 4  # one synthetic batch of four held out of four
+    calibration = pipeline.store.calibration_batches("dw")  # every calibration sample judged once
+    assert search["held_out_samples"] == sum(len(b["input"]) for b in calibration) and search["folds"] == 4
     again = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipe_search("dw", "int8")
     assert again is not None and again.to_dict() == search  # cached: read, not searched again
 
 
 def test_a_spent_budget_keeps_the_first_candidate_and_lists_the_rest(repo, qv_pipeline):
-    search = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipe_search("block", "int8")
+    store = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store
+    search = store.recipe_search("block", "int8")
+    layers = len(weighted_layers(store, "block", get_recipe("int8").for_target("emulated")))
     assert search is not None and len(search.candidates) == 1 and search.chosen == CALIBRATORS[0]
-    assert len(search.not_tried) == len(CALIBRATORS) - 1 + sum(map(len, TECHNIQUES))
-    assert "time budget of 0 s spent" in search.note
+    assert len(search.not_tried) == sum(map(len, stages(AutoSettings(), layers))) - 1
+    assert "time budget of 0 s: " in search.note
 
 
 def test_run_settings_and_named_recipes_are_not_searched(repo, qv_pipeline):
@@ -111,8 +119,32 @@ def test_run_settings_and_named_recipes_are_not_searched(repo, qv_pipeline):
     assert overridden.store.recipe("dw", "int8", "emulated").params()["calibration"]["method"] == "percentile"
 
 
-@pytest.mark.parametrize("name", ["/layer1/Conv", "/blocks.0/conv[dw]/Conv", "a*b?c"])
-def test_a_layer_kept_in_float_is_excluded_by_its_name_alone(name):
-    pattern = literal(name)
-    assert fnmatch.fnmatchcase(name, pattern)
-    assert not fnmatch.fnmatchcase(name + "x", pattern) and not fnmatch.fnmatchcase("x" + name, pattern)
+def test_each_calibration_batch_is_held_out_once_and_never_calibrated_on_in_its_fold():
+    batches = [{"x": np.full((2, 1), i)} for i in range(8)]
+    parts = [split(batches, "m", fold) for fold in range(folds(batches))]
+    held = [int(b["x"][0, 0]) for _, out in parts for b in out]
+    assert sorted(held) == list(range(8)) and folds(batches) == 4
+    for fit, out in parts:
+        assert len(fit) == 6 and not {int(b["x"][0, 0]) for b in fit} & {int(b["x"][0, 0]) for b in out}
+
+
+def test_each_sample_weighs_the_same_and_a_nonfinite_output_scores_worst():
+    reference = np.array([[3.0, 4.0], [1.0, 0.0], [2.0, 2.0]])
+    candidate = reference + np.array([[0.05, 0.0], [0.0, 0.0], [np.nan, 0.0]])
+    db = sample_snr_db(reference, candidate)
+    assert db[0] == pytest.approx(10 * np.log10(25 / 0.0025)) and db[1] == MAX_DB and db[2] == -MAX_DB
+
+
+def test_fallback_is_a_stage_only_where_the_share_keeps_a_layer():
+    assert [{"fallback": 0.1}] in stages(AutoSettings(max_fallback=0.1), layers=10)
+    assert [{"fallback": 0.1}] not in stages(AutoSettings(max_fallback=0.1), layers=9)
+
+
+def test_a_gain_is_taken_only_where_it_stands_out_of_the_paired_spread():
+    rng = np.random.default_rng(0)
+    incumbent = rng.normal(20, 3, 64)
+    assert better(incumbent + 1.0 + rng.normal(0, 0.5, 64), incumbent)  # 1 dB on every sample
+    assert not better(incumbent + MIN_GAIN_DB / 2, incumbent)  # consistent, but too small to matter
+    assert not better(incumbent + rng.normal(0.3, 3.0, 64), incumbent)  # 0.3 dB within ±3 dB a sample: a draw
+
+

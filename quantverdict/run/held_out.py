@@ -1,6 +1,6 @@
-"""Choosing a recipe (``recipe: auto``) on the run's artifacts with the calibration set split in two:
-recipes calibrate on the first part and are judged on the rest, which stands in for the evaluation set
-(the search never sees that one, so the case's verdict stays a verdict on unseen data)."""
+"""Choosing a recipe (``recipe: auto``) on the run's artifacts with the calibration set split in two, once per
+quarter: recipes calibrate on three quarters and are judged on the one left out, which stands in for the
+evaluation set (the search never sees that one, so the case's verdict stays a verdict on unseen data)."""
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -17,29 +17,37 @@ from quantverdict.precision.qdq import QDQ
 from quantverdict.run.artifacts import ArtifactStore
 
 
-def split(batches: list[Batch], model: str) -> tuple[list[Batch], list[Batch]]:
-    """The first three quarters of the batches (at least one) to calibrate on, the rest to judge on: whole
-    batches, since a graph exported with a fixed batch size takes no other."""
+def folds(batches: list[Batch]) -> int:
+    """How many ways :func:`split` can hold a quarter of ``batches`` out (each batch held out once)."""
+    return len(batches) // max(1, len(batches) // 4)
+
+
+def split(batches: list[Batch], model: str, fold: int = 0) -> tuple[list[Batch], list[Batch]]:
+    """A quarter of the batches (at least one) held out to judge on, the last quarter for fold 0, the one
+    before it for fold 1, …; the rest to calibrate on: whole batches, since a graph exported with a fixed
+    batch size takes no other."""
     if len(batches) < 2:
         raise CalibrationError(f"recipe auto for {model!r} needs at least 2 calibration batches (one to calibrate "
                                f"on, one held out to judge candidates on); the calibration set has {len(batches)}")
     held = max(1, len(batches) // 4)
-    return batches[:-held], batches[-held:]
+    end = len(batches) - held * fold
+    return batches[:end - held] + batches[end:], batches[end - held:end]
 
 
 class HeldOutStore(ArtifactStore):
     """``clean``'s artifacts, with ``calibration`` the first part of the calibration set and ``evaluation`` the
     held-out rest (unlabelled, every sample counted: no resolution analysis on calibration data)."""
 
-    def __init__(self, clean: ArtifactStore):
+    def __init__(self, clean: ArtifactStore, fold: int = 0):
         super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.calibrator, clean.caps,
                          clean.recipe_settings)
         self._modules, self._fp32, self.clean = clean._modules, clean._fp32, clean
         self._splits: dict[str, tuple[list[Batch], list[Batch]]] = {}
+        self.fold = fold
 
     def _split(self, model: str) -> tuple[list[Batch], list[Batch]]:
         if model not in self._splits:  # a user's calibration callable is called once per search
-            self._splits[model] = split(self.clean.calibration_batches(model), model)
+            self._splits[model] = split(self.clean.calibration_batches(model), model, self.fold)
         return self._splits[model]
 
     def calibration_batches(self, model: str) -> list[Batch]:
@@ -66,13 +74,14 @@ def search_recipe(store: ArtifactStore, model: str, precision: str) -> SearchRes
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [file_sha256(store.fp32_onnx(model)), precision, asdict(auto), tolerance.to_dict(),
              store.data_key(model, "calibration"), store.variant(),
-             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision")]
+             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.run.held_out")]
 
     def searched() -> dict[str, Any]:
         if len(store.calibration_batches(model)) < 2:
             return SearchResult({}, note="one calibration batch: nothing to hold out and judge candidates on, so "
                                          "the default recipe").to_dict()
-        return search(HeldOutStore(store), model, base, tolerance, auto).to_dict()
+        views = [HeldOutStore(store, fold) for fold in range(folds(store.calibration_batches(model)))]
+        return search(views, model, base, tolerance, auto).to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
                                                    {"model": model, "precision": precision}))
