@@ -12,6 +12,7 @@ from quantverdict.cache import Cache
 from quantverdict.errors import HarnessError
 from quantverdict.export.compat import make_model
 from quantverdict.judge.task_metrics import embedding_agreement
+from quantverdict.precision import get_recipe
 from quantverdict.precision.calibrate import calibrate, channel_ranges
 from quantverdict.precision.grids import INT8
 from quantverdict.precision.qdq import QDQ
@@ -73,8 +74,9 @@ def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
 @pytest.mark.int8
 def test_an_attention_mask_and_a_transformers_residual_adds_stay_in_float(token_model):
     """No Add of the encoder gets a Q/DQ pair (no convolution to fuse into: Model Optimizer's rule),
-    so the mask's large negative bias never sets a scale; every MatMul input is quantized."""
-    recipe = token_model.store.recipe("tiny-bert", "int8", "emulated")
+    so the mask's large negative bias never sets a scale; every MatMul input is quantized (the default
+    recipe: the model's own, ``recipe: auto``, may keep a few layers in FP32)."""
+    recipe = get_recipe("int8").for_target("emulated")
     graph = onnx.load(str(token_model.store.precision_onnx("tiny-bert", recipe))).graph
     producers = _producers(graph)
     adds = [n for n in graph.node if n.op_type == "Add"]
@@ -454,7 +456,7 @@ def test_gptq_rounds_every_linear_layer_of_a_transformer_including_those_sharing
     """Q, K and V read one tensor (one H for the three); each of the encoder's weights is rounded
     (none left at nearest), and the embedding case still passes."""
     store = token_model.store
-    recipe = store.recipe("tiny-bert", "int8", "emulated").configured({"gptq": False})
+    recipe = get_recipe("int8").for_target("emulated")  # every layer quantized (no fallback)
     plain = onnx.load(str(store.precision_onnx("tiny-bert", recipe)))
     rounded = onnx.load(str(store.precision_onnx("tiny-bert", recipe.configured({"gptq": True}))))
     before = {i.name: numpy_helper.to_array(i) for i in plain.graph.initializer if i.name.endswith("_quantized")}
