@@ -107,12 +107,13 @@ def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Each sample's output SNR against FP32 (dB; first axis the samples): each held-out sample weighs the same,
     as in top-1 agreement, where one badly clipped sample would decide the SNR of the samples pooled. A
     non-finite output is the worst score, an exact one the best."""
-    r = np.asarray(reference, np.float64).reshape(max(1, len(np.atleast_1d(reference))), -1)
+    r = np.asarray(reference, np.float64)
+    r = r.reshape(r.shape[0] if r.ndim else 1, -1)
     d = np.asarray(candidate, np.float64).reshape(r.shape) - r
     noise = np.where(np.isfinite(d).all(1), np.sum(np.nan_to_num(d) ** 2, 1), np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
         db = 10 * np.log10(np.sum(r ** 2, 1) / noise)
-    return np.clip(np.where((noise == 0), MAX_DB, np.nan_to_num(db, nan=-MAX_DB)), -MAX_DB, MAX_DB)
+    return np.clip(np.where(noise == 0, MAX_DB, np.nan_to_num(db, nan=-MAX_DB)), -MAX_DB, MAX_DB)
 
 
 def better(samples: np.ndarray, than: np.ndarray | None) -> bool:

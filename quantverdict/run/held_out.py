@@ -18,36 +18,39 @@ from quantverdict.run.artifacts import ArtifactStore
 
 
 def folds(batches: list[Batch]) -> int:
-    """How many ways :func:`split` can hold a quarter of ``batches`` out (each batch held out once)."""
-    return len(batches) // max(1, len(batches) // 4)
+    """How many parts :func:`split` holds out in turn: quarters, or single batches where there are fewer than four."""
+    return min(4, len(batches))
 
 
 def split(batches: list[Batch], model: str, fold: int = 0) -> tuple[list[Batch], list[Batch]]:
-    """A quarter of the batches (at least one) held out to judge on, the last quarter for fold 0, the one
-    before it for fold 1, …; the rest to calibrate on: whole batches, since a graph exported with a fixed
-    batch size takes no other."""
+    """The ``fold``-th of :func:`folds` near-equal parts of the batches held out to judge on, counted from the end
+    (fold 0 is the last part), the rest to calibrate on, so that the folds hold every batch out once: whole batches,
+    since a graph exported with a fixed batch size takes no other."""
     if len(batches) < 2:
         raise CalibrationError(f"recipe auto for {model!r} needs at least 2 calibration batches (one to calibrate "
                                f"on, one held out to judge candidates on); the calibration set has {len(batches)}")
-    held = max(1, len(batches) // 4)
-    end = len(batches) - held * fold
-    return batches[:end - held] + batches[end:], batches[end - held:end]
+    count, parts = len(batches), folds(batches)
+    start, end = count - count * (fold + 1) // parts, count - count * fold // parts
+    return batches[:start] + batches[end:], batches[start:end]
 
 
 class HeldOutStore(ArtifactStore):
     """``clean``'s artifacts, with ``calibration`` the first part of the calibration set and ``evaluation`` the
     held-out rest (unlabelled, every sample counted: no resolution analysis on calibration data)."""
 
-    def __init__(self, clean: ArtifactStore, fold: int = 0):
+    def __init__(self, clean: ArtifactStore, fold: int = 0, whole: dict[str, list[Batch]] | None = None):
         super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.calibrator, clean.caps,
                          clean.recipe_settings)
         self._modules, self._fp32, self.clean = clean._modules, clean._fp32, clean
         self._splits: dict[str, tuple[list[Batch], list[Batch]]] = {}
         self.fold = fold
+        self._whole = {} if whole is None else whole  # shared by a search's folds: clean's batches, per model
 
     def _split(self, model: str) -> tuple[list[Batch], list[Batch]]:
-        if model not in self._splits:  # a user's calibration callable is called once per search
-            self._splits[model] = split(self.clean.calibration_batches(model), model, self.fold)
+        if model not in self._splits:
+            if model not in self._whole:  # a user's calibration callable is called once per search
+                self._whole[model] = self.clean.calibration_batches(model)
+            self._splits[model] = split(self._whole[model], model, self.fold)
         return self._splits[model]
 
     def calibration_batches(self, model: str) -> list[Batch]:
@@ -77,10 +80,11 @@ def search_recipe(store: ArtifactStore, model: str, precision: str) -> SearchRes
              *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.run.held_out")]
 
     def searched() -> dict[str, Any]:
-        if len(store.calibration_batches(model)) < 2:
+        whole = {model: store.calibration_batches(model)}
+        if len(whole[model]) < 2:
             return SearchResult({}, note="one calibration batch: nothing to hold out and judge candidates on, so "
                                          "the default recipe").to_dict()
-        views = [HeldOutStore(store, fold) for fold in range(folds(store.calibration_batches(model)))]
+        views = [HeldOutStore(store, fold, whole) for fold in range(folds(whole[model]))]
         return search(views, model, base, tolerance, auto).to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
