@@ -482,10 +482,13 @@ def _assert_gptq_keeps_nearest(tmp_path: Path, inputs: int, calibration_rows: np
 
 
 @pytest.mark.int8
-def test_gptq_keeps_nearest_rounding_and_names_the_layer_where_its_inputs_overflow(tmp_path):
-    """A calibration value whose square overflows float32 makes H infinite: that layer keeps
-    round-to-nearest (the graph stays usable) and the warning names it."""
-    _assert_gptq_keeps_nearest(tmp_path, 8, np.full((16, 8), 1e30), "its inputs' second moments overflow")
+def test_gptq_keeps_nearest_rounding_and_names_the_layer_where_its_inputs_are_not_finite(tmp_path):
+    """An infinite calibration input (an FP32 activation that overflowed) makes H infinite: that layer keeps
+    round-to-nearest (the graph stays usable) and the warning names it. H sums in float64, so the squares of
+    finite float32 inputs (≤ 3.4e38² each) cannot overflow it."""
+    rows = np.full((16, 8), 1e30)  # squares overflow float32, not float64: GPTQ rounds this one
+    rows[3, 2] = np.inf
+    _assert_gptq_keeps_nearest(tmp_path, 8, rows, r"its calibration inputs \('x'\) are not finite")
 
 
 @pytest.mark.int8
