@@ -1,5 +1,6 @@
 """``recipe: auto``: a manifest model's INT8/FP8 settings chosen by a search on held-out calibration data, within a
 time budget, cached, and recorded with every candidate's score."""
+import json
 import textwrap
 from pathlib import Path
 
@@ -152,3 +153,15 @@ def test_a_gain_is_taken_only_where_it_stands_out_of_the_paired_spread():
     assert not better(incumbent + rng.normal(0.3, 3.0, 64), incumbent)  # 0.3 dB within ±3 dB a sample: a draw
 
 
+@pytest.mark.int8
+def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, qv_pipeline, tmp_path, monkeypatch):
+    """A manifest model's default recipe is ``auto``: compare-recipes' harness row is what its run uses, the
+    search's choice, not a failure on the setting ``auto``."""
+    from quantverdict.run.cli import main
+
+    monkeypatch.delenv("QUANTVERDICT_MODELOPT_PYTHON", raising=False)
+    out = tmp_path / "comparison.json"
+    assert main(["compare-recipes", "block", "--manifest", str(repo / "models.yaml"), "--json", str(out),
+                 "--cache-dir", str(qv_pipeline.cache.root)]) == 0
+    harness = json.loads(out.read_text())["quantizers"][0]
+    assert harness["label"] == "harness" and not harness["error"] and harness["settings"] == CALIBRATORS[0]
