@@ -89,7 +89,9 @@ def test_the_search_records_every_candidate_and_takes_what_held_out_data_favours
     assert result.status == "passed", result.message
     search = result.metrics["recipe"]["search"]
     tried = [c for c in search["candidates"] if c["score"] is not None]
-    assert not search["not_tried"] and len(search["candidates"]) == sum(map(len, stages(AutoSettings(), 5)))
+    # the last stage tries the calibrators again on top of the rest: the one already there is not tried twice
+    assert not search["not_tried"] and len(search["candidates"]) == sum(map(len, stages(AutoSettings(), 5))) - 1
+    assert len({json.dumps(c["settings"], sort_keys=True) for c in search["candidates"]}) == len(search["candidates"])
     assert all(isinstance(c["score"], float) for c in tried)
     chosen = next(c for c in tried if c["settings"] == search["chosen"])
     for ancestor in (c for c in tried if c["settings"].items() < search["chosen"].items()):  # each step gained
@@ -108,7 +110,7 @@ def test_a_spent_budget_keeps_the_first_candidate_and_lists_the_rest(repo, qv_pi
     search = store.recipe_search("block", "int8")
     layers = len(weighted_layers(store, "block", get_recipe("int8").for_target("emulated")))
     assert search is not None and len(search.candidates) == 1 and search.chosen == CALIBRATORS[0]
-    assert len(search.not_tried) == sum(map(len, stages(AutoSettings(), layers))) - 1
+    assert len(search.not_tried) == sum(map(len, stages(AutoSettings(), layers))) - 1 - len(CALIBRATORS)  # once each
     assert "time budget of 0 s: " in search.note
 
 
@@ -153,6 +155,39 @@ def test_a_gain_is_taken_only_where_it_stands_out_of_the_paired_spread():
     assert not better(incumbent + rng.normal(0.3, 3.0, 64), incumbent)  # 0.3 dB within ±3 dB a sample: a draw
 
 
+
+
+@pytest.mark.int8
+def test_fallback_is_ranked_for_each_fold_without_the_samples_it_is_judged_on(repo, qv_pipeline):
+    """The indices a fold holds out are its view's held-out samples; a fold's fallback layers are the most sensitive
+    on the rest of the calibration set (pooled SNR of each layer quantized alone), and with nothing held out they
+    are the run's own choice."""
+    from quantverdict.judge.compare import compare
+    from quantverdict.judge.sensitivity import choose_fallback, fallback_per_part
+    from quantverdict.judge.tolerances import Tolerance
+    from quantverdict.run.held_out import held_out_samples
+
+    store = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store
+    whole = store.calibration_batches("dw")
+    reference = store.fp32_outputs("dw", "calibration")["logits"]
+    parts = [held_out_samples(whole, fold) for fold in range(folds(whole))]
+    for fold, part in enumerate(parts):
+        view = HeldOutStore(store, fold)
+        held = view.fp32_outputs("dw", "evaluation")["logits"]  # the same samples, up to float32 kernels' last bits
+        np.testing.assert_allclose(reference[part], held, rtol=1e-5, atol=1e-6 * np.abs(held).max())
+    recipe = get_recipe("int8").for_target("emulated").configured({"fallback": 0.4})
+    base = recipe.with_options(fallback_layers=())
+    layers = weighted_layers(store, "dw", base)
+    chosen = fallback_per_part(store, "dw", recipe, [np.zeros(0, np.int64), *parts])
+    assert chosen[0] == choose_fallback(store, "dw", recipe) and len(chosen[0]) == int(0.4 * len(layers)) > 0
+    for part, kept in zip(parts, chosen[1:]):
+        rest = np.setdiff1d(np.arange(len(reference)), part)
+        snr = {node.name: compare({"logits": reference[rest]}, {"logits": store.graph_semantics(
+            "dw", store.precision_onnx("dw", base.with_options(only=(node.name,))), "calibration")["logits"][rest]},
+            Tolerance(), True).metrics["logits"]["snr_db"] for node in layers}
+        assert kept == sorted(snr, key=snr.get)[:len(kept)]
+
+
 @pytest.mark.int8
 def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, qv_pipeline, tmp_path, monkeypatch):
     """A manifest model's default recipe is ``auto``: compare-recipes' harness row is what its run uses, the
@@ -165,3 +200,20 @@ def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, q
                  "--cache-dir", str(qv_pipeline.cache.root)]) == 0
     harness = json.loads(out.read_text())["quantizers"][0]
     assert harness["label"] == "harness" and not harness["error"] and harness["settings"] == CALIBRATORS[0]
+
+
+@pytest.mark.int8
+def test_ranking_layers_for_fallback_keeps_their_evaluations_not_their_graphs(tmp_path):
+    """Each layer quantized alone is a copy of the whole model: ranking them keeps each one's outputs in the cache
+    (a second ranking reads them) and none of the graphs."""
+    from quantverdict.judge.sensitivity import choose_fallback
+
+    store = Pipeline(tmp_path / "cache").store
+    recipe = get_recipe("int8").for_target("emulated").configured({"fallback": 0.5})
+    kept = choose_fallback(store, "resblock", recipe)
+    cache = tmp_path / "cache"
+    assert kept and not list((cache / "precision").rglob("*.onnx"))
+    evaluations = sorted(p.name for p in (cache / "semantics").rglob("*") if p.is_file())
+    assert len(evaluations) >= len(weighted_layers(store, "resblock", recipe))
+    assert choose_fallback(Pipeline(cache).store, "resblock", recipe) == kept
+    assert sorted(p.name for p in (cache / "semantics").rglob("*") if p.is_file()) == evaluations  # read, not made

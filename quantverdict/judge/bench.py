@@ -39,6 +39,10 @@ class Workbench(Protocol):
 
     def graph_semantics(self, model: str, path: Path, data: Data = "evaluation") -> dict[str, np.ndarray]: ...
 
+    def recipe_semantics(self, model: str, recipe: Recipe, data: Data = "evaluation") -> dict[str, np.ndarray]:
+        """As ``graph_semantics`` of ``precision_onnx``, without keeping the graph (made to be evaluated once)."""
+        ...
+
     def undecided(self, model: str) -> np.ndarray | None: ...
 
     def onnxruntime_cpu_parts(self, *code: str) -> list[Any]:

@@ -15,10 +15,10 @@ judged afterwards, is never seen. ``folds`` are those split views
 (:class:`quantverdict.run.held_out.HeldOutStore`). The chosen settings are then applied with the whole
 calibration set like any hand-set recipe.
 
-The layers a fallback candidate keeps in FP32 are ranked once, on the first fold's calibration part, and kept in
-every fold: ranking them per fold took Lite0's search 5 minutes on two cores (four rankings of 65 layers, each
-calibrated and evaluated alone). The other folds' held-out samples took part in that ranking, so its gain there is
-judged a little in its favour; the gains it is taken on are several dB.
+The layers a fallback candidate keeps in FP32 are ranked for each fold on the samples that fold calibrates on
+(:func:`quantverdict.judge.sensitivity.fallback_per_part`), so fallback is judged on samples that did not choose its
+layers (ranked once on the first fold, three folds of four judged layers their own samples had ranked). Each layer
+quantized alone is evaluated once, on the whole calibration set, for every fold's ranking and the final recipe's.
 
 The search space was chosen on EfficientNet-Lite0 and -Lite1: bias correction is not in it, since on Lite0's
 held-out quarters it gained 0.5 dB where GPTQ gained 3.6 dB, at three times GPTQ's time, and lost on top of it.
@@ -36,7 +36,7 @@ import numpy as np
 from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
-from quantverdict.judge.sensitivity import weighted_layers
+from quantverdict.judge.sensitivity import fallback_per_part, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision.qdq import QDQ
 
@@ -131,15 +131,18 @@ def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
     """Each stage's alternatives, each tried on top of the best of the stages before it. Fallback comes before
     weight rounding: a technique is judged by its gain in output SNR, and the few layers fallback keeps in FP32
     carry most of the noise, and while they do, rounding the other layers better moves the output's SNR little
-    (noise powers add: halving a third of it gains 0.8 dB; the same, once the rest is gone, 3 dB)."""
+    (noise powers add: halving a third of it gains 0.8 dB; the same, once the rest is gone, 3 dB). The calibrators
+    are tried once more at the end, with the other choices made: which range is best (clipping noise against
+    rounding noise) depends on which layers stay quantized and how much their weights' rounding adds."""
     fallback = [[{"fallback": auto.max_fallback}]] if math.floor(auto.max_fallback * layers) > 0 else []
-    return [CALIBRATORS, MIGRATION, *fallback, ROUNDING]
+    return [CALIBRATORS, MIGRATION, *fallback, ROUNDING, CALIBRATORS]
 
 
-def search(folds: Sequence[Workbench], model: str, base: QDQ, tolerance: Tolerance, auto: AutoSettings) -> SearchResult:
+def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
+           tolerance: Tolerance, auto: AutoSettings) -> SearchResult:
     """The best settings for ``base`` (a Q/DQ recipe) on ``model``, each candidate judged on every fold's held-out
-    part (``folds``: views whose ``evaluation`` data is a part of the calibration set their ``calibration`` leaves
-    out)."""
+    part (``folds``: views of ``whole`` whose ``evaluation`` data is the part of the calibration set their
+    ``calibration`` leaves out, ``held_out`` its samples' indices in ``whole``'s calibration set)."""
     spec = folds[0].spec(model)
     output = spec.outputs[0]
     references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
@@ -153,8 +156,13 @@ def search(folds: Sequence[Workbench], model: str, base: QDQ, tolerance: Toleran
         begun = time.perf_counter()
         candidate, samples = Candidate(settings), None
         try:
-            recipe = folds[0].configured(model, base.configured(settings))  # fallback layers ranked once
-            outputs = [fold.graph_semantics(model, fold.precision_onnx(model, recipe), "evaluation") for fold in folds]
+            recipe = base.configured(settings)
+            assert isinstance(recipe, QDQ)
+            recipes = ([recipe.with_options(fallback_layers=tuple(kept))
+                        for kept in fallback_per_part(whole, model, recipe, held_out)]
+                       if recipe.fallback_pending else [recipe] * len(folds))
+            outputs = [fold.graph_semantics(model, fold.precision_onnx(model, fold_recipe), "evaluation")
+                       for fold, fold_recipe in zip(folds, recipes)]
             pooled = {name: np.concatenate([out[name] for out in outputs]) for name in spec.outputs}
             samples = sample_snr_db(references[output], pooled[output])
             candidate.score = round(float(samples.mean()), 4)
@@ -168,10 +176,14 @@ def search(folds: Sequence[Workbench], model: str, base: QDQ, tolerance: Toleran
         result.candidates.append(candidate)
         return None if samples is None else (candidate, samples)
 
+    seen: list[dict[str, Any]] = []  # settings tried or left untried: a later stage may name them again
     for stage in stages(auto, len(weighted_layers(folds[0], model, base))):
         stage_best = best
         for option in stage:  # each alternative on top of the previous stages' best
             settings = {**(best[0].settings if best else {}), **option}
+            if settings in seen:
+                continue
+            seen.append(settings)
             if (stage_best or best) is not None and time.monotonic() - start + slowest > auto.budget_s:
                 result.not_tried.append(settings)
                 continue

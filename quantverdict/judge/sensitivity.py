@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 import onnx
 
 from quantverdict.judge.bench import Workbench
@@ -36,10 +39,15 @@ class LayerSensitivity:
 def evaluate_recipe(store: Workbench, model: str, recipe: QDQ, tolerance: Tolerance,
                     data: Data = "evaluation") -> Comparison:
     """The recipe's graph, evaluated as written (never a runtime's kernels), against FP32 on ``data``."""
-    semantics = store.graph_semantics(model, store.precision_onnx(model, recipe), data)
-    spec = store.spec(model)
+    return _judged(store, model, store.graph_semantics(model, store.precision_onnx(model, recipe), data), tolerance,
+                   data)
+
+
+def _judged(store: Workbench, model: str, semantics: dict[str, np.ndarray], tolerance: Tolerance,
+            data: Data) -> Comparison:
     undecided = store.undecided(model) if data == "evaluation" else None
-    return compare(store.fp32_outputs(model, data), semantics, tolerance, spec.task == "classification", undecided)
+    return compare(store.fp32_outputs(model, data), semantics, tolerance, store.spec(model).task == "classification",
+                   undecided)
 
 
 def weighted_layers(store: Workbench, model: str, recipe: QDQ) -> list[onnx.NodeProto]:
@@ -51,16 +59,17 @@ def weighted_layers(store: Workbench, model: str, recipe: QDQ) -> list[onnx.Node
 def layer_sensitivity(store: Workbench, model: str, recipe: QDQ, progress: bool = True,
                       data: Data = "evaluation") -> list[LayerSensitivity]:
     """Most sensitive first (lowest SNR of the first output). One calibration pass serves every
-    layer (:meth:`QDQ.calibration_recipe`) and each layer's evaluation is cached by its graph, so
-    a rerun reads; ``progress`` shows a bar on a terminal."""
+    layer (:meth:`QDQ.calibration_recipe`) and each layer's evaluation is cached by what makes its graph,
+    so a rerun reads (the graphs, a copy of the model each, are not kept); ``progress`` shows a bar on a
+    terminal."""
     from tqdm import tqdm
 
     output = store.spec(model).outputs[0]
     rows = []
     for node in tqdm(weighted_layers(store, model, recipe), desc=f"sensitivity {model}", unit="layer", leave=False,
                      disable=None if progress else True):
-        only = recipe.with_options(only=(node.name,))
-        metrics = evaluate_recipe(store, model, only, Tolerance(), data).metrics[output]
+        only = store.recipe_semantics(model, recipe.with_options(only=(node.name,)), data)  # the graph is not kept
+        metrics = _judged(store, model, only, Tolerance(), data).metrics[output]
         rows.append(LayerSensitivity(node.name, node.op_type, metrics["cosine"], metrics["snr_db"]))
     return sorted(rows, key=lambda row: row.snr_db)
 
@@ -92,8 +101,43 @@ def choose_fallback(store: Workbench, model: str, recipe: QDQ) -> list[str]:
     Optimizer's AutoQuantize spends its bit budget: agreement on the few calibration samples the
     recipe was fitted to says too little to stop earlier (EfficientNet-Lite0's fully INT8 graph
     agrees on all 64 of its calibration crops, on 95.9% of 512 held-out ones)."""
+    return fallback_per_part(store, model, recipe, [np.zeros(0, np.int64)])[0]
+
+
+def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Sequence[np.ndarray]) -> list[list[str]]:
+    """For each part of the calibration set ``held_out`` (sample indices), the layers :func:`choose_fallback`
+    keeps in FP32 when ranked on the rest of the set, so that a recipe search judges fallback on samples that did
+    not choose its layers. Each layer quantized alone is evaluated once, on the whole set, and each sample's error
+    energy kept: a ranking on any part of the set is then the pooled SNR of that part (calibrated on the whole set:
+    a held-out sample still moves a single layer's range, not the ranking's errors)."""
+    from tqdm import tqdm
+
     base = recipe.with_options(fallback_layers=())
-    budget = math.floor(recipe.options.fallback * len(weighted_layers(store, model, base)))
+    layers = weighted_layers(store, model, base)
+    budget = math.floor((recipe.options.fallback or 0.0) * len(layers))
     if budget == 0:
-        return []
-    return [row.layer for row in layer_sensitivity(store, model, base, data="calibration")[:budget]]
+        return [[] for _ in held_out]
+    output = store.spec(model).outputs[0]
+    reference = _per_sample(store.fp32_outputs(model, "calibration")[output])
+    noise = np.stack([_error_energy(reference, _per_sample(store.recipe_semantics(
+        model, base.with_options(only=(node.name,)), "calibration")[output]))
+        for node in tqdm(layers, desc=f"fallback {model}", unit="layer", leave=False, disable=None)])
+    signal = np.sum(reference ** 2, 1)
+    chosen = []
+    for part in held_out:
+        ranked_on = np.ones(len(signal), bool)
+        ranked_on[part] = False
+        with np.errstate(divide="ignore", invalid="ignore"):
+            snr = np.nan_to_num(signal[ranked_on].sum() / noise[:, ranked_on].sum(1), nan=0.0)
+        chosen.append([layers[i].name for i in np.argsort(snr, kind="stable")[:budget]])
+    return chosen
+
+
+def _per_sample(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, np.float64).reshape(len(values), -1)
+
+
+def _error_energy(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """Each sample's summed squared error; a non-finite one is infinite (the most sensitive layer)."""
+    error = candidate - reference
+    return np.where(np.isfinite(error).all(1), np.sum(np.nan_to_num(error) ** 2, 1), np.inf)

@@ -32,14 +32,19 @@ class PrecisionGraph:
     name: str  # the model, for the cache entry's description
 
     def __call__(self) -> Path:
+        return self.cache.get_or_create("precision", self.key(), ".onnx", self.make,
+                                        {"model": self.name, **self.recipe.params()})
+
+    def key(self) -> str:
+        """What the graph is a function of, without making it."""
         recipe = self.recipe
         calibrated = recipe.calibrated or recipe.calibration_data
         calibration = [self.calibration_key(), package_version("onnxruntime")] if calibrated else None
-        key = content_hash("precision", file_sha256(self.source()), recipe.params(), calibration,
-                           source_fingerprint("quantverdict.precision"))
-        return self.cache.get_or_create("precision", key, ".onnx", self._make, {"model": self.name, **recipe.params()})
+        return content_hash("precision", file_sha256(self.source()), recipe.params(), calibration,
+                            source_fingerprint("quantverdict.precision"))
 
-    def _make(self) -> bytes:
+    def make(self) -> bytes:
+        """The graph's bytes, made now (not cached: :meth:`__call__` caches them)."""
         recipe = self.recipe
         if recipe.calibration_data:  # a recipe that calibrates itself from batches
             return serialized(recipe.apply_batches(onnx.load(str(self.source())), self.calibration()))

@@ -29,9 +29,20 @@ def split(batches: list[Batch], model: str, fold: int = 0) -> tuple[list[Batch],
     if len(batches) < 2:
         raise CalibrationError(f"recipe auto for {model!r} needs at least 2 calibration batches (one to calibrate "
                                f"on, one held out to judge candidates on); the calibration set has {len(batches)}")
-    count, parts = len(batches), folds(batches)
-    start, end = count - count * (fold + 1) // parts, count - count * fold // parts
+    start, end = _bounds(batches, fold)
     return batches[:start] + batches[end:], batches[start:end]
+
+
+def held_out_samples(batches: list[Batch], fold: int) -> np.ndarray:
+    """The indices, in the whole calibration set's samples, of those :func:`split` holds out in ``fold``."""
+    sizes = np.cumsum([0] + [len(next(iter(batch.values()))) for batch in batches])
+    start, end = _bounds(batches, fold)
+    return np.arange(sizes[start], sizes[end])
+
+
+def _bounds(batches: list[Batch], fold: int) -> tuple[int, int]:
+    count, parts = len(batches), folds(batches)
+    return count - count * (fold + 1) // parts, count - count * fold // parts
 
 
 class HeldOutStore(ArtifactStore):
@@ -84,8 +95,10 @@ def search_recipe(store: ArtifactStore, model: str, precision: str) -> SearchRes
         if len(whole[model]) < 2:
             return SearchResult({}, note="one calibration batch: nothing to hold out and judge candidates on, so "
                                          "the default recipe").to_dict()
-        views = [HeldOutStore(store, fold, whole) for fold in range(folds(whole[model]))]
-        return search(views, model, base, tolerance, auto).to_dict()
+        parts = range(folds(whole[model]))
+        views = [HeldOutStore(store, fold, whole) for fold in parts]
+        held_out = [held_out_samples(whole[model], fold) for fold in parts]
+        return search(store, views, held_out, model, base, tolerance, auto).to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
                                                    {"model": model, "precision": precision}))
