@@ -400,9 +400,9 @@ def test_gptq_rounds_a_cancelling_depthwise_filter_so_its_errors_cancel_too(tmp_
     rounding errors; GPTQ carries each error into the taps not yet rounded, leaving about one tap's.
     That is 10·log10(9) = 9.5 dB less error power; asserted: half of it, on inputs it was not calibrated
     on. The 1-D case also measures its input one sample at a time (what bounds memory on large inputs)."""
-    from quantverdict.precision import gptq
+    from quantverdict.precision import hessian
 
-    monkeypatch.setattr(gptq, "UNFOLDED_VALUES", unfolded_values)
+    monkeypatch.setattr(hessian, "UNFOLDED_VALUES", unfolded_values)
     rng = np.random.default_rng(0)
     taps = rng.normal(0, 1, (16, 1, *kernel))
     weight = (20 * (taps - taps.mean(axis=tuple(range(2, taps.ndim)), keepdims=True))).astype(np.float32)

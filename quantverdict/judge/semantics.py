@@ -11,6 +11,7 @@ this; runtimes are judged against it (:mod:`quantverdict.judge.fidelity`).
 """
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -43,6 +44,14 @@ def evaluate_semantics(path: Path, batches: Sequence[Batch]) -> dict[str, np.nda
         return evaluate_exact(model, batches)
     with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=False) as runner:
         return infer_all(runner, batches)
+
+
+def unkept_semantics(graph: bytes, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
+    """:func:`evaluate_semantics` of a graph made only to be evaluated, from a temporary file removed after."""
+    with tempfile.TemporaryDirectory(prefix="quantverdict-") as folder:
+        path = Path(folder) / "graph.onnx"
+        path.write_bytes(graph)
+        return evaluate_semantics(path, batches)
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,12 @@ taken in order of decreasing H diagonal ("act order") and H is damped by 1% of i
 as GPTQ's reference does. Conv (1-D and 2-D, explicit pads, any group count), Gemm (``transA`` 0) and
 MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest, as
 does one with more than ``MAX_COLUMNS`` inputs per output, or with fewer calibration input vectors than
-inputs (H singular: GPTQ would fit the calibration set, not the layer); a warning names it.
-
-H depends only on the FP32 graph and the calibration batches, not on what else the recipe quantizes, so it is
-measured once for every layer GPTQ can round (within ``MEASURED_BYTES``) and kept for the process: ranking layers
-one at a time for fallback, each rounded by GPTQ alone, then costs one forward pass, not one per layer.
+inputs (H singular: GPTQ would fit the calibration set, not the layer); a warning names it. H is measured
+once per FP32 graph and calibration set, for every layer (:mod:`quantverdict.precision.hessian`).
 """
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -34,42 +30,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch
-from quantverdict.precision.calibrate import tensor_values
-from quantverdict.precision.graph import int_attribute, ints_attribute
+from quantverdict.precision.graph import int_attribute
+from quantverdict.precision.hessian import Inputs, measured
 
 if TYPE_CHECKING:
     import torch
 
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
-UNFOLDED_VALUES = 1 << 25  # values of unfolded input held at once (256 MB in float64)
 MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2 GiB)
-MEASURED_BYTES = 1 << 30  # H kept, over every (FP32 graph, calibration set); all of a graph's measured at once if they fit
-_MEASURED: "OrderedDict[str, dict[tuple, tuple[np.ndarray, int]]]" = OrderedDict()
-
-
-@dataclass(frozen=True)
-class _Inputs:
-    """How a weighted layer's input becomes the column vectors its weight multiplies (what H sums over)."""
-
-    node: onnx.NodeProto  # in the FP32 graph
-    shape: tuple[int, ...]  # the weight's, as stored
-    groups: int
-    columns: int  # inputs per output within a group: H is [groups, columns, columns]
-
-    @property
-    def key(self) -> tuple:
-        """Layers reading one tensor with equal keys (a transformer's Q, K and V) share H."""
-        if self.node.op_type != "Conv":
-            return (self.node.input[0],)
-        return (self.node.input[0], self.shape[1:], self.groups,
-                *[(a.name, tuple(a.ints)) for a in self.node.attribute if a.ints])
-
-    @property
-    def hessian_bytes(self) -> int:
-        return self.groups * self.columns * self.columns * 8
 
 
 @dataclass
@@ -87,8 +57,8 @@ class _Layer:
     vectors: int = 0  # input column vectors summed into it (per group)
 
     @property
-    def inputs(self) -> _Inputs:
-        return _Inputs(self.node, self.weight.shape, self.groups, self.rows(self.weight).shape[-1])
+    def inputs(self) -> Inputs:
+        return Inputs(self.node, self.weight.shape, self.groups, self.rows(self.weight).shape[-1])
 
 
 def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
@@ -218,86 +188,20 @@ def _auto_pad(node: onnx.NodeProto) -> str:
 
 
 def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequence[Batch]) -> None:
-    """Each layer's H and vector count, from the measurements kept for ``fp32`` and ``batches``; where one is
-    missing, every layer of ``fp32`` GPTQ can round is measured in one pass (those asked for alone where all
-    would take more than ``MEASURED_BYTES``)."""
-    model = fp32.SerializeToString()
-    key = content_hash(model, list(batches))
-    measured = _MEASURED.pop(key, {})
-    _MEASURED[key] = measured  # most recently used last
-    asked = {layer.inputs.key: layer.inputs for layer in layers}
-    missing = {key: inputs for key, inputs in asked.items() if key not in measured}
-    if missing:
-        every = {inputs.key: inputs for inputs in _roundable(fp32) if inputs.key not in measured}
-        if sum(inputs.hessian_bytes for inputs in {**every, **missing}.values()) <= MEASURED_BYTES:
-            missing = {**every, **missing}
-        measured.update(_second_moment_sums(model, list(missing.values()), batches))
+    """Each layer's H and vector count (:func:`quantverdict.precision.hessian.measured`)."""
+    sums = measured(fp32, [layer.inputs for layer in layers], batches, lambda: _roundable(fp32))
     for layer in layers:
-        layer.hessian, layer.vectors = measured[layer.inputs.key]
-    while len(_MEASURED) > 1 and sum(h.nbytes for kept in _MEASURED.values() for h, _ in kept.values()) > MEASURED_BYTES:
-        _MEASURED.popitem(last=False)  # the least recently used calibration set's
+        layer.hessian, layer.vectors = sums[layer.inputs.key]
 
 
-def _roundable(fp32: onnx.ModelProto) -> list[_Inputs]:
+def _roundable(fp32: onnx.ModelProto) -> list[Inputs]:
     """Every layer of ``fp32`` whose weight GPTQ can round, as the inputs its H is measured on."""
     out = []
     for _, node, weight in _twins(fp32, fp32):
         shapes = _shapes(node, weight.shape)
         if shapes is not None and shapes[0](weight).shape[-1] <= MAX_COLUMNS:
-            out.append(_Inputs(node, weight.shape, shapes[2], shapes[0](weight).shape[-1]))
+            out.append(Inputs(node, weight.shape, shapes[2], shapes[0](weight).shape[-1]))
     return out
-
-
-def _second_moment_sums(model: bytes, layers: list[_Inputs],
-                        batches: Sequence[Batch]) -> dict[tuple, tuple[np.ndarray, int]]:
-    """Σ x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, and their number, in
-    one pass over ``batches``."""
-    names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
-    sums: dict[tuple, tuple[np.ndarray, int]] = {}
-    for batch_values in tensor_values(model, names, batches):
-        values = dict(zip(names, batch_values))
-        for layer in layers:
-            product, vectors = _second_moments(layer, values[layer.node.input[0]])
-            total, count = sums.get(layer.key, (0.0, 0))
-            sums[layer.key] = (total + product, count + vectors)
-    return sums
-
-
-def _second_moments(layer: _Inputs, value: np.ndarray) -> tuple[np.ndarray, int]:
-    """Σ x xᵀ over the layer's input column vectors, and their number, a few samples at a time: a
-    Conv's unfolded patches are its kernel size times the size of its input."""
-    taps = int(np.prod(layer.shape[2:])) if layer.node.op_type == "Conv" else 1
-    step = max(1, UNFOLDED_VALUES // max(1, value[0].size * taps))
-    total, vectors = np.zeros(()), 0
-    for start in range(0, len(value), step):
-        columns = _columns(layer, value[start:start + step])
-        columns = columns.double()  # summed in float64: float32 sums move with the BLAS kernel, and GPTQ with them
-        total = total + (columns.transpose(1, 2) @ columns).numpy()
-        vectors += columns.shape[1]
-    return total, vectors
-
-
-def _columns(layer: _Inputs, value: np.ndarray) -> "torch.Tensor":
-    """The layer's input as [groups, vectors, columns] in the column order of its reshaped weight (a 1-D
-    convolution as a 2-D one of height 1)."""
-    import torch
-
-    node = layer.node
-    if node.op_type != "Conv":
-        return torch.from_numpy(np.ascontiguousarray(value, np.float32).reshape(1, -1, value.shape[-1]))
-    flat = value.ndim == 3
-    kernel = (1, *layer.shape[2:]) if flat else layer.shape[2:]
-    pads = ints_attribute(node, "pads", [0] * (2 * len(kernel)))
-    top, left, bottom, right = (0, pads[0], 0, pads[1]) if flat else pads
-    strides = ints_attribute(node, "strides", [1] * (value.ndim - 2))
-    dilations = ints_attribute(node, "dilations", [1] * (value.ndim - 2))
-    if flat:
-        value, strides, dilations = value[:, :, None, :], [1, *strides], [1, *dilations]
-    x = torch.nn.functional.pad(torch.from_numpy(np.ascontiguousarray(value)), (left, right, top, bottom))
-    patches = torch.nn.functional.unfold(x, kernel, dilation=dilations, stride=strides)  # [n, c·k, positions]
-    n, width, positions = patches.shape
-    grouped = patches.reshape(n, layer.groups, width // layer.groups, positions).permute(1, 0, 3, 2)
-    return grouped.reshape(layer.groups, n * positions, width // layer.groups)
 
 
 def _gptq(weight: np.ndarray, hessian: np.ndarray, quantize: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

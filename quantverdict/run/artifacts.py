@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
@@ -27,8 +26,8 @@ from quantverdict.export.loader import AtOpset, Fp32Graph, readable
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
 from quantverdict.judge.recipe_search import AUTO_KEYS, SearchResult, auto_settings
-from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluate_semantics
-from quantverdict.judge.semantics import evaluator as semantics_evaluator
+from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
+from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
 from quantverdict.models.data import Data, batches_key, build_module, calibration_batches, evaluation
@@ -212,16 +211,12 @@ class ArtifactStore:
         kept: for graphs made only to be evaluated once, a layer quantized alone for sensitivity and fallback (a
         copy of the whole model per layer: MiniLM's recipe search kept 16 GB of them)."""
         graph = self.precision_graph(model, recipe)
+        parts = [graph.key(), self.data_key(model, data), *self.onnxruntime_cpu_parts(*SEMANTICS_CODE)]
 
         def evaluate() -> tuple[dict[str, np.ndarray], str]:
-            with tempfile.TemporaryDirectory(prefix="quantverdict-") as folder:
-                path = Path(folder) / "graph.onnx"
-                path.write_bytes(graph.make())
-                return evaluate_semantics(path, self.batches(model, data)), ""
+            return unkept_semantics(graph.make(), self.batches(model, data)), ""
 
-        parts = [graph.key(), self.data_key(model, data), *self.onnxruntime_cpu_parts(*SEMANTICS_CODE)]
-        return self.cache.arrays("semantics", parts, evaluate, {"model": model, "recipe": recipe.params(),
-                                                                 "data": data})[0]
+        return self.cache.arrays("semantics", parts, evaluate, {"model": model, "recipe": recipe.params(), "data": data})[0]
 
     def fp32_outputs(self, model: str, data: Data = "evaluation") -> dict[str, np.ndarray]:
         """What a recipe is judged against on ``data``: the reference outputs on the evaluation set, the FP32
