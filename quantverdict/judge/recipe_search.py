@@ -36,7 +36,7 @@ import numpy as np
 from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
-from quantverdict.judge.sensitivity import fallback_per_part, weighted_layers
+from quantverdict.judge.sensitivity import error_energy, fallback_per_part, per_sample, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision.qdq import QDQ
 
@@ -107,10 +107,8 @@ def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Each sample's output SNR against FP32 (dB; first axis the samples): each held-out sample weighs the same,
     as in top-1 agreement, where one badly clipped sample would decide the SNR of the samples pooled. A
     non-finite output is the worst score, an exact one the best."""
-    r = np.asarray(reference, np.float64)
-    r = r.reshape(r.shape[0] if r.ndim else 1, -1)
-    d = np.asarray(candidate, np.float64).reshape(r.shape) - r
-    noise = np.where(np.isfinite(d).all(1), np.sum(np.nan_to_num(d) ** 2, 1), np.inf)
+    r = per_sample(reference)
+    noise = error_energy(r, per_sample(candidate).reshape(r.shape))
     with np.errstate(divide="ignore", invalid="ignore"):
         db = 10 * np.log10(np.sum(r ** 2, 1) / noise)
     return np.clip(np.where(noise == 0, MAX_DB, np.nan_to_num(db, nan=-MAX_DB)), -MAX_DB, MAX_DB)

@@ -118,8 +118,8 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Seque
     if budget == 0:
         return [[] for _ in held_out]
     output = store.spec(model).outputs[0]
-    reference = _per_sample(store.fp32_outputs(model, "calibration")[output])
-    noise = np.stack([_error_energy(reference, _per_sample(store.recipe_semantics(
+    reference = per_sample(store.fp32_outputs(model, "calibration")[output])
+    noise = np.stack([error_energy(reference, per_sample(store.recipe_semantics(
         model, base.with_options(only=(node.name,)), "calibration")[output]))
         for node in tqdm(layers, desc=f"fallback {model}", unit="layer", leave=False, disable=None)])
     signal = np.sum(reference ** 2, 1)
@@ -133,11 +133,13 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Seque
     return chosen
 
 
-def _per_sample(values: np.ndarray) -> np.ndarray:
-    return np.asarray(values, np.float64).reshape(len(values), -1)
+def per_sample(values: np.ndarray) -> np.ndarray:
+    """Outputs as float64 [samples, values] (the first axis the samples)."""
+    values = np.asarray(values, np.float64)
+    return values.reshape(len(values) if values.ndim else 1, -1)
 
 
-def _error_energy(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+def error_energy(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Each sample's summed squared error; a non-finite one is infinite (the most sensitive layer)."""
     error = candidate - reference
     return np.where(np.isfinite(error).all(1), np.sum(np.nan_to_num(error) ** 2, 1), np.inf)

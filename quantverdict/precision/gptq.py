@@ -199,8 +199,9 @@ def _roundable(fp32: onnx.ModelProto) -> list[Inputs]:
     out = []
     for _, node, weight in _twins(fp32, fp32):
         shapes = _shapes(node, weight.shape)
-        if shapes is not None and shapes[0](weight).shape[-1] <= MAX_COLUMNS:
-            out.append(Inputs(node, weight.shape, shapes[2], shapes[0](weight).shape[-1]))
+        columns = None if shapes is None else shapes[0](weight).shape[-1]
+        if columns is not None and columns <= MAX_COLUMNS:
+            out.append(Inputs(node, weight.shape, shapes[2], columns))
     return out
 
 

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 UNFOLDED_VALUES = 1 << 25  # values of unfolded input held at once (256 MB in float64)
 MEASURED_BYTES = 1 << 30  # H kept over all (FP32 graph, calibration set) pairs; a graph's all measured at once if they fit
-_MEASURED: "OrderedDict[str, dict[tuple, tuple[np.ndarray, int]]]" = OrderedDict()
 Moments = tuple[np.ndarray, int]  # H ([groups, columns, columns]) and the input vectors summed into it, per group
+_MEASURED: "OrderedDict[str, dict[tuple, Moments]]" = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,11 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[Inputs], batches: Sequence[B
 
 
 def _second_moment_sums(model: bytes, layers: list[Inputs],
-                        batches: Sequence[Batch]) -> dict[tuple, tuple[np.ndarray, int]]:
+                        batches: Sequence[Batch]) -> dict[tuple, Moments]:
     """Σ x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, and their number, in
     one pass over ``batches``."""
     names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
-    sums: dict[tuple, tuple[np.ndarray, int]] = {}
+    sums: dict[tuple, Moments] = {}
     for batch_values in tensor_values(model, names, batches):
         values = dict(zip(names, batch_values))
         for layer in layers:
@@ -88,15 +88,14 @@ def _second_moment_sums(model: bytes, layers: list[Inputs],
     return sums
 
 
-def _second_moments(layer: Inputs, value: np.ndarray) -> tuple[np.ndarray, int]:
+def _second_moments(layer: Inputs, value: np.ndarray) -> Moments:
     """Σ x xᵀ over the layer's input column vectors, and their number, a few samples at a time: a
     Conv's unfolded patches are its kernel size times the size of its input."""
     taps = int(np.prod(layer.shape[2:])) if layer.node.op_type == "Conv" else 1
     step = max(1, UNFOLDED_VALUES // max(1, value[0].size * taps))
     total, vectors = np.zeros(()), 0
     for start in range(0, len(value), step):
-        columns = _columns(layer, value[start:start + step])
-        columns = columns.double()
+        columns = _columns(layer, value[start:start + step]).double()
         total = total + (columns.transpose(1, 2) @ columns).numpy()
         vectors += columns.shape[1]
     return total, vectors

@@ -207,16 +207,13 @@ class ArtifactStore:
                          {"model": model, "graph": path.name, "data": data})()
 
     def recipe_semantics(self, model: str, recipe: Recipe, data: Data = "evaluation") -> dict[str, np.ndarray]:
-        """``recipe``'s graph evaluated as written on ``data``, cached by what makes the graph, and the graph never
-        kept: for graphs made only to be evaluated once, a layer quantized alone for sensitivity and fallback (a
-        copy of the whole model per layer: MiniLM's recipe search kept 16 GB of them)."""
+        """``recipe``'s graph evaluated as written on ``data``, cached by what makes the graph, the graph not kept: a
+        layer quantized alone for sensitivity and fallback is a copy of the model (MiniLM's search kept 16 GB)."""
         graph = self.precision_graph(model, recipe)
         parts = [graph.key(), self.data_key(model, data), *self.onnxruntime_cpu_parts(*SEMANTICS_CODE)]
-
-        def evaluate() -> tuple[dict[str, np.ndarray], str]:
-            return unkept_semantics(graph.make(), self.batches(model, data)), ""
-
-        return self.cache.arrays("semantics", parts, evaluate, {"model": model, "recipe": recipe.params(), "data": data})[0]
+        return self.cache.arrays("semantics", parts,
+                                 lambda: (unkept_semantics(graph.make(), self.batches(model, data)), ""),
+                                 {"model": model, "recipe": recipe.params(), "data": data})[0]
 
     def fp32_outputs(self, model: str, data: Data = "evaluation") -> dict[str, np.ndarray]:
         """What a recipe is judged against on ``data``: the reference outputs on the evaluation set, the FP32
@@ -263,12 +260,17 @@ class ArtifactStore:
         recipe = get_recipe(precision).for_target(target)
         if not recipe.configurable:  # FP16, or a runtime's own layout (ONNX Runtime's CPU INT8)
             return recipe
-        searched = self.recipe_search(model, precision)
-        own = {k: v for k, v in self.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
-        settings = dict(searched.chosen) if searched else {**own, **self.recipe_settings.get(precision, {})}
+        settings = self.settings(model, precision)
         if self.calibrator is not None and recipe.calibrated:
             settings["calibration"] = self.calibrator.method
         return self.configured(model, recipe.configured(settings))
+
+    def settings(self, model: str, precision: str) -> dict[str, Any]:
+        """``precision``'s recipe settings: those the model's search chose (``recipe: auto``), else its own with this
+        run's (``--recipe-option``) over them (a search runs only where the run sets none)."""
+        searched = self.recipe_search(model, precision)
+        own = {k: v for k, v in self.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
+        return dict(searched.chosen) if searched else {**own, **self.recipe_settings.get(precision, {})}
 
     def recipe_search(self, model: str, precision: str) -> SearchResult | None:
         """The search that chose ``precision``'s settings where the model asks for one (``recipe: auto``) and this

@@ -95,9 +95,9 @@ def search_recipe(store: ArtifactStore, model: str, precision: str) -> SearchRes
         if len(whole[model]) < 2:
             return SearchResult({}, note="one calibration batch: nothing to hold out and judge candidates on, so "
                                          "the default recipe").to_dict()
-        parts = range(folds(whole[model]))
-        views = [HeldOutStore(store, fold, whole) for fold in parts]
-        held_out = [held_out_samples(whole[model], fold) for fold in parts]
+        numbers = range(folds(whole[model]))
+        views = [HeldOutStore(store, fold, whole) for fold in numbers]
+        held_out = [held_out_samples(whole[model], fold) for fold in numbers]
         return search(store, views, held_out, model, base, tolerance, auto).to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,

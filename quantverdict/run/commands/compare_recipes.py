@@ -26,14 +26,11 @@ def run(args: argparse.Namespace) -> int:
     """The harness's recipe (the model's settings, or those its recipe search chose), ONNX Runtime's quantize_static (INT8) and
     Model Optimizer's (where installed), plus ``--variant``s, on the same data."""
     from quantverdict.judge.recipe_comparison import compare_quantizers
-    from quantverdict.judge.recipe_search import AUTO_KEYS
     from quantverdict.precision.modelopt import modelopt_python
 
     pipeline = common.pipeline(args)
-    searched = pipeline.store.recipe_search(args.model, args.precision)  # recipe: auto, a manifest model's default
-    own = dict(searched.chosen) if searched else {k: v for k, v in pipeline.models.get(args.model).recipe.get(
-        args.precision, {}).items() if k not in AUTO_KEYS}
-    if searched:
+    own = pipeline.store.settings(args.model, args.precision)
+    if pipeline.store.recipe_search(args.model, args.precision):  # recipe: auto, a manifest model's default
         print(f"(harness: the settings recipe auto chose for {args.model}: {own or 'the defaults'})")
     variants: dict[str, dict[str, Any]] = {"harness": own}
     if args.precision == "int8":
