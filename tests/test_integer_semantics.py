@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from quantverdict.judge.integer import evaluate_exact
 from quantverdict.judge.semantics import EXACT, evaluate_semantics, evaluator
 from quantverdict.precision.describe import describe_quantization
-from quantverdict.precision.graph import quantized_layers
+from quantverdict.precision.coverage import quantized_layers
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 

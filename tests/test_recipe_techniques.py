@@ -253,7 +253,8 @@ def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(qv_pip
     which TensorRT does run depthwise (output channels divisible by 8, 3×3), quantizes them all."""
     import onnx as onnx_module
 
-    from quantverdict.precision.graph import int_attribute, quantized_layers
+    from quantverdict.precision.coverage import quantized_layers
+    from quantverdict.precision.graph import int_attribute
 
     store = qv_pipeline.store
     counts = {p: quantized_layers(onnx_module.load(str(store.precision_onnx("dwblock", store.recipe("dwblock", p, "emulated")))))

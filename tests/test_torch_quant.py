@@ -93,6 +93,7 @@ def test_a_case_that_would_run_most_layers_in_float_is_skipped_with_the_count(qv
     hopper = Capabilities(GPU("H100", (9, 0)), {"torch": "2"}, cpu=qv_pipeline.caps.cpu)
     result = Pipeline(qv_pipeline.cache.root, capabilities=hopper).run(Case("cnn", "int8", "torch_quant"))
     assert result.status == "skipped"
-    assert result.message == ("torch_quant runs 1 of 3 weighted layers of 'cnn' in INT8 (2 Conv2d in float): "
-                              "a verdict named INT8 would describe float layers")
+    assert result.message == ("torch_quant runs 1 of 3 weighted layers of 'cnn' in INT8 (80.3% of their weights); "
+                              "2 Conv2d in float (no kernel: torch_quant quantizes the nn.Linear layers called through "
+                              "their forward only): a verdict named INT8 would describe float layers")
     assert result.metrics["coverage"]["float_layers"] == sorted(result.metrics["coverage"]["float_layers"])

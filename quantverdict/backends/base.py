@@ -128,7 +128,7 @@ class Backend:
 
     def coverage(self, artifacts: Artifacts) -> dict[str, Any] | None:
         """Which weighted layers this backend runs in the quantized precision and which in float: the recipe
-        graph's (:func:`quantverdict.precision.graph.quantized_layers`) for a backend that runs it, its own
+        graph's (:func:`quantverdict.precision.coverage.layer_coverage`) for a backend that runs it, its own
         for a backend that chooses its layers; None for a precision that quantizes nothing."""
         return None if artifacts.coverage is None else artifacts.coverage()
 

@@ -169,22 +169,37 @@ def quantize_linears(module: Any, amax: dict[str, float], mode: str, out_dtype: 
 def module_coverage(module: Any) -> dict[str, Any]:
     """Which of ``module``'s weighted layers this backend runs quantized (its ``nn.Linear`` layers) and which
     stay FP32 (convolutions, and the input and output projections of ``nn.MultiheadAttention``, which
-    ``F.linear`` applies), in the shape of :func:`quantverdict.precision.graph.quantized_layers`, by module path."""
+    ``F.linear`` applies), with their weights, in the shape of
+    :func:`quantverdict.precision.coverage.layer_coverage`, by module path."""
+    from collections import Counter
+
     from torch import nn
 
     attention = {name for name, layer in module.named_modules() if isinstance(layer, nn.MultiheadAttention)}
-    quantized, left = [], []
+    quantized: dict[str, int] = {}
+    left: dict[str, tuple[str, int]] = {}  # name → (kind, weights)
     for name, layer in module.named_modules():
         if name.rpartition(".")[0] in attention:  # out_proj: counted with its attention layer
             continue
         if isinstance(layer, nn.MultiheadAttention):
-            left += [f"{name}.in_proj (MultiheadAttention)", f"{name}.out_proj (MultiheadAttention)"]
+            left[f"{name}.in_proj"] = ("MultiheadAttention", layer.in_proj_weight.numel()
+                                       if layer.in_proj_weight is not None else 3 * layer.embed_dim ** 2)
+            left[f"{name}.out_proj"] = ("MultiheadAttention", layer.out_proj.weight.numel())
         elif isinstance(layer, nn.Linear):
-            quantized.append(name)
+            quantized[name] = layer.weight.numel()
         elif isinstance(layer, nn.modules.conv._ConvNd):
-            left.append(f"{name} ({type(layer).__name__})")
+            left[name] = (type(layer).__name__, layer.weight.numel())
+    kinds: dict[str, list[int]] = {"Linear": [len(quantized), len(quantized)]} if quantized else {}
+    for kind, _ in left.values():
+        kinds.setdefault(kind, [0, 0])[1] += 1
+    reason = "no kernel: torch_quant quantizes the nn.Linear layers called through their forward only"
     return {"layers": len(quantized) + len(left), "quantized": len(quantized), "quantized_layers": sorted(quantized),
-            "float_layers": sorted(left)}
+            "float_layers": sorted(left), "kinds": dict(sorted(kinds.items())),
+            "parameters": {"quantized": sum(quantized.values()),
+                           "all": sum(quantized.values()) + sum(size for _, size in left.values()),
+                           "deliberately_float": 0},
+            "kept": {name: reason for name in sorted(left)}, "missed": {},
+            "float_kinds": dict(Counter(kind for kind, _ in left.values()).most_common())}
 
 
 class TorchQuantRunner(Runner):

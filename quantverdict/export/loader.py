@@ -3,7 +3,9 @@ that graph at the opset a recipe needs.
 
 - :class:`Fp32Graph`: the user's ONNX file (checked, and lowered to an IR version every runtime reads),
   or the torch module exported, keyed by the spec's build key where it has one (a warm run never builds
-  the module) and by the module's weights otherwise.
+  the module) and by the module's weights otherwise; either normalised (:class:`Normalised`).
+- :class:`Normalised`: a graph with its constant subgraphs folded into initializers
+  (:mod:`quantverdict.export.normalise`): weights where a recipe looks for them, whoever exported it.
 - :class:`AtOpset`: a graph converted up to an opset by onnx's version converter, or itself.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable
 from quantverdict.cache import Cache
 from quantverdict.capabilities import package_version
 from quantverdict.export.compat import at_opset, lowest_ir, opset_of, serialized
+from quantverdict.export.normalise import foldable, normalised
 from quantverdict.export.torchscript import export_built, export_onnx, load_onnx
 from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.models.spec import ModelSpec
@@ -27,6 +30,9 @@ class Fp32Graph:
     cache: Cache
 
     def __call__(self) -> Path:
+        return Normalised(self.exported, self.cache)()
+
+    def exported(self) -> Path:
         spec = self.spec
         if spec.onnx_path is not None:
             return readable(spec.onnx_path, self.cache)
@@ -37,13 +43,43 @@ class Fp32Graph:
 
 
 def readable(path: Path, cache: Cache) -> Path:
-    """A user's ONNX file, checked (a missing or corrupt one is named), or a cached copy of it at the lowest IR
-    version that holds it where its own is higher (:mod:`quantverdict.export.compat`)."""
-    graph = load_onnx(path)
-    if graph.ir_version <= lowest_ir(graph):
+    """A user's ONNX file, checked (a missing or corrupt one is named), or a cached copy of it in one file (its
+    external data inside, so that its key covers its weights) at the lowest IR version that holds it, where its
+    weights lie in other files or its IR version is higher (:mod:`quantverdict.export.compat`)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    header = onnx.load(str(path), load_external_data=False)
+    data = sorted({entry.value for init in header.graph.initializer if uses_external_data(init)
+                   for entry in init.external_data if entry.key == "location"})
+    if not data and header.ir_version <= lowest_ir(header):
+        load_onnx(path)  # checked
         return path
-    key = content_hash("readable", file_sha256(path), source_fingerprint("quantverdict.export"))
-    return cache.get_or_create("readable", key, ".onnx", lambda: serialized(graph), {"file": str(path)})
+    key = content_hash("readable", file_sha256(path), [file_sha256(path.parent / name) for name in data
+                                                       if (path.parent / name).is_file()],
+                       source_fingerprint("quantverdict.export"))
+    return cache.get_or_create("readable", key, ".onnx", lambda: serialized(load_onnx(path)), {"file": str(path)})
+
+
+@dataclass(frozen=True)
+class Normalised:
+    """``graph`` with its constant subgraphs folded into initializers, cached by the graph's bytes, the folding
+    code and what evaluates the constants (ONNX Runtime, onnx-graphsurgeon); a graph with nothing to fold (most
+    torch exports) is itself, so its bytes stay as exported."""
+
+    graph: Callable[[], Path]
+    cache: Cache
+
+    def __call__(self) -> Path:
+        import onnx
+
+        path = self.graph()
+        key = content_hash("normalised", file_sha256(path), package_version("onnx_graphsurgeon"),
+                           package_version("onnxruntime"), source_fingerprint("quantverdict.export"))
+        if not self.cache.json("foldable", [key], lambda: foldable(onnx.load(str(path))), {"graph": path.name}):
+            return path
+        return self.cache.get_or_create("normalised", key, ".onnx",
+                                        lambda: serialized(normalised(onnx.load(str(path)))), {"graph": path.name})
 
 
 @dataclass(frozen=True)

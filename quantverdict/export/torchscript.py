@@ -26,7 +26,7 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     if not path.is_file():
         raise ModelFileError(f"ONNX file not found: {path}")
     try:
-        model = onnx.load_from_string(path.read_bytes())
+        model = onnx.load(str(path))  # with its external data, read from beside it
         onnx.checker.check_model(model)
     except Exception as exc:  # protobuf DecodeError, ValidationError, …
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx.reference.op_run import OpRun
 
-from quantverdict.precision.graph import INTEGER_LAYERS
+from quantverdict.precision.coverage import INTEGER_LAYERS
 
 INTEGER_OPS = (*INTEGER_LAYERS, "DynamicQuantizeLinear")
 REFERENCE_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")

@@ -14,7 +14,7 @@ from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
-from quantverdict.precision.graph import quantized_layers
+from quantverdict.precision.coverage import quantized_layers
 
 
 @dataclass

@@ -37,6 +37,17 @@ class Recipe:
     def tensors_to_calibrate(self, model: onnx.ModelProto) -> list[str]:
         return []
 
+    def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
+        """Why each weighted layer of the FP32 graph ``source`` that this recipe leaves in float is left so, by node
+        name, each reason led by its kind (:data:`quantverdict.precision.coverage.REASONS`): "no kernel: …",
+        "excluded: …". A float layer with no reason is one the recipe missed, and no verdict passes it."""
+        return {}
+
+    def rewritten_layers(self, source: onnx.ModelProto) -> set[str]:
+        """The layers of ``source`` this recipe quantizes by rounding their weights in place, which no
+        DequantizeLinear marks in its graph (FP4's simulation); most recipes mark theirs."""
+        return set()
+
     @property
     def ranges_describe_it(self) -> bool:
         """Whether the FP32 graph plus the calibrated ranges say everything this recipe does (so a runtime

@@ -18,6 +18,7 @@ from onnx import numpy_helper
 from quantverdict.errors import CalibrationError, UnsupportedError
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.graph import int_attribute
+from quantverdict.precision.coverage import layers
 from quantverdict.precision.placement import WEIGHTED_OPS
 
 BLOCK = 16
@@ -98,6 +99,17 @@ class NVFP4Weights(Recipe):
         from quantverdict.precision.gptq import round_fake_quantized
 
         return round_fake_quantized(self.apply(model), model, batches, _block_scales, round_e2m1)
+
+    def rewritten_layers(self, source: onnx.ModelProto) -> set[str]:
+        """The layers whose weights :meth:`apply_impl` rounds to FP4 in place."""
+        weights = {init.name for init in source.graph.initializer}
+        return {node.name for node in source.graph.node
+                if node.op_type in WEIGHTED_OPS and len(node.input) > 1 and node.input[1] in weights}
+
+    def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
+        rewritten = self.rewritten_layers(source)
+        return {layer.name: f"no kernel: FP4 is simulated on the weights of {', '.join(WEIGHTED_OPS)} only"
+                for layer in layers(source) if layer.name not in rewritten and layer.kind not in WEIGHTED_OPS}
 
     def for_target(self, target: str) -> Recipe:
         if target == "native":  # a TensorRT engine from this graph would be FP32 posing as FP4

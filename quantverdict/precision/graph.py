@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from typing import Iterable
 
 import onnx
 from onnx import TensorProto
 
-
-WEIGHTED = ("Conv", "Gemm", "MatMul", "ConvTranspose")
-INTEGER_LAYERS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv")
 
 
 def float_tensors(model: onnx.ModelProto) -> set[str]:
@@ -69,17 +66,3 @@ def topological_sort(graph: onnx.GraphProto) -> None:
     nodes = [graph.node[i] for i in order]
     del graph.node[:]
     graph.node.extend(nodes)
-
-
-def quantized_layers(model: onnx.ModelProto, ops: Iterable[str] = WEIGHTED) -> dict[str, Any]:
-    """How many weighted layers there are and how many take a dequantized weight or are integer operators
-    (``MatMulInteger``, ``QLinearConv``…), and which (by node name) do and do not: a layer left in float by
-    mistake shows here even when it costs no accuracy, and by name even when another layer took its place (a
-    fallback that chose differently); the names also compare one quantizer's placement with another's."""
-    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
-    weighted = [node for node in model.graph.node if node.op_type in set(ops) and len(node.input) > 1]
-    integer = [node for node in model.graph.node if node.op_type in INTEGER_LAYERS]
-    quantized = sorted([node.name for node in weighted if node.input[1] in dequantized]
-                       + [node.name for node in integer])
-    return {"layers": len(weighted) + len(integer), "quantized": len(quantized), "quantized_layers": quantized,
-            "float_layers": sorted(node.name for node in weighted if node.input[1] not in dequantized)}

@@ -25,6 +25,7 @@ import onnx
 from quantverdict.errors import HarnessError
 from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
+from quantverdict.precision.coverage import left_by
 
 ENVIRONMENT = "QUANTVERDICT_MODELOPT_PYTHON"
 
@@ -47,6 +48,9 @@ class ModelOptimizerQDQ(Recipe):
     def params(self) -> dict[str, Any]:
         return {**super().params(), "quantizer": "nvidia-modelopt", "calibration_method": self.method,
                 "high_precision_dtype": "fp32", "modelopt": _version(modelopt_python())}
+
+    def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
+        return left_by(source, "NVIDIA Model Optimizer's placement")
 
     def apply_batches(self, model: onnx.ModelProto, batches: Sequence[Batch]) -> onnx.ModelProto:
         python = modelopt_python()

@@ -20,6 +20,7 @@ import onnx
 
 from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
+from quantverdict.precision.coverage import left_by
 
 TARGET = "onnxruntime-cpu"
 
@@ -34,6 +35,9 @@ class OrtCpuInt8(Recipe):
 
         return {**super().params(), "layout": "QDQ node units", "activations": "uint8 asymmetric (MinMax)",
                 "weights": "int8 symmetric per channel", "quantizer": f"onnxruntime {package_version('onnxruntime')}"}
+
+    def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
+        return left_by(source, "ONNX Runtime's quantize_static")
 
     def apply_batches(self, model: onnx.ModelProto, batches: Sequence[Batch]) -> onnx.ModelProto:
         """``model`` quantized by ONNX Runtime's ``quantize_static`` over ``batches``."""

@@ -3,17 +3,20 @@ TensorRT fuses into a convolution's epilogue (Model Optimizer's placement), the 
 a quantized kernel for, each activation's readers, and each weight's output-channel axis."""
 from __future__ import annotations
 
+import fnmatch
 from typing import Mapping
 
 import numpy as np
 import onnx
 
+from quantverdict.precision.coverage import RECURRENT, layers
 from quantverdict.precision.graph import initializer_names, int_attribute
 from quantverdict.precision.grids import INT8, QuantFormat
 
 # op type → indices of inputs that are quantized (activations, or weights when initializers)
-QUANTIZED_INPUTS = {"Conv": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
-WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
+QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
+WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")  # what the weight-rounding techniques (GPTQ, FP4, formats) know
+QDQ_OPS = (*WEIGHTED_OPS, "ConvTranspose")  # what the Q/DQ recipes quantize
 # What TensorRT fuses into a convolution's epilogue (Model Optimizer's fusible paths: bias, scale,
 # batch norm, ReLU, SiLU's Sigmoid and Mul, max pooling), walked back from an Add's input.
 EPILOGUE_OPS = {"Add", "Mul", "BatchNormalization", "Relu", "Sigmoid", "MaxPool"}
@@ -25,11 +28,28 @@ def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt:
     quantized: input and output channels ≥ 16, except, in INT8, dense square kernels with a channel
     count divisible by 8 (at the graph input or with one side ≥ 16) and grouped ones with output
     channels divisible by 8 and kernels ≥ 3; in FP8, filters of at most 32 taps (so FP8 leaves
-    depthwise convolutions in high precision). A weight that is not a constant is not quantized."""
+    depthwise convolutions in high precision). A weight that is not a constant is not quantized. A transposed
+    convolution's weight is [in, out/group, kernel…]."""
+    return no_kernel_for_conv(node, weight, fmt, first) is None
+
+
+def no_kernel_for_conv(node: onnx.NodeProto, weight: list[int] | None, fmt: QuantFormat, first: bool) -> str | None:
+    """Why TensorRT has no quantized kernel for this convolution in ``fmt`` (:func:`tensorrt_quantizes_conv`), or
+    None where it has one."""
     if weight is None or len(weight) < 3:
-        return False
-    out_channels, in_channels, kernel = weight[0], weight[1], weight[2:]
+        return "its weight is not a constant"
     group = int_attribute(node, "group", 1)
+    out_channels, in_channels, kernel = weight[0], weight[1], weight[2:]
+    if node.op_type == "ConvTranspose":
+        out_channels, in_channels = weight[1] * group, weight[0] // group
+    shape = f"{out_channels} output channels, {in_channels} input channels per group, kernel {'×'.join(map(str, kernel))}"
+    if not _tensorrt_kernel(out_channels, in_channels, kernel, group, fmt, first):
+        return f"TensorRT has no {fmt.name.upper()} kernel for a convolution of {shape}"
+    return None
+
+
+def _tensorrt_kernel(out_channels: int, in_channels: int, kernel: list[int], group: int, fmt: QuantFormat,
+                     first: bool) -> bool:
     if out_channels < 16 or in_channels < 16:
         if fmt is not INT8:
             return False
@@ -38,6 +58,40 @@ def tensorrt_quantizes_conv(node: onnx.NodeProto, weight: list[int] | None, fmt:
                 (first or out_channels >= 16 or in_channels >= 16)
         return out_channels % 8 == 0 and min(kernel) >= 3
     return fmt is INT8 or int(np.prod(kernel)) <= 32
+
+
+def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, exclude: tuple[str, ...],
+                  fallback: tuple[str, ...], only: tuple[str, ...] | None, tensorrt_kernels: bool) -> dict[str, str]:
+    """Why each weighted layer of ``source`` that a Q/DQ recipe does not quantize (not in ``planned``) is left in
+    float: a pattern the user excluded, fallback, layers analysed alone (``only``), and kinds or shapes no
+    runtime has a kernel for in ``fmt``. A layer of a kind the recipe quantizes whose weight is no constant
+    gets no reason: it is missed, and a verdict says so."""
+    nodes = {node.name: node for node in source.graph.node}
+    weights = {init.name: list(init.dims) for init in source.graph.initializer}
+    graph_inputs = {value.name for value in source.graph.input}
+    name = fmt.name.upper()
+    reasons = {}
+    for layer in layers(source):
+        node = nodes[layer.name]
+        pattern = next((p for p in exclude if fnmatch.fnmatchcase(node.name, p)), None)
+        if layer.name in planned or layer.quantized:
+            continue
+        if pattern is not None:
+            reasons[layer.name] = f"excluded: matches {pattern!r}"
+        elif layer.name in fallback:
+            reasons[layer.name] = "fallback: among the layers that cost the output most on the calibration set"
+        elif only is not None:
+            reasons[layer.name] = "excluded: not among the layers analysed (only)"
+        elif layer.kind in RECURRENT:
+            reasons[layer.name] = (f"no kernel: TensorRT and ONNX Runtime run {layer.kind} in float (no {name} "
+                                   "recurrent kernel takes Q/DQ on its weights)")
+        elif layer.kind in ("Einsum", "Attention"):
+            reasons[layer.name] = f"no kernel: no {name} {layer.kind} kernel in TensorRT or ONNX Runtime"
+        elif layer.kind in ("Conv", "ConvTranspose") and tensorrt_kernels and weights.get(node.input[1]):
+            why = no_kernel_for_conv(node, weights[node.input[1]], fmt, node.input[0] in graph_inputs)
+            if why:
+                reasons[layer.name] = f"no kernel: {why}"
+    return reasons
 
 
 def activation_readers(plan: list[tuple[onnx.NodeProto, tuple[int, ...]]],
@@ -121,6 +175,8 @@ def weight_axis(node: onnx.NodeProto, rank: int) -> int | None:
     """Output-channel axis of a weight, or None for per-tensor."""
     if node.op_type == "Conv":
         return 0
+    if node.op_type == "ConvTranspose":  # [in, out/group, …]: per output channel only where there is one group
+        return 1 if int_attribute(node, "group", 1) == 1 else None
     if node.op_type == "Gemm":
         return 0 if int_attribute(node, "transB", 0) else 1
     return 1 if rank == 2 else None  # MatMul: [in, out]

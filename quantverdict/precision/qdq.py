@@ -31,8 +31,8 @@ from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
-from quantverdict.precision.placement import (QUANTIZED_INPUTS, WEIGHTED_OPS, activation_readers, residual_inputs,
-                                              tensorrt_quantizes_conv, weight_axis)
+from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
+                                              residual_inputs, tensorrt_quantizes_conv, weight_axis)
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
@@ -58,7 +58,7 @@ class QDQOptions:
     """Which layers a Q/DQ recipe quantizes, and how it calibrates them."""
 
     calibrator: Calibrator = Calibrator()
-    ops: tuple[str, ...] = WEIGHTED_OPS
+    ops: tuple[str, ...] = QDQ_OPS
     residual_add: bool = True
     exclude: tuple[str, ...] = ()
     only: tuple[str, ...] | None = None
@@ -161,7 +161,7 @@ class QDQ(Recipe):
                 inputs: tuple[int, ...] = (residual[node.output[0]],)
             elif node.op_type in self.options.ops:
                 inputs = QUANTIZED_INPUTS[node.op_type]
-                if node.op_type == "Conv" and self.options.tensorrt_kernels and not tensorrt_quantizes_conv(
+                if node.op_type in ("Conv", "ConvTranspose") and self.options.tensorrt_kernels and not tensorrt_quantizes_conv(
                         node, weights.get(node.input[1]), self.fmt, node.input[0] in graph_inputs):
                     continue
             else:
@@ -174,6 +174,12 @@ class QDQ(Recipe):
                 continue
             chosen.append((node, inputs))
         return chosen
+
+    def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
+        """Each weighted layer this recipe leaves in float, and why (:func:`placement.float_reasons`)."""
+        opts = self.options
+        return float_reasons(source, {node.name for node in self.quantized_nodes(source)}, self.fmt, opts.exclude,
+                             opts.fallback_layers or (), opts.only, opts.tensorrt_kernels)
 
     def for_target(self, target: str) -> Recipe:
         """INT8 for ONNX Runtime's CPU kernels (the speed lane) is ONNX Runtime's own layout."""
@@ -227,7 +233,7 @@ class QDQ(Recipe):
             new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], at)
         quantized_weights: dict[str, str] = {}
         for node, _ in plan:
-            if node.op_type not in WEIGHTED_OPS:
+            if node.op_type not in QDQ_OPS:
                 continue
             name = node.input[1]
             if name in weights and name not in quantized_weights:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from quantverdict.backends import Artifacts, Backend, infer_all
 from quantverdict.backends.loader import RuntimeOutputs
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, detect, package_version
-from quantverdict.export.loader import AtOpset, Fp32Graph, readable
+from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
 from quantverdict.judge.recipe_search import AUTO_KEYS, SearchResult, auto_settings
@@ -35,31 +34,16 @@ from quantverdict.models.spec import Batch
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.describe import describe_quantization
-from quantverdict.precision.graph import quantized_layers
+from quantverdict.precision.coverage import recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
 from quantverdict.precision.qdq import QDQ
 from quantverdict.registry import Registry
+from quantverdict.run.memo import Memo
 
 if TYPE_CHECKING:
     import torch
 
 MEMO_SIZE = 4  # torch modules and reference outputs kept per process (ResNet-101 is large)
-
-
-class _Memo:
-    """A small least-recently-used table: ``get(key, make)`` calls ``make`` on a miss only."""
-
-    def __init__(self, size: int | None = None):
-        self.size, self.items = size, OrderedDict[Hashable, Any]()
-
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key]
-        value = self.items[key] = make()
-        if self.size is not None and len(self.items) > self.size:
-            self.items.popitem(last=False)
-        return value
 
 
 Searcher = Callable[["ArtifactStore", str, str], "SearchResult | None"]  # (store, model, precision)
@@ -75,9 +59,9 @@ class ArtifactStore:
         self.search = search  # chooses a model's recipe where it asks for one (recipe: auto); None: never
         self.recipe_settings = recipe_settings or {}  # precision → settings over the models' own
         self.tolerances, self.caps = tolerances, caps or detect()
-        self._modules, self._references, self._fp32 = _Memo(MEMO_SIZE), _Memo(MEMO_SIZE), _Memo()
-        self._semantics, self._coverage, self._batch_keys, self._precision = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
-        self._evaluations, self._fallbacks, self._undecided, self._searches = _Memo(MEMO_SIZE), _Memo(), _Memo(), _Memo()
+        self._modules, self._references, self._fp32 = Memo(MEMO_SIZE), Memo(MEMO_SIZE), Memo()
+        self._semantics, self._coverage, self._batch_keys, self._precision = Memo(MEMO_SIZE), Memo(), Memo(), Memo()
+        self._evaluations, self._fallbacks, self._undecided, self._searches = Memo(MEMO_SIZE), Memo(), Memo(), Memo()
 
     # planting hooks: a store whose artifacts carry a defect overrides these (quantverdict.run.mutate)
     def planted(self, stage: str, path: Path, precision: str | None = None) -> Path:
@@ -115,7 +99,8 @@ class ArtifactStore:
         """The recipe's graph, or the user's own quantized graph where the spec names one for this precision."""
         user_graph = self.spec(model).quantized.get(recipe.name)
         if user_graph is not None:
-            return self.planted("precision", readable(user_graph, self.cache), recipe.name)
+            graph = Normalised(functools.partial(readable, user_graph, self.cache), self.cache)
+            return self.planted("precision", graph(), recipe.name)
         key = (model, json.dumps(recipe.params(), sort_keys=True, default=str))
         return self._precision.get(key, lambda: self.planted("precision", self.precision_graph(model, recipe)(),
                                                              recipe.name))
@@ -223,19 +208,23 @@ class ArtifactStore:
         return self.graph_semantics(model, self.fp32_onnx(model), data)
 
     def coverage(self, model: str, recipe: Recipe) -> dict[str, Any]:
-        """Which of ``recipe``'s graph's weighted layers are quantized (:func:`quantized_layers`), how the graph is
-        quantized (:func:`describe_quantization`) and what evaluates its semantics."""
+        """Which of ``recipe``'s graph's weighted layers run quantized, and why each float one is float
+        (:func:`layer_coverage`, the reasons from the recipe on its FP32 source, or "supplied" for a user's own
+        graph), how the graph is quantized (:func:`describe_quantization`) and what evaluates its semantics."""
         import onnx
 
         path = self.precision_onnx(model, recipe)
+        supplied = recipe.name in self.spec(model).quantized
 
         def read() -> dict[str, Any]:
             graph = onnx.load(str(path))
-            return {**quantized_layers(graph), "graph": describe_quantization(graph),
+            source = None if supplied else onnx.load(str(self.recipe_source(model, recipe)))
+            return {**recipe_coverage(graph, recipe, source), "graph": describe_quantization(graph),
                     "evaluator": semantics_evaluator(graph)}
 
-        return self._coverage.get(path, lambda: self.cache.json("coverage", [file_sha256(path), source_fingerprint(
-            "quantverdict.precision.graph", "quantverdict.precision.describe", *SEMANTICS_CODE)], read,
+        return self._coverage.get(path, lambda: self.cache.json("coverage", [
+            file_sha256(path), supplied, recipe.params(),
+            source_fingerprint("quantverdict.precision", *SEMANTICS_CODE)], read,
             {"model": model, "precision": recipe.name}))
 
     def onnxruntime_cpu_parts(self, *code: str) -> list[Any]:

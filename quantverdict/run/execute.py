@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +21,7 @@ from quantverdict.capabilities import Capabilities
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
 from quantverdict.hashing import file_sha256
+from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.judge.compare import Comparison, compare, judge_task_metrics, task_accuracy
 from quantverdict.judge.diagnose import first_divergence, first_overflow
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
@@ -34,16 +34,6 @@ from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 
-
-
-def left_in_float(case: Case, coverage: dict[str, Any]) -> str:
-    """Why a backend that chooses its own layers is not judged: most of the layers would run in float, and a
-    verdict under the precision's name would describe them."""
-    kinds = Counter(name.rpartition(" (")[2].rstrip(")") for name in coverage["float_layers"])
-    left = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
-    return (f"{case.backend} runs {coverage['quantized']} of {coverage['layers']} weighted layers of "
-            f"{case.model!r} in {case.precision.upper()} ({left} in float): a verdict named "
-            f"{case.precision.upper()} would describe float layers")
 
 
 class CaseExecutor:
@@ -82,10 +72,15 @@ class CaseExecutor:
         artifacts = store.for_case(case.model, case.precision, case.backend)
         backend = self.backend(case.backend)
         coverage = backend.coverage(artifacts)
-        if coverage is not None:
-            coverage = {key: coverage[key] for key in ("layers", "quantized", "quantized_layers", "float_layers")}
-            if not backend.runs_recipe_graph and 2 * coverage["quantized"] < coverage["layers"]:
-                return CaseResult(case, "skipped", left_in_float(case, coverage), {"coverage": coverage})
+        if coverage is not None:  # what ran in the precision decides whether a verdict can bear its name
+            coverage = {key: value for key, value in coverage.items() if key not in ("graph", "evaluator")}
+            who = case.backend if not backend.runs_recipe_graph else \
+                "the graph you supplied" if case.precision in spec.quantized else "the recipe"
+            problem = coverage_verdict(coverage, case.precision, case.model, who)
+            if problem is not None:
+                status, why = problem
+                return CaseResult(case, status, why if status == "skipped" else f"{case.id}: {why}",
+                                  {"coverage": coverage})
         start = time.perf_counter()
         reference = store.reference(case.model)
         timings["reference_s"] = time.perf_counter() - start

@@ -1,0 +1,74 @@
+"""Every graph in one form before any recipe reads it, whoever exported it.
+
+Converters other than torch's write each weight as a ``Constant`` node and no initializers (opset 11/12,
+IR 7/8), store weights in FP16 behind a ``Cast``, or behind a ``Transpose``/``Reshape``: a recipe that looks
+for weights among the initializers sees none of them and quantizes nothing, and a verdict named INT8 then
+describes a float graph. onnx-graphsurgeon's constant folding (what Polygraphy's ``surgeon sanitize
+--fold-constants`` runs) evaluates every node that depends on constants alone, with ONNX Runtime, and
+writes the results as initializers: the same function, every weight where a recipe looks for it.
+
+Every node gets a name of its own (converters leave them empty or repeat them): recipes keep layers in float
+by name, and a verdict names the layers that ran in float.
+
+Quantizing nodes are never folded: a user's ``DequantizeLinear`` of a stored INT8 weight folded into a float
+initializer would be a float graph that looks quantized to nobody.
+"""
+from __future__ import annotations
+
+import onnx
+
+# what folding must leave alone: the nodes that say a tensor is quantized
+KEEP = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+def normalised(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every constant subgraph folded into initializers, checked."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    graph = gs.import_onnx(model)
+    previous, G_LOGGER.severity = G_LOGGER.severity, G_LOGGER.ERROR  # its per-node notes are not the user's
+    try:
+        graph.fold_constants(should_exclude_node=lambda node: node.op in KEEP).cleanup().toposort()
+    finally:
+        G_LOGGER.severity = previous
+    folded = gs.export_onnx(graph, do_type_check=False)
+    _name_nodes(folded.graph)
+    folded.ir_version = model.ir_version
+    folded.producer_name, folded.producer_version = model.producer_name, model.producer_version
+    del folded.metadata_props[:]
+    folded.metadata_props.extend(model.metadata_props)
+    onnx.checker.check_model(folded)
+    return folded
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every unnamed node, and every node whose name an earlier one took, a name no other node has."""
+    taken = {node.name for node in graph.node if node.name}
+    seen: set[str] = set()
+    for index, node in enumerate(graph.node):
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        base = node.name or f"{node.op_type}_{index}"
+        name, suffix = base, 1
+        while name in taken or name in seen:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        node.name = name
+        seen.add(name)
+
+
+def foldable(model: onnx.ModelProto) -> bool:
+    """Whether normalising changes ``model``: a node is a ``Constant``, reads constants only, or has no name of
+    its own."""
+    names = [node.name for node in model.graph.node]
+    if not all(names) or len(set(names)) != len(names):
+        return True
+    constant = {init.name for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            return True
+        inputs = [name for name in node.input if name]
+        if inputs and node.op_type not in KEEP and all(name in constant for name in inputs):
+            return True
+    return False

@@ -1,0 +1,180 @@
+"""Verdicts on graphs as other exporters write them: weights as ``Constant`` nodes, FP16 weights behind ``Cast``,
+weights behind ``Transpose``, older opsets, unnamed nodes, external data, recurrent layers, ``Einsum``. Every
+graph is normalised before any recipe (constants folded into initializers, the function unchanged), and no
+precision case passes with fewer layers in its precision than the recipe promises."""
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from exporters import save_external, torch_export, weights_as_constants
+from quantverdict.export.normalise import normalised
+from quantverdict.run.cases import Case
+from quantverdict.run.pipeline import Pipeline
+
+REWRITES = {"constants": {}, "fp16-cast": {"fp16_behind_cast": True}, "transposed": {"transposed_matrices": True},
+            "unnamed": {"unnamed": True}}
+
+
+def _outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _manifest(folder: Path, name: str, graph: Path, inputs: str, outputs: list[str], task: str = "regression") -> Path:
+    (folder / f"{name}.yaml").write_text(textwrap.dedent(f"""\
+        models:
+          - name: {name}
+            onnx: {graph}
+            inputs: {inputs}
+            outputs: {outputs}
+            task: {task}
+            calibration: synthetic
+            recipe: {{int8: {{calibration: max}}, fp8: {{calibration: max}}}}
+        """))
+    return folder / f"{name}.yaml"
+
+
+@pytest.fixture(scope="module")
+def cnn_graphs(tmp_path_factory, request) -> dict[str, Path]:
+    """The built-in CNN exported by torch at opset 11 (with initializers), and rewritten as other converters
+    write it."""
+    import torch
+
+    pipeline = request.getfixturevalue("qv_pipeline")
+    folder = tmp_path_factory.mktemp("corpus")
+    model = torch_export(pipeline.store.module("cnn"), (torch.zeros(4, 3, 32, 32),), ["image"], ["scores/logits.0"], 11)
+    graphs = {"initializers": folder / "initializers.onnx"}
+    onnx.save(model, str(graphs["initializers"]))
+    for label, rewrite in REWRITES.items():
+        graphs[label] = folder / f"{label}.onnx"
+        onnx.save(weights_as_constants(model, **rewrite), str(graphs[label]))
+    graphs["external"] = save_external(model, folder / "external.onnx")
+    return graphs
+
+
+@pytest.mark.parametrize("label", [*REWRITES, "external"])
+def test_normalising_keeps_the_function_and_puts_every_weight_in_an_initializer(cnn_graphs, label):
+    model = onnx.load(str(cnn_graphs[label]))
+    folded = normalised(model)
+    assert not [node for node in folded.graph.node if node.op_type in ("Constant", "Cast", "Transpose")]
+    assert all(node.name for node in folded.graph.node) and len({n.name for n in folded.graph.node}) == len(
+        folded.graph.node)
+    conv_weights = {node.input[1] for node in folded.graph.node if node.op_type in ("Conv", "Gemm")}
+    assert conv_weights <= {init.name for init in folded.graph.initializer}
+    feeds = {"image": np.random.default_rng(0).uniform(-1, 1, (4, 3, 32, 32)).astype(np.float32)}
+    before, after = _outputs(model, feeds)[0], _outputs(folded, feeds)[0]
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5 * float(np.abs(before).max()))
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("label", [*REWRITES, "external"])
+def test_constant_node_weights_are_quantized_as_fully_as_initializers(qv_pipeline, cnn_graphs, tmp_path, label):
+    """The same network, its weights where another converter puts them: the same layers quantized, the same
+    recipe verdict (its Q/DQ semantics equal to float noise), coverage in the record."""
+    inputs = "[{name: image, shape: [4, 3, 32, 32]}]"
+    results, semantics = {}, {}
+    for which in ("initializers", label):
+        pipeline = Pipeline(qv_pipeline.cache.root, manifest=_manifest(tmp_path, f"cnn-{which}", cnn_graphs[which],
+                                                                       inputs, ["scores/logits.0"]))
+        results[which] = pipeline.run(Case(f"cnn-{which}", "int8", "onnxruntime"))
+        semantics[which] = pipeline.store.semantics(f"cnn-{which}", "int8")["scores/logits.0"]
+    reference, rewritten = results["initializers"], results[label]
+    cover, other = reference.metrics["coverage"], rewritten.metrics["coverage"]
+    assert cover["layers"] == cover["quantized"] == 3 and other["quantized"] == other["layers"] == 3
+    assert rewritten.status == reference.status == "passed", rewritten.message
+    if label != "fp16-cast":  # FP16 weights are other weights: the same recipe, another function
+        np.testing.assert_allclose(semantics[label], semantics["initializers"], rtol=1e-4,
+                                   atol=1e-4 * float(np.abs(semantics["initializers"]).max()))
+
+
+class _Recurrent:
+    """A sequence embedder: recurrent layers (almost all of its weights) and one Linear."""
+
+    @staticmethod
+    def make(kind: str):
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                layer = getattr(torch.nn, kind)
+                self.rnn = layer(16, 32, num_layers=2, batch_first=True, bidirectional=True)
+                self.head = torch.nn.Linear(64, 8)
+
+            def forward(self, x):
+                return self.head(self.rnn(x)[0][:, -1])
+
+        torch.manual_seed(0)
+        return Net()
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_recurrent_layers_are_counted_and_an_int8_verdict_is_not_given_for_them(qv_pipeline, tmp_path, kind):
+    """torch exports a 2-layer bidirectional LSTM/GRU as two ``LSTM``/``GRU`` nodes: counted, reported in float with
+    the reason, and the INT8 case is skipped (most of its weights would run in float), never passed."""
+    import torch
+
+    path = tmp_path / f"{kind}.onnx"
+    onnx.save(torch_export(_Recurrent.make(kind), (torch.zeros(2, 5, 16),), ["tokens"], ["embedding"], 17), str(path))
+    manifest = _manifest(tmp_path, "seq", path, "[{name: tokens, shape: [2, 5, 16]}]", ["embedding"])
+    result = Pipeline(qv_pipeline.cache.root, manifest=manifest).run(Case("seq", "int8", "onnxruntime"))
+    coverage = result.metrics["coverage"]
+    assert coverage["kinds"] == {kind: [0, 2], "Gemm": [1, 1]}
+    assert result.status == "skipped", result.message
+    assert f"runs 1 of 3 weighted layers of 'seq' in INT8" in result.message and f"2 {kind} in float" in result.message
+    assert all(reason.startswith("no kernel:") for reason in coverage["kept"].values())
+
+
+def _projection(opset: int) -> onnx.ModelProto:
+    """A projection written as ``Einsum`` (an attention exporter's habit), then a ``MatMul`` by a matrix that arrives
+    as a graph input: unnamed nodes, an unnamed dynamic dimension, an output name with ``/`` and ``.``."""
+    weight = numpy_helper.from_array(np.random.default_rng(1).normal(0, 0.2, (8, 8)).astype(np.float32), "w")
+    nodes = [helper.make_node("Einsum", ["x", "w"], ["h"], equation="bij,jk->bik"),
+             helper.make_node("MatMul", ["h", "v"], ["out/y.0"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4, 8]),
+                                           helper.make_tensor_value_info("v", TensorProto.FLOAT, [8, 8])],
+                              [helper.make_tensor_value_info("out/y.0", TensorProto.FLOAT, [None, 4, 8])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.mark.int8
+def test_an_einsum_projection_is_counted_and_kept_in_float_with_its_reason(qv_pipeline, tmp_path):
+    path = tmp_path / "einsum.onnx"
+    onnx.save(_projection(13), str(path))
+    manifest = _manifest(tmp_path, "proj", path, "[{name: x, shape: [2, 4, 8]}, {name: v, shape: [8, 8]}]",
+                         ["out/y.0"])
+    pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest)
+    coverage = pipeline.store.coverage("proj", pipeline.store.recipe("proj", "int8", "emulated"))
+    assert coverage["kinds"] == {"Einsum": [0, 1], "MatMul": [1, 1]}
+    assert list(coverage["kept"].values()) == ["no kernel: no INT8 Einsum kernel in TensorRT or ONNX Runtime"]
+    result = pipeline.run(Case("proj", "int8", "onnxruntime"))  # all of its weights are the Einsum's
+    assert result.status == "skipped" and "1 Einsum in float" in result.message, result.message
+
+
+@pytest.mark.int8
+def test_a_layer_whose_weight_the_recipe_cannot_see_fails_the_case_naming_it(qv_pipeline, tmp_path):
+    """A convolution whose filter arrives at run time (a graph input): the recipe does not quantize it and gives no
+    reason, so the INT8 case fails with the count and the kind, whatever its outputs say."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("Conv", ["x", "k"], ["y"], name="dynamic_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["y", "w"], ["z"], name="static_conv")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16, 8, 8]),
+                                           helper.make_tensor_value_info("k", TensorProto.FLOAT, [16, 16, 3, 3])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 16, 8, 8])],
+                              [numpy_helper.from_array(rng.normal(0, 0.1, (16, 16, 1, 1)).astype(np.float32), "w")])
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    manifest = _manifest(tmp_path, "dyn", path, "[{name: x, shape: [2, 16, 8, 8]}, {name: k, shape: [16, 16, 3, 3]}]",
+                         ["z"])
+    result = Pipeline(qv_pipeline.cache.root, manifest=manifest).run(Case("dyn", "int8", "onnxruntime"))
+    assert result.status == "failed", result.message
+    assert result.message == (
+        "dyn-int8-onnxruntime: INT8 ran on 1 of 2 weighted layers of 'dyn': 1 Conv in float that the recipe did not "
+        "keep in float by name (its weight is computed at run time, not a constant): 'dynamic_conv'")
