@@ -178,3 +178,13 @@ def test_a_layer_whose_weight_the_recipe_cannot_see_fails_the_case_naming_it(qv_
     assert result.message == (
         "dyn-int8-onnxruntime: INT8 ran on 1 of 2 weighted layers of 'dyn': 1 Conv in float that the recipe did not "
         "keep in float by name (its weight is computed at run time, not a constant): 'dynamic_conv'")
+
+
+def test_output_names_a_graph_does_not_have_are_one_line_listing_those_it_has(qv_pipeline, cnn_graphs, tmp_path):
+    manifest = _manifest(tmp_path, "named", cnn_graphs["constants"], "[{name: image, shape: [4, 3, 32, 32]}]",
+                         ["scores"])
+    result = Pipeline(qv_pipeline.cache.root, manifest=manifest).run(Case("named", "fp32", "onnxruntime"))
+    assert result.status == "error"
+    assert result.message.splitlines()[0] == (
+        f"named-fp32-onnxruntime: model 'named': outputs ['scores'] are not outputs of {cnn_graphs['constants']}; "
+        "its outputs: ['scores/logits.0']")

@@ -165,3 +165,61 @@ def test_a_users_integer_graph_is_judged_on_exact_arithmetic_with_its_layers_cou
     assert recipe["settings"]["activations"] == "dynamic" and recipe["settings"]["weights"] == "per-channel"
     exact = evaluate_exact(onnx.load(str(dynamic_encoder)), pipeline.store.eval_batches("encoder"))
     assert np.array_equal(pipeline.store.semantics("encoder", "int8")["hidden"], exact["hidden"])
+
+
+def _embedding_encoder():
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.up, self.down = torch.nn.Embedding(64, 16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+        def forward(self, tokens):
+            return self.down(torch.relu(self.up(self.embed(tokens))))
+
+    torch.manual_seed(0)
+    return Encoder()
+
+
+def _with_dequantized_table(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its embedding table stored as int8 behind a per-row ``DequantizeLinear`` (what ONNX Runtime's
+    dynamic quantizer writes for a quantized ``Gather``)."""
+    [table] = [init for init in model.graph.initializer if len(init.dims) == 2 and init.dims[0] == 64]
+    values = numpy_helper.to_array(table)
+    scale = (np.abs(values).max(axis=1) / 127).astype(np.float32)
+    stored = np.clip(np.rint(values / scale[:, None]), -127, 127).astype(np.int8)
+    model.graph.initializer.remove(table)
+    model.graph.initializer.extend([numpy_helper.from_array(stored, "table_q"), numpy_helper.from_array(scale, "table_s"),
+                                    numpy_helper.from_array(np.zeros(64, np.int8), "table_z")])
+    model.graph.node.insert(0, helper.make_node("DequantizeLinear", ["table_q", "table_s", "table_z"], [table.name],
+                                                axis=0))
+    return model
+
+
+def test_integer_graphs_get_exact_semantics_at_every_opset(tmp_path):
+    """ONNX Runtime's quantize_dynamic output of one encoder exported at opsets 13, 17, 18 and 21, with its
+    embedding table dequantized as that quantizer writes it: onnx's reference evaluator has DequantizeLinear from
+    opset 19 only, and the semantics are exact, the same bits at every opset."""
+    import torch
+    from onnx import version_converter
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from exporters import torch_export
+
+    exported = {}
+    for at in (13, 17, 18, 21):
+        model = torch_export(_embedding_encoder(), (torch.zeros(2, 6, dtype=torch.long),), ["tokens"], ["out"], min(at, 18))
+        exported[at] = version_converter.convert_version(model, at) if at > 18 else model
+    outputs = {}
+    for at, model in exported.items():
+        source, target = tmp_path / f"fp32-{at}.onnx", tmp_path / f"int8-{at}.onnx"
+        onnx.save(model, str(source))
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
+        quantized = _with_dequantized_table(onnx.load(str(target)))
+        assert next(e.version for e in quantized.opset_import if e.domain in ("", "ai.onnx")) == at
+        onnx.save(quantized, str(target))
+        assert evaluator(quantized) == EXACT
+        tokens = {"tokens": np.random.default_rng(3).integers(0, 64, (4, 6))}
+        outputs[at] = evaluate_semantics(target, [tokens])["out"]
+    assert all(np.array_equal(outputs[at], outputs[21]) for at in outputs)

@@ -30,11 +30,14 @@ def test_a_repository_with_only_a_manifest_runs_exactly_its_own_int8_cases(user_
     assert collected == [f"models.yaml::tiny-int8-{backend}" for backend in backends]
     result = _run(user_repo, "-m", "int8")
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes["passed"] == 1 and outcomes["skipped"] == 3, result.stdout.str()[-3000:]
     [record_path] = (user_repo.path / "reports").glob("run-*.json")
     record = json.loads(record_path.read_text())
     assert {case["id"] for case in record["cases"]} == {f"tiny-int8-{backend}" for backend in backends}
-    assert record["summary"] == {"passed": 1, "skipped": 3}
+    statuses = {case["backend"]: case["status"] for case in record["cases"]}
+    assert statuses["onnxruntime"] == "passed" and set(statuses.values()) <= {"passed", "skipped"}, statuses
+    # what else runs depends on the runner (a GPU runs torch_quant's case up to its coverage rule)
+    assert result.ret == 0 and {k: v for k, v in outcomes.items() if k in ("passed", "skipped")} == \
+        record["summary"], result.stdout.str()[-3000:]
 
 
 def test_built_in_models_run_only_when_asked_for(user_repo):
@@ -107,6 +110,14 @@ def test_an_unconfigured_repository_is_left_alone(pytester):
     result = _run(pytester)
     assert result.ret == 0 and result.parseoutcomes() == {"passed": 1}
     assert not (pytester.path / "reports").exists()
+
+
+def test_a_manifest_no_setting_names_is_pointed_out_when_nothing_ran(pytester):
+    (pytester.path / "models.yaml").write_text(MANIFEST)
+    result = _run(pytester, "-m", "int8")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["quantverdict: models.yaml is not named as the manifest, so none of its cases ran: "
+                                 "run `quantverdict init` * or pass --qv-manifest=models.yaml"])
 
 
 def test_an_option_value_after_a_space_does_not_lose_the_project_settings(user_repo, tmp_path):

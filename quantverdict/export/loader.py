@@ -19,6 +19,7 @@ from quantverdict.capabilities import package_version
 from quantverdict.export.compat import at_opset, lowest_ir, opset_of, serialized
 from quantverdict.export.normalise import foldable, normalised
 from quantverdict.export.torchscript import export_built, export_onnx, load_onnx
+from quantverdict.errors import InputSpecError
 from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.models.spec import ModelSpec
 
@@ -35,11 +36,28 @@ class Fp32Graph:
     def exported(self) -> Path:
         spec = self.spec
         if spec.onnx_path is not None:
-            return readable(spec.onnx_path, self.cache)
+            path = readable(spec.onnx_path, self.cache)
+            _check_names(spec, path)
+            return path
         build_key = spec.build_key()
         if build_key is None:  # keyed by the built module's weights
             return export_onnx(spec, self.module(), self.cache)
         return export_built(spec, "build:" + build_key, self.module, self.cache)
+
+
+def _check_names(spec: ModelSpec, path: Path) -> None:
+    """The inputs and outputs a spec names for an ONNX file are the graph's own, or one line lists those it has."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {init.name for init in graph.initializer}
+    for role, declared, found in (("inputs", [i.name for i in spec.inputs],
+                                   [v.name for v in graph.input if v.name not in initializers]),
+                                  ("outputs", list(spec.outputs), [v.name for v in graph.output])):
+        missing = [name for name in declared if name not in found]
+        if missing:
+            raise InputSpecError(f"model {spec.name!r}: {role} {missing} are not {role} of {spec.onnx_path}; "
+                                 f"its {role}: {found}")
 
 
 def readable(path: Path, cache: Cache) -> Path:

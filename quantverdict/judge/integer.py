@@ -138,13 +138,29 @@ class QLinearConv(OpRun):
 
 
 EXACT_OPS = [MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv]
+FIRST_REFERENCE_DEQUANTIZE = 19  # onnx's reference evaluator implements DequantizeLinear from opset 19 on
+
+
+def _older_dequantize() -> type[OpRun]:
+    """``DequantizeLinear`` for opsets 10 to 18, which onnx's reference evaluator no longer implements: opset 19's,
+    whose semantics on their types (int8, uint8, int32; per tensor, per axis from 13) are the same; 19 added only
+    float8 types."""
+    from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_19
+
+    def run(self, x, x_scale, x_zero_point=None, axis=1, **newer):  # type: ignore[no-untyped-def]
+        return DequantizeLinear_19._run(self, x, x_scale, x_zero_point, axis)  # newer: the latest schema's attributes
+
+    return type("DequantizeLinear", (DequantizeLinear_19,), {"op_domain": "", "_run": run})
 
 
 def evaluate_exact(model: onnx.ModelProto, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The graph's outputs over ``batches`` by ONNX's reference evaluator, integer accumulations exact."""
+    """The graph's outputs over ``batches`` by ONNX's reference evaluator, integer accumulations exact, at any
+    opset from 10 on."""
     from onnx.reference import ReferenceEvaluator
 
-    evaluator = ReferenceEvaluator(model, new_ops=EXACT_OPS)
+    opset = next((entry.version for entry in model.opset_import if (entry.domain or "") in ("", "ai.onnx")), 0)
+    ops = [*EXACT_OPS, _older_dequantize()] if opset < FIRST_REFERENCE_DEQUANTIZE else EXACT_OPS
+    evaluator = ReferenceEvaluator(model, new_ops=ops)
     names = [output.name for output in model.graph.output]
     outputs = [dict(zip(names, evaluator.run(None, dict(batch)))) for batch in batches]
     return {name: np.concatenate([out[name] for out in outputs]) for name in names}

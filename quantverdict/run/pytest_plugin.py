@@ -236,6 +236,21 @@ class _RecordCollector:
                 self.config.stash[_results_key].append(value)
 
 
+MANIFEST_NAMES = ("models.yaml", "models.yml")  # what `quantverdict init` writes, and its common spelling
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """A repository holding a manifest that no setting names runs none of its cases: say how to name it."""
+    settings = config.stash.get(_settings_key, None)
+    if settings is None or settings["manifest"] is not None:
+        return
+    found = next((name for name in MANIFEST_NAMES if (config.rootpath / name).is_file()), None)
+    if found:
+        terminalreporter.write_line(
+            f"quantverdict: {found} is not named as the manifest, so none of its cases ran: run `quantverdict init` "
+            f"(it adds manifest = \"{found}\" under [tool.quantverdict] in pyproject.toml) or pass --qv-manifest={found}")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     results = config.stash.get(_results_key, [])
