@@ -67,7 +67,11 @@ def readable(path: Path, cache: Cache) -> Path:
     import onnx
     from onnx.external_data_helper import uses_external_data
 
-    header = onnx.load(str(path), load_external_data=False)
+    try:
+        header = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not an ONNX file: named as such
+        load_onnx(path)
+        raise
     data = sorted({entry.value for init in header.graph.initializer if uses_external_data(init)
                    for entry in init.external_data if entry.key == "location"})
     if not data and header.ir_version <= lowest_ir(header):

@@ -107,9 +107,11 @@ class NVFP4Weights(Recipe):
                 if node.op_type in WEIGHTED_OPS and len(node.input) > 1 and node.input[1] in weights}
 
     def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
+        """FP4 is simulated on constant weights: other kinds, and products of two activations, stay float."""
         rewritten = self.rewritten_layers(source)
         return {layer.name: f"no kernel: FP4 is simulated on the weights of {', '.join(WEIGHTED_OPS)} only"
-                for layer in layers(source) if layer.name not in rewritten and layer.kind not in WEIGHTED_OPS}
+                if layer.kind not in WEIGHTED_OPS else "no kernel: FP4 is simulated on weights, and this layer's "
+                "operands are activations" for layer in layers(source) if layer.name not in rewritten}
 
     def for_target(self, target: str) -> Recipe:
         if target == "native":  # a TensorRT engine from this graph would be FP32 posing as FP4
