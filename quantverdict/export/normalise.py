@@ -29,7 +29,8 @@ def normalised(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = gs.import_onnx(model)
     previous, G_LOGGER.severity = G_LOGGER.severity, G_LOGGER.ERROR  # its per-node notes are not the user's
     try:
-        graph.fold_constants(should_exclude_node=lambda node: node.op in KEEP).cleanup().toposort()
+        # fold_shapes off: a shape an exporter recorded for one batch size must not become the only one
+        graph.fold_constants(fold_shapes=False, should_exclude_node=lambda node: node.op in KEEP).cleanup().toposort()
     finally:
         G_LOGGER.severity = previous
     folded = gs.export_onnx(graph, do_type_check=False)
