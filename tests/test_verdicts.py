@@ -173,3 +173,55 @@ def test_an_fp16_overflow_is_reported_as_one_naming_the_layer(tmp_path):
     assert first.startswith("hot-fp16-onnxruntime: overflow: '/0/Gemm_output_0' (output of /0/Gemm, Gemm) reaches ")
     assert "above FP16's largest finite value 65,504" in first
     assert result.metrics["overflow"]["value"] > 65504 and result.metrics["overflow"]["op"] == "Gemm"
+
+
+T5_LIKE = """\
+import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    \"\"\"Attention with a mask added as mask × float32's lowest (as T5 does), then an FFN whose hidden activation
+    exceeds FP16's range (a trained T5's reached 87,189).\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.up, self.down = nn.Linear(8, 32), nn.Linear(32, 8)
+        with torch.no_grad():
+            self.up.weight.mul_(3e5)
+            self.down.weight.mul_(1e-5)
+
+    def forward(self, x, mask):
+        keep = torch.cat([torch.ones_like(mask[:, :1]), mask[:, 1:]], dim=1)  # no row wholly masked
+        bias = (1.0 - keep)[:, None, :] * torch.finfo(torch.float32).min
+        scores = self.q(x) @ self.k(x).transpose(1, 2) / 8 ** 0.5 + bias
+        hidden = torch.softmax(scores, dim=-1) @ self.v(x)
+        return self.down(torch.relu(self.up(hidden)))
+
+
+def net():
+    return Encoder().eval()
+"""
+
+
+@pytest.mark.fp16
+def test_an_fp16_collapse_names_the_activation_that_breaks_the_output_not_the_mask(tmp_path):
+    """Both the mask's minus infinity and an FFN activation exceed FP16's range, the mask first; stored in FP16
+    alone the mask changes nothing (the Softmax gives 0 either way), the FFN activation breaks the output: the
+    failure names the FFN, with the fix, and lists the mask as a mask."""
+    (tmp_path / "t5like.py").write_text(T5_LIKE)
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: t5like\n    build: t5like:net\n    inputs: [{name: x, shape: [2, 6, 8]}, "
+        "{name: mask, shape: [2, 6], dtype: int64, range: [0, 2]}]\n    outputs: [y]\n    calibration: synthetic\n")
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("t5like", "fp16", "onnxruntime"))
+    assert result.status == "failed"
+    lines = result.message.splitlines()
+    assert lines[0].startswith("t5like-fp16-onnxruntime: overflow: '/up/Gemm_output_0' (output of /up/Gemm, Gemm)") or \
+        lines[0].startswith("t5like-fp16-onnxruntime: overflow: '/up/MatMul_output_0'"), lines[0]
+    assert lines[0].endswith("and the output breaks; keep " + result.metrics["overflow"]["node"] + " in FP32 or rescale it")
+    masks = [entry for entry in result.metrics["overflow"]["all"] if entry["mask"]]
+    assert masks and not any(entry["breaks_output"] for entry in masks)
+    assert any("a mask's minus infinity before a Softmax; stored in FP16 alone, the output holds" in line
+               for line in lines[1:])

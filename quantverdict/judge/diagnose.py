@@ -8,9 +8,7 @@ similarity falls below the bound is reported with the node and op that produced 
 a tensor whose cosine is undefined (all zeros on one side) is judged by its relative error, so
 the report never names a constant or a NaN.
 
-``first_overflow``: the first tensor, in topological order, whose FP32 values exceed the largest finite
-value of a format tensors are stored in unscaled (FP16: 65,504): stored in it, that tensor becomes
-infinite, and everything after it is lost, whatever the metrics then say.
+Which overflow of a storage format breaks the output is :mod:`quantverdict.judge.overflow`'s.
 
 Where a runtime leaves a graph's semantics is each backend's own diagnosis (:meth:`Backend.diagnose`;
 ONNX Runtime's in :mod:`quantverdict.backends.onnxrt_divergence`).
@@ -29,7 +27,7 @@ from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import float_tensors
 
 
-def _input_dependent(graph: onnx.GraphProto) -> set[str]:
+def input_dependent(graph: onnx.GraphProto) -> set[str]:
     """Tensors that depend on a graph input (the rest are constants, whatever computes them)."""
     initializers = {init.name for init in graph.initializer}
     live = {i.name for i in graph.input if i.name not in initializers}
@@ -57,7 +55,7 @@ def _similarity(r: np.ndarray, c: np.ndarray, min_cosine: float) -> tuple[bool, 
 def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_cosine: float) -> dict[str, Any] | None:
     reference_graph = onnx.load(str(fp32_path))
     candidate_names = {o for n in onnx.load(str(candidate_path)).graph.node for o in n.output}
-    floats, live = float_tensors(reference_graph), _input_dependent(reference_graph.graph)
+    floats, live = float_tensors(reference_graph), input_dependent(reference_graph.graph)
     order = [(out, node) for node in reference_graph.graph.node for out in node.output
              if out in floats and out in candidate_names and out in live]
     names = [name for name, _ in order]
@@ -75,24 +73,4 @@ def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_co
         diverged, details = _similarity(r, c, min_cosine)
         if diverged:
             return {"tensor": name, "node": node.name, "op": node.op_type, "bound": min_cosine, **details}
-    return None
-
-
-def first_overflow(fp32_path: Path, batches: list[Batch], limit: float) -> dict[str, Any] | None:
-    """The first input-dependent float tensor of the FP32 graph whose largest magnitude over ``batches``
-    exceeds ``limit``, with the node that computes it."""
-    graph = onnx.load(str(fp32_path))
-    floats, live = float_tensors(graph), _input_dependent(graph.graph)
-    order = [(out, node) for node in graph.graph.node for out in node.output if out in floats and out in live]
-    names = [name for name, _ in order]
-    if not names:
-        return None
-    peaks = dict.fromkeys(names, 0.0)
-    for batch in batches:
-        for name, values in run_exposing(fp32_path, names, batch).items():
-            finite = np.abs(values[np.isfinite(values)])
-            peaks[name] = max(peaks[name], float(finite.max()) if finite.size else 0.0)
-    for name, node in order:
-        if peaks[name] > limit:
-            return {"tensor": name, "node": node.name or name, "op": node.op_type, "value": peaks[name], "limit": limit}
     return None

@@ -28,6 +28,7 @@ class Recipe:
     fallback_pending: bool = False  # layers to keep in FP32 still to be chosen on the calibration set (fallback)
     min_opset: int = 0  # the lowest default-domain opset whose operators and types the recipe's graph needs
     storage_limit: float | None = None  # the largest finite value of the format tensors are stored in unscaled
+    storage_type: int | None = None  # that format's ONNX type (onnx.TensorProto.FLOAT16…)
     runtime: Mapping[str, Any] = {}
 
     def params(self) -> dict[str, Any]:

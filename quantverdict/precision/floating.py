@@ -56,6 +56,7 @@ class RoundedStorage(Recipe):
         self.onnx_type, self.np_type = _LOW[name]
         self.min_opset = 13 if name == "bf16" else 0  # Cast to bfloat16: opset 13
         self.storage_limit = float(ml_dtypes.finfo(self.np_type).max)  # 65504 for FP16
+        self.storage_type = self.onnx_type
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "mode": "emulated-storage"}

@@ -23,7 +23,8 @@ from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError,
 from quantverdict.hashing import file_sha256
 from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.judge.compare import Comparison, compare, judge_task_metrics, task_accuracy
-from quantverdict.judge.diagnose import first_divergence, first_overflow
+from quantverdict.judge.diagnose import first_divergence
+from quantverdict.judge.overflow import overflows
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
 from quantverdict.judge.timed import judge_timed_outputs
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
@@ -34,6 +35,24 @@ from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 
+
+
+def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
+    """The overflow that breaks the output first, then every other tensor above the format's range, with what it
+    is and the fix a user can make."""
+    def where(entry: dict[str, Any]) -> str:
+        return f"{entry['tensor']!r} (output of {entry['node']}, {entry['op']}) reaches {entry['value']:,.6g} in FP32"
+
+    lines = [f"{case_id}: overflow: {where(overflow)}, above {name}'s largest finite value {overflow['limit']:,.6g}: "
+             f"stored in {name} it is infinite" + (
+                 f" and the output breaks; keep {overflow['node']} in FP32 or rescale it" if overflow["breaks_output"]
+                 else "; no overflowing tensor alone breaks the output")]
+    for entry in overflow["all"]:
+        if entry["tensor"] != overflow["tensor"]:
+            what = "a mask's minus infinity before a Softmax" if entry["mask"] else "an activation"
+            effect = "breaks the output" if entry["breaks_output"] else "the output holds"
+            lines.append(f"  also above it: {where(entry)} ({what}; stored in {name} alone, {effect})")
+    return "\n".join(lines)
 
 
 class CaseExecutor:
@@ -172,12 +191,10 @@ class CaseExecutor:
                  metrics: dict[str, Any]) -> str:
         """Which verdict failed, in words a person can act on, with where the divergence starts (an overflow of
         the storage format first: it decides everything after it)."""
-        overflow = self._overflow(case, artifacts)
+        overflow = self._overflow(case, artifacts, tolerance)
         if overflow:
             metrics["overflow"] = overflow
-            head = (f"{case.id}: overflow: {overflow['tensor']!r} (output of {overflow['node']}, {overflow['op']}) "
-                    f"reaches {overflow['value']:,.6g} in FP32, above {case.precision.upper()}'s largest finite value "
-                    f"{overflow['limit']:,.6g}: stored in {case.precision.upper()} it is infinite")
+            head = overflow_message(case.id, case.precision.upper(), overflow)
         if recipe_cmp is not None and not recipe_cmp.passed:
             evaluator = metrics.get("recipe", {}).get("evaluator", "its semantics")
             lines = [f"{case.id}: the recipe regressed: its graph's semantics ({evaluator}) vs FP32 reference:",
@@ -197,15 +214,19 @@ class CaseExecutor:
                          f"{divergence['tensor']!r}, {divergence['summary']}")
         return "\n".join([head, *lines] if overflow else lines)
 
-    def _overflow(self, case: Case, artifacts: Artifacts) -> dict[str, Any] | None:
-        """The first tensor whose FP32 values the recipe's storage format cannot hold (cached)."""
-        limit = artifacts.recipe.storage_limit
-        if limit is None:
+    def _overflow(self, case: Case, artifacts: Artifacts, tolerance: Tolerance) -> dict[str, Any] | None:
+        """The tensor whose overflow of the recipe's storage format breaks the output, among all that overflow
+        (:func:`overflows`, cached)."""
+        recipe = artifacts.recipe
+        if recipe.storage_limit is None or recipe.storage_type is None:
             return None
         fp32, key = self.store.fp32_onnx(case.model), self.store.data_key(case.model, "evaluation")
+        bound = tolerance.min_cosine or 0.999
         return self.store.cache.json(
-            "overflow", [file_sha256(fp32), key, limit, *self.store.onnxruntime_cpu_parts("quantverdict.judge.diagnose")],
-            lambda: first_overflow(fp32, self.store.eval_batches(case.model), limit), {"case": case.id})
+            "overflow", [file_sha256(fp32), key, recipe.storage_limit, recipe.storage_type, bound,
+                         *self.store.onnxruntime_cpu_parts("quantverdict.judge.overflow")],
+            lambda: overflows(fp32, self.store.eval_batches(case.model), recipe.storage_limit, recipe.storage_type,
+                              bound), {"case": case.id})
 
     def _blame_runtime(self, case: Case, artifacts: Artifacts, backend: Backend, fidelity: Fidelity, batch: Batch,
                        metrics: dict[str, Any]) -> str:

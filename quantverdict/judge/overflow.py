@@ -1,0 +1,116 @@
+"""Which tensor's overflow breaks a low-precision output, among all that overflow.
+
+Every input-dependent float tensor of the FP32 graph whose values exceed the largest finite value of the format
+tensors are stored in unscaled (FP16: 65,504) is listed, in topological order, with its peak. Not every one
+matters: an attention mask's "minus infinity" (mask × float32's lowest) becomes −∞ in FP16, and the Softmax it
+feeds turns that into the same 0 that FP32 computes. So each is judged by its consequence: the FP32 graph is run
+with that tensor alone stored in the format; where the outputs then leave FP32's (non-finite, or under the
+case's cosine bound) it *breaks the output*, and the first such tensor is the one to name, with the fix a user
+can make (keep its layer in FP32, or rescale it). A tensor that reaches a Softmax only through mask arithmetic
+is labelled as a mask.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from quantverdict.backends.onnxrt_divergence import run_exposing
+from quantverdict.judge.compare import cosine
+from quantverdict.judge.diagnose import input_dependent
+from quantverdict.models.spec import Batch
+from quantverdict.precision.graph import float_tensors
+
+# what carries a mask to the scores it is added to (broadcast, reshaped, selected, combined)
+MASK_PATH = frozenset({"Add", "Sub", "Mul", "Where", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Transpose",
+                       "Concat", "Min", "Max"})
+
+
+def _feeds_softmax(graph: onnx.GraphProto, tensor: str) -> bool:
+    """Whether ``tensor`` reaches a Softmax through mask arithmetic only (:data:`MASK_PATH`)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    frontier, seen = [tensor], {tensor}
+    while frontier:
+        current = frontier.pop()
+        for node in readers.get(current, []):
+            if node.op_type in ("Softmax", "LogSoftmax"):
+                return True
+            if node.op_type in MASK_PATH:
+                for out in node.output:
+                    if out not in seen:
+                        seen.add(out)
+                        frontier.append(out)
+    return False
+
+
+def _stored_alone(model: onnx.ModelProto, tensor: str, storage: int) -> onnx.ModelProto:
+    """``model`` with ``tensor`` alone rounded through ``storage`` (Cast there and back) for its readers."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    low, back = f"{tensor}__stored", f"{tensor}__restored"
+    for node in out.graph.node:
+        for index, name in enumerate(node.input):
+            if name == tensor:
+                node.input[index] = back
+    graph_outputs = {value.name for value in out.graph.output}
+    position = next((i for i, node in enumerate(out.graph.node) if tensor in node.output), -1) + 1
+    out.graph.node.insert(position, helper.make_node("Cast", [tensor], [low], to=storage))
+    out.graph.node.insert(position + 1, helper.make_node("Cast", [low], [back], to=onnx.TensorProto.FLOAT))
+    if tensor in graph_outputs:  # an output itself: its stored value is what the user gets
+        for value in out.graph.output:
+            if value.name == tensor:
+                value.name = back
+    return out
+
+
+def _consequence(model: onnx.ModelProto, tensor: str, storage: int, batch: Batch, outputs: list[str],
+                 reference: dict[str, np.ndarray], min_cosine: float) -> tuple[bool, float]:
+    """(whether storing ``tensor`` alone in the format breaks an output, the worst output cosine then)."""
+    changed = _stored_alone(model, tensor, storage)
+    names = [value.name for value in changed.graph.output]
+    got = run_exposing(changed, names, batch)
+    worst = 1.0
+    for original, name in zip(outputs, names):
+        candidate, expected = got[name].astype(np.float64), reference[original].astype(np.float64)
+        if not np.all(np.isfinite(candidate[np.isfinite(expected)])):
+            return True, float("nan")
+        worst = min(worst, cosine(expected.ravel(), candidate.ravel()))
+    return not worst >= min_cosine, worst
+
+
+def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int, min_cosine: float
+              ) -> dict[str, Any] | None:
+    """The overflow to name (the first tensor above ``limit`` whose storage in the format alone breaks an output,
+    else the first above it), with every tensor above ``limit`` under ``all``: its node, op, peak, whether it
+    is a mask before a Softmax, and whether it breaks the output; None where nothing overflows."""
+    model = onnx.load(str(fp32_path))
+    graph = model.graph
+    floats, live = float_tensors(model), input_dependent(graph)
+    order = [(out, node) for node in graph.node for out in node.output if out in floats and out in live]
+    names = [name for name, _ in order]
+    if not names:
+        return None
+    peaks = dict.fromkeys(names, 0.0)
+    for batch in batches:
+        for name, values in run_exposing(fp32_path, names, batch).items():
+            finite = np.abs(values[np.isfinite(values)])
+            peaks[name] = max(peaks[name], float(finite.max()) if finite.size else 0.0)
+    hot = [(name, node) for name, node in order if peaks[name] > limit]
+    if not hot:
+        return None
+    outputs = [value.name for value in graph.output]
+    reference = run_exposing(fp32_path, outputs, batches[0])
+    found = []
+    for name, node in hot:
+        breaks, worst = _consequence(model, name, storage, batches[0], outputs, reference, min_cosine)
+        found.append({"tensor": name, "node": node.name or name, "op": node.op_type, "value": peaks[name],
+                      "limit": limit, "mask": _feeds_softmax(graph, name), "breaks_output": breaks,
+                      "output_cosine": None if np.isnan(worst) else worst})
+    head = next((entry for entry in found if entry["breaks_output"]), found[0])
+    return {**head, "all": found}
