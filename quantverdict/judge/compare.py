@@ -99,12 +99,16 @@ def compare(
     tolerance: Tolerance,
     classification: bool = False,
     undecided: np.ndarray | None = None,
+    per_output: Mapping[str, Tolerance] | None = None,
+    positionwise: frozenset[str] = frozenset(),
 ) -> Comparison:
-    """Compare named outputs (batches already concatenated) under ``tolerance``; top-1 agreement leaves
-    out the ``undecided`` samples, those whose FP32 decision the input does not determine
-    (:mod:`quantverdict.judge.decided`)."""
+    """Compare named outputs (batches already concatenated) under ``tolerance``, or an output's own bounds in
+    ``per_output`` (its kind's: :mod:`quantverdict.judge.output_kinds`); top-1 agreement leaves out the
+    ``undecided`` samples, those whose FP32 decision the input does not determine (:mod:`quantverdict.judge.decided`),
+    and is taken at every position of the ``positionwise`` outputs (a softmax per position)."""
     result = Comparison()
     for name, ref in reference.items():
+        bounds = (per_output or {}).get(name, tolerance)
         if name not in candidate:
             result.checks.append(Check(name, "present", 0.0, 1.0, True))
             continue
@@ -116,12 +120,13 @@ def compare(
             raise InputSpecError(f"output {name!r} has shape {ref.shape}: a classifier's outputs are [batch, classes] "
                                  "(top-1 agreement is judged per sample, so an output without its batch axis cannot be "
                                  "judged); declare task: regression if it is not a classifier")
-        metrics = _metrics(ref, out, classification, undecided)
+        metrics = _metrics(ref, out, classification or name in positionwise,
+                           None if name in positionwise else undecided)
         result.metrics[name] = metrics
         result.worst[name] = _worst(ref, out)
-        result.checks += _checks(name, metrics, tolerance, result)
-        if tolerance.atol is not None or tolerance.rtol is not None:
-            result.checks.append(_elementwise_check(name, ref, out, tolerance))
+        result.checks += _checks(name, metrics, bounds, result)
+        if bounds.atol is not None or bounds.rtol is not None:
+            result.checks.append(_elementwise_check(name, ref, out, bounds))
     return result
 
 

@@ -50,15 +50,18 @@ class ToleranceFile(BaseModel):
 
     defaults: PerPrecision = {}
     tasks: dict[Literal["classification", "regression", "embedding"], PerPrecision] = {}
+    outputs: dict[Literal["logits", "distribution", "probabilities"], PerPrecision] = {}
     models: dict[str, PerPrecision] = {}
 
 
 class ToleranceTable:
-    """Resolved bounds: the defaults, the task's, a model spec's own bounds, then this table's per-model bounds."""
+    """Resolved bounds: the defaults, the task's, the output kind's, a model spec's own bounds, then this table's
+    per-model bounds."""
 
     def __init__(self, defaults: Mapping[str, Mapping[str, Any]], models: Mapping[str, Mapping[str, Mapping[str, Any]]],
-                 tasks: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None):
-        self.defaults, self.models, self.tasks = defaults, models, tasks or {}
+                 tasks: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+                 outputs: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None):
+        self.defaults, self.models, self.tasks, self.outputs = defaults, models, tasks or {}, outputs or {}
 
     @classmethod
     def load(cls, path: Path | None = None) -> "ToleranceTable":
@@ -66,14 +69,15 @@ class ToleranceTable:
         defaults: dict[str, dict[str, Any]] = {}
         models: dict[str, dict[str, dict[str, Any]]] = {}
         tasks: dict[str, dict[str, dict[str, Any]]] = {}
+        outputs: dict[str, dict[str, dict[str, Any]]] = {}
         for document in layers(path, "tolerances.yaml", ToleranceFile, "tolerance file"):
             for precision, bounds in document.defaults.items():
                 defaults.setdefault(precision, {}).update(bounds.given())
-            for section, source in ((models, document.models), (tasks, document.tasks)):
+            for section, source in ((models, document.models), (tasks, document.tasks), (outputs, document.outputs)):
                 for name, per_precision in source.items():
                     for precision, bounds in per_precision.items():
                         section.setdefault(name, {}).setdefault(precision, {}).update(bounds.given())
-        return cls(defaults, models, tasks)
+        return cls(defaults, models, tasks, outputs)
 
     def samples_to_resolve(self, model: str, spec_overrides: Mapping[str, Mapping[str, Any]],
                            labelled: bool, task: str | None = None) -> int:
@@ -85,11 +89,13 @@ class ToleranceTable:
                    default=1)
 
     def resolve(self, model: str, precision: str, spec_overrides: Mapping[str, Mapping[str, Any]],
-                task: str | None = None) -> Tolerance:
-        """Defaults, then the task's (an embedding is not judged by a logits bound), then the model spec's own
-        bounds, then this table's per-model bounds."""
+                task: str | None = None, kind: str | None = None) -> Tolerance:
+        """Defaults, then the task's (an embedding is not judged by a logits bound), then the output kind's (nor is
+        a probability map: :mod:`quantverdict.judge.output_kinds`), then the model spec's own bounds, then this
+        table's per-model bounds."""
         merged: dict[str, Any] = dict(self.defaults.get(precision, {}))
         merged.update(self.tasks.get(task or "", {}).get(precision, {}))
+        merged.update(self.outputs.get(kind or "", {}).get(precision, {}))
         merged.update(spec_overrides.get(precision, {}))
         merged.update(self.models.get(model, {}).get(precision, {}))
         return Tolerance(**merged)

@@ -114,6 +114,7 @@ class ModelSpec:
     name: str
     inputs: Sequence[InputSpec]
     outputs: Sequence[str]
+    output_kinds: Mapping[str, str] = field(default_factory=dict)  # declared kinds (quantverdict.judge.output_kinds)
     build: Callable[[], "object"] | None = None
     onnx_path: Path | None = None
     task: Literal["classification", "regression", "embedding"] = "regression"

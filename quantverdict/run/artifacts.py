@@ -24,6 +24,7 @@ from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
+from quantverdict.judge.output_kinds import output_kinds
 from quantverdict.judge.recipe_search import AUTO_KEYS, SearchResult, auto_settings
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
 from quantverdict.judge.semantics import unkept_semantics
@@ -226,6 +227,15 @@ class ArtifactStore:
             file_sha256(path), supplied, recipe.params(),
             source_fingerprint("quantverdict.precision", *SEMANTICS_CODE)], read,
             {"model": model, "precision": recipe.name}))
+
+    def output_kinds(self, model: str) -> dict[str, str]:
+        """What each output of the FP32 graph is (:func:`output_kinds`), the model's declared kinds first; cached."""
+        import onnx
+
+        path, declared = self.fp32_onnx(model), dict(self.spec(model).output_kinds)
+        return self.cache.json("output-kinds", [file_sha256(path), declared, source_fingerprint(
+            "quantverdict.judge.output_kinds")], lambda: output_kinds(onnx.load(str(path), load_external_data=False),
+                                                                     declared), {"model": model})
 
     def onnxruntime_cpu_parts(self, *code: str) -> list[Any]:
         return [package_version("onnxruntime"), self.caps.cpu.identity if self.caps.cpu else None,

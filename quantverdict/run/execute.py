@@ -122,7 +122,7 @@ class CaseExecutor:
             start = time.perf_counter()
             candidate, runtime = store.run_outputs(case.model, case.backend, artifacts)
             timings["outputs_s"] = time.perf_counter() - start
-        runtime_cmp = self._judge(spec, reference, candidate, tolerance)
+        runtime_cmp = self._judge(spec, case.precision, reference, candidate, tolerance)
         metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime}
         if coverage is not None:
             metrics["coverage"] = coverage
@@ -155,7 +155,7 @@ class CaseExecutor:
         """The recipe judged on its graph's semantics, and the runtime judged against them."""
         store = self.store
         semantics = store.semantics(case.model, case.precision)
-        recipe = self._judge(spec, reference, semantics, tolerance)
+        recipe = self._judge(spec, case.precision, reference, semantics, tolerance)
         fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.caps.device,
                                   tolerance.max_flip_fraction)
         emulated = store.recipe(case.model, case.precision, "emulated")
@@ -171,12 +171,18 @@ class CaseExecutor:
         metrics["fidelity"] = fidelity.to_dict()
         return recipe, fidelity
 
-    def _judge(self, spec: ModelSpec, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
-               tolerance: Tolerance) -> Comparison:
-        """Outputs against the FP32 reference (top-1 on the samples FP32 decides, where an input declares
-        its resolution), the model's task metrics, and task accuracy where the model has labels."""
+    def _judge(self, spec: ModelSpec, precision: str, reference: dict[str, np.ndarray],
+               outputs: dict[str, np.ndarray], tolerance: Tolerance) -> Comparison:
+        """Outputs against the FP32 reference, each under the bounds of its kind (a probability map is not judged
+        by a logits bound: :mod:`quantverdict.judge.output_kinds`), top-1 on the samples FP32 decides (where an
+        input declares its resolution) and at each position of a distribution, the model's task metrics, and task
+        accuracy where the model has labels."""
+        kinds = self.store.output_kinds(spec.name)
+        per_output = {name: self.tolerances.resolve(spec.name, precision, spec.tolerances, spec.task, kind)
+                      for name, kind in kinds.items() if kind != "logits"}
         comparison = compare(reference, outputs, tolerance, spec.task == "classification",
-                             self.store.undecided(spec.name))
+                             self.store.undecided(spec.name), per_output,
+                             frozenset(name for name, kind in kinds.items() if kind == "distribution"))
         labels = self.store.eval_labels(spec.name)
         if spec.task_metric() is not None:
             judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison)

@@ -51,6 +51,7 @@ class ModelEntry(_Strict):
     quantized: dict[PrecisionName, str] = {}  # type: ignore[valid-type]
     inputs: list[InputEntry] = Field(min_length=1)
     outputs: list[str] = Field(min_length=1)
+    output_kinds: dict[str, Literal["logits", "distribution", "probabilities"]] = {}  # judge.output_kinds
     task: Literal["classification", "regression", "embedding"] = "regression"
     calibration: str | None = None
     eval: CallableRef | None = None
@@ -162,6 +163,7 @@ def _spec(entry: ModelEntry, root: Path) -> ModelSpec:
         name=entry.name,
         inputs=[_input(item) for item in entry.inputs],
         outputs=list(entry.outputs),
+        output_kinds=dict(entry.output_kinds),
         build=Ref(entry.build) if entry.build else None,
         onnx_path=root / entry.onnx if entry.onnx else None,
         quantized={precision: root / file for precision, file in entry.quantized.items()},
