@@ -188,3 +188,118 @@ def test_output_names_a_graph_does_not_have_are_one_line_listing_those_it_has(qv
     assert result.message.splitlines()[0] == (
         f"named-fp32-onnxruntime: model 'named': outputs ['scores'] are not outputs of {cnn_graphs['constants']}; "
         "its outputs: ['scores/logits.0']")
+
+
+@pytest.mark.int8
+def test_layers_inside_a_loop_body_are_counted_and_never_passed_in_float(qv_pipeline, tmp_path):
+    """A recurrence written as a ``Loop`` whose body multiplies by a weight of the outer graph (what exporters of
+    scripted loops write): the recipe does not enter bodies, so the body's layer is float and the INT8 case fails
+    naming it, where counting the top level alone saw one layer, quantized."""
+    rng = np.random.default_rng(4)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("MatMul", ["h_in", "w"], ["h_lin"], name="step"),
+         helper.make_node("Tanh", ["h_lin"], ["h_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [None, 16])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [None, 16])])
+    nodes = [helper.make_node("Loop", ["trips", "", "x"], ["h"], name="recurrence", body=body),
+             helper.make_node("Gemm", ["h", "head"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+                              [numpy_helper.from_array(np.array(3, np.int64), "trips"),
+                               numpy_helper.from_array(rng.normal(0, 0.25, (16, 16)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.normal(0, 0.25, (16, 4)).astype(np.float32), "head")])
+    path = tmp_path / "loop.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    manifest = _manifest(tmp_path, "looped", path, "[{name: x, shape: [4, 16]}]", ["y"])
+    result = Pipeline(qv_pipeline.cache.root, manifest=manifest).run(Case("looped", "int8", "onnxruntime"))
+    assert result.status == "failed", result.message
+    assert result.message == (
+        "looped-int8-onnxruntime: INT8 ran on 1 of 2 weighted layers of 'looped': 1 MatMul in float that the recipe "
+        "did not keep in float by name (inside a Loop body, which the recipe does not enter): 'recurrence/step'")
+
+
+def _needs(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed ({extra}; pip install -e '.[dev]' does)")
+
+
+@pytest.mark.int8
+def test_a_scikit_learn_classifier_converted_by_skl2onnx_is_judged_on_its_declared_outputs(qv_pipeline, tmp_path):
+    """skl2onnx writes an MLP as MatMul/Add at opset 21 beside an ``ai.onnx.ml`` domain, with an int64 label output
+    and a softmax: only the declared output (the probabilities, a distribution) is judged, every MatMul runs in
+    INT8, and the label output the user left out is not judged as logits."""
+    _needs("skl2onnx", "scikit-learn's ONNX converter")
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_digits
+    from sklearn.neural_network import MLPClassifier
+
+    images, labels = load_digits(return_X_y=True)
+    images = (images / 16).astype(np.float32)
+    with _quiet():
+        classifier = MLPClassifier((64, 32), max_iter=60, random_state=0).fit(images, labels)
+    model = to_onnx(classifier, images[:1], options={id(classifier): {"zipmap": False}})
+    path = tmp_path / "digits-mlp.onnx"
+    onnx.save(model, str(path))
+    manifest = _manifest(tmp_path, "digits-mlp", path, "[{name: X, shape: [16, 64], range: [0, 1]}]",
+                         ["probabilities"], task="classification")
+    pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest)
+    assert pipeline.store.output_kinds("digits-mlp") == {"label": "logits", "probabilities": "distribution"}
+    result = pipeline.run(Case("digits-mlp", "int8", "onnxruntime"))
+    assert result.metrics["coverage"]["kinds"] == {"MatMul": [3, 3]}
+    assert set(result.metrics["metrics"]) == {"probabilities"}
+    assert result.status == "passed", result.message
+
+
+@pytest.mark.int8
+def test_torchs_dynamo_exporter_graphs_are_covered_like_the_torchscript_ones(qv_pipeline, tmp_path):
+    """The dynamo exporter (onnxscript) writes opset 20 with BatchNorm folded and an ``LSTM`` node: the CNN's every
+    layer runs in INT8; the recurrent network's LSTM is counted, and its INT8 case is not passed."""
+    _needs("onnxscript", "torch's dynamo ONNX exporter")
+    import torch
+
+    class Convnet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm, self.head = torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16), torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    cases = {"dyn-cnn": (Convnet(), (torch.zeros(4, 3, 16, 16),), "[{name: x, shape: [4, 3, 16, 16]}]"),
+             "dyn-lstm": (_Recurrent.make("LSTM"), (torch.zeros(2, 5, 16),), "[{name: x, shape: [2, 5, 16]}]")}
+    results = {}
+    for name, (module, args, inputs) in cases.items():
+        with _quiet():
+            program = torch.onnx.export(module.eval(), args, dynamo=True, input_names=["x"], output_names=["y"])
+        path = tmp_path / f"{name}.onnx"
+        program.save(str(path), external_data=False)
+        results[name] = Pipeline(qv_pipeline.cache.root, manifest=_manifest(tmp_path, name, path, inputs, ["y"])).run(
+            Case(name, "int8", "onnxruntime"))
+    assert results["dyn-cnn"].status == "passed", results["dyn-cnn"].message
+    assert results["dyn-cnn"].metrics["coverage"]["quantized"] == results["dyn-cnn"].metrics["coverage"]["layers"] == 2
+    assert results["dyn-lstm"].status == "skipped" and "LSTM in float" in results["dyn-lstm"].message
+
+
+def _quiet():
+    import contextlib
+    import logging
+    import warnings
+
+    @contextlib.contextmanager
+    def quiet():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            previous = logging.root.manager.disable
+            logging.disable(logging.WARNING)
+            try:
+                yield
+            finally:
+                logging.disable(previous)
+
+    return quiet()

@@ -56,10 +56,11 @@ class Layer:
 
 
 class _Graph:
-    def __init__(self, model: onnx.ModelProto):
-        self.sizes = {init.name: int(np.prod(init.dims)) for init in model.graph.initializer}
-        self.producer = {out: node for node in model.graph.node for out in node.output}
-        for node in model.graph.node:
+    def __init__(self, graph: onnx.GraphProto, outer: "_Graph | None" = None):
+        self.sizes = dict(outer.sizes) if outer else {}  # a body reads its outer graph's constants too
+        self.sizes.update({init.name: int(np.prod(init.dims)) for init in graph.initializer})
+        self.producer = {out: node for node in graph.node for out in node.output}
+        for node in graph.node:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].type == onnx.AttributeProto.TENSOR:
                 self.sizes[node.output[0]] = int(np.prod(node.attribute[0].t.dims))
 
@@ -92,31 +93,46 @@ def _kind(node: onnx.NodeProto) -> str | None:
 
 
 def layers(model: onnx.ModelProto, rewritten: set[str] | frozenset[str] = frozenset()) -> Iterator[Layer]:
-    """Every weighted operator of ``model``'s graph, in graph order; those named in ``rewritten`` are quantized
-    by a recipe that rounds weights in place (:meth:`~quantverdict.precision.base.Recipe.rewritten_layers`)."""
-    graph = _Graph(model)
-    for node in model.graph.node:
+    """Every weighted operator of ``model``'s graph, and those inside the bodies of its control flow (``Loop``,
+    ``Scan``, ``If``: named ``outer/inner``, which no recipe here enters); those named in
+    ``rewritten`` are quantized by a recipe that rounds weights in place
+    (:meth:`~quantverdict.precision.base.Recipe.rewritten_layers`)."""
+    yield from _layers(model.graph, _Graph(model.graph), rewritten, "", "")
+
+
+def _layers(body: onnx.GraphProto, graph: _Graph, rewritten: set[str] | frozenset[str], prefix: str,
+            inside: str) -> Iterator[Layer]:
+    for node in body.node:
+        for attribute in node.attribute:
+            bodies = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+            for sub in bodies:
+                yield from _layers(sub, _Graph(sub, graph), rewritten, f"{prefix}{node.name}/",
+                                   f"inside a {node.op_type} body, which the recipe does not enter")
+    for node in body.node:
         kind = _kind(node)
         if kind is None:
             continue
+        name = prefix + node.name
         if kind in INTEGER_WEIGHT:
-            yield Layer(node.name, kind, graph.parameters(node.input[INTEGER_WEIGHT[kind]]), True)
+            yield Layer(name, kind, graph.parameters(node.input[INTEGER_WEIGHT[kind]]), True)
             continue
         positions = range(len(node.input)) if kind == EINSUM else (0, 1) if node.domain == "com.microsoft" \
             else LAYER_INPUTS[kind]  # contrib Attention: input, weights (then a bias)
         data = [node.input[i] for i in positions if i < len(node.input) and node.input[i]]
-        parameters = sum(graph.parameters(name) for name in data)
-        quantized = [graph.dequantized(name) for name in data]
+        parameters = sum(graph.parameters(item) for item in data)
+        quantized = [graph.dequantized(item) for item in data]
         why = ""
         if not all(quantized):
-            weights = [graph.parameters(name) > 0 for name in data]
-            if any(q and w for q, w in zip(quantized, weights)):
+            weights = [graph.parameters(item) > 0 for item in data]
+            if inside:
+                why = inside
+            elif any(q and w for q, w in zip(quantized, weights)):
                 why = "weights quantized, activations float (weight-only)"
             elif kind in ("Conv", "ConvTranspose", "Gemm") and not weights[1]:
                 why = "its weight is computed at run time, not a constant"
-        if node.name in rewritten:
+        if name in rewritten:
             quantized, why = [True], ""
-        yield Layer(node.name, kind, parameters, all(quantized), why)
+        yield Layer(name, kind, parameters, all(quantized), why)
 
 
 Reason = Callable[[Layer], "str | None"]

@@ -111,7 +111,8 @@ class NVFP4Weights(Recipe):
         rewritten = self.rewritten_layers(source)
         return {layer.name: f"no kernel: FP4 is simulated on the weights of {', '.join(WEIGHTED_OPS)} only"
                 if layer.kind not in WEIGHTED_OPS else "no kernel: FP4 is simulated on weights, and this layer's "
-                "operands are activations" for layer in layers(source) if layer.name not in rewritten}
+                "operands are activations" for layer in layers(source)
+                if layer.name not in rewritten and layer.name in {node.name for node in source.graph.node}}
 
     def for_target(self, target: str) -> Recipe:
         if target == "native":  # a TensorRT engine from this graph would be FP32 posing as FP4

@@ -72,7 +72,9 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
     name = fmt.name.upper()
     reasons = {}
     for layer in layers(source):
-        node = nodes[layer.name]
+        node = nodes.get(layer.name)
+        if node is None:  # inside a control-flow body: no reason to give, it is missed
+            continue
         pattern = next((p for p in exclude if fnmatch.fnmatchcase(node.name, p)), None)
         if layer.name in planned or layer.quantized:
             continue
