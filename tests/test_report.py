@@ -47,6 +47,65 @@ def test_gate_passes_identical_runs(record_path):
     assert proc.stdout.strip().endswith("0 regression(s), 0 improvement(s)")
 
 
+def _variant(record_path: Path, tmp_path: Path, change) -> Path:
+    record = json.loads(record_path.read_text())
+    change(record)
+    path = tmp_path / f"current-{len(list(tmp_path.glob('current-*')))}.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def _skip_all(record: dict) -> None:
+    for case in record["cases"]:
+        case.update(status="skipped", message="int8 on onnxruntime: not installed here", metrics={})
+
+
+def test_the_gate_never_passes_what_did_not_run(record_path, tmp_path):
+    """Every case skipped, one case missing, one errored, a passed case without metrics: each its own line, exit 1;
+    a run with no cases is bad input, exit 2."""
+    skipped = harness("gate", "--baseline", str(record_path), "--current", str(_variant(record_path, tmp_path, _skip_all)))
+    assert skipped.returncode == 1, skipped.stdout + skipped.stderr
+    assert "REGRESSION: cnn-int8-onnxruntime: judged in the baseline (passed), skipped now: int8 on onnxruntime: " \
+           "not installed here" in skipped.stdout
+    assert "REGRESSION: the current run judged none of its 7 case(s): nothing passed the gate" in skipped.stdout
+    assert "skipped: cnn-tf32-onnxruntime: " in skipped.stdout
+
+    def mixed(record: dict) -> None:
+        record["cases"] = [c for c in record["cases"] if c["id"] != "cnn-fp8-onnxruntime"]
+        by_id = {c["id"]: c for c in record["cases"]}
+        by_id["digits-cnn-fp8-onnxruntime"].update(status="error", message="worker 'gw1' crashed")
+        by_id["cnn-fp32-onnxruntime"]["metrics"] = {}
+
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(_variant(record_path, tmp_path, mixed)))
+    assert proc.returncode == 1
+    for line in ("cnn-fp8-onnxruntime: judged in the baseline (passed), missing from the current run",
+                 "cnn-fp32-onnxruntime: passed with no metrics: nothing was judged"):
+        assert f"REGRESSION: {line}" in proc.stdout, proc.stdout
+    assert "REGRESSION: digits-cnn-fp8-onnxruntime: was passed, now error" in proc.stdout
+
+    empty = harness("gate", "--baseline", str(record_path), "--current",
+                    str(_variant(record_path, tmp_path, lambda record: record.update(cases=[]))))
+    assert empty.returncode == 2 and "holds no cases" in empty.stderr, empty.stdout + empty.stderr
+
+
+def test_a_gate_policy_names_the_cases_a_runner_may_leave_unjudged(record_path, tmp_path):
+    """--gate-policy (it crashed on every file): allow_unjudged lets named cases be skipped, and only those."""
+    policy = tmp_path / "gate.yaml"
+    policy.write_text('allow_unjudged: ["*-fp8-*"]\n')
+
+    def fp8_skipped(record: dict) -> None:
+        for case in record["cases"]:
+            if case["precision"] == "fp8":
+                case.update(status="skipped", message="fp8 needs a GPU of compute capability ≥ 8.9", metrics={})
+
+    current = str(_variant(record_path, tmp_path, fp8_skipped))
+    allowed = harness("gate", "--baseline", str(record_path), "--current", current, "--gate-policy", str(policy))
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert "skipped: cnn-fp8-onnxruntime: fp8 needs a GPU" in allowed.stdout
+    strict = harness("gate", "--baseline", str(record_path), "--current", current)
+    assert strict.returncode == 1 and "cnn-fp8-onnxruntime: judged in the baseline (passed), skipped now" in strict.stdout
+
+
 def test_gate_fails_on_two_points_lost_and_names_the_case(record_path, tmp_path):
     current = json.loads(record_path.read_text())
     case = next(c for c in current["cases"] if c["id"] == "digits-cnn-int8-onnxruntime")

@@ -1,7 +1,10 @@
 """The release gate: a run compared with a baseline run, case by case, under a policy.
 
 Exit codes: 0 clean, 1 at least one regression, 2 bad input. Cases present in only one of
-the two runs are always listed, never dropped.
+the two runs are always listed, never dropped. The gate never passes what did not run: a case the baseline
+judged that is missing from the current run or skipped in it (unless the policy's ``allow_unjudged`` names it),
+a case that errored, a passed case that carries no metrics, and a run that judged no case at all are each a
+regression; a run with no cases is bad input.
 
 Quantized cases carry two verdicts: the recipe, judged on its graph's semantics (the same on
 every CPU), and the runtime's own outputs. Recipe metrics are compared whatever machines the two
@@ -40,6 +43,7 @@ class GatePolicy(BaseModel):
 
     defaults: Rules = Rules()
     precisions: dict[Literal[tuple(known_precisions())], Rules] = {}  # type: ignore[valid-type]
+    allow_unjudged: list[str] = []  # case-id patterns that may be missing or skipped where the baseline judged them
 
 
 @dataclass
@@ -48,6 +52,7 @@ class GateResult:
     improvements: list[str] = field(default_factory=list)
     only_in_baseline: list[str] = field(default_factory=list)
     only_in_current: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # the current run's skipped cases, with their reasons
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -56,7 +61,8 @@ class GateResult:
 
     def report(self) -> str:
         sections = [("note", self.notes), ("REGRESSION", self.regressions), ("improved", self.improvements),
-                    ("only in baseline", self.only_in_baseline), ("only in current", self.only_in_current)]
+                    ("only in baseline", self.only_in_baseline), ("only in current", self.only_in_current),
+                    ("skipped", self.skipped)]
         lines = [f"{label}: {item}" for label, items in sections for item in items]
         verdict = f"{len(self.regressions)} regression(s), {len(self.improvements)} improvement(s)"
         return "\n".join([*lines, verdict])
@@ -68,8 +74,9 @@ def load_policy(path: Path | None) -> dict[str, Any]:
         documents = layers(path, "gate.yaml", GatePolicy, "gate policy")
     except DocumentError as exc:
         raise RecordError(str(exc)) from None
-    policy: dict[str, Any] = {"defaults": {}, "precisions": {}}
+    policy: dict[str, Any] = {"defaults": {}, "precisions": {}, "allow_unjudged": []}
     for document in documents:
+        policy["allow_unjudged"] += document.allow_unjudged
         policy["defaults"].update(document.defaults.model_dump(exclude_unset=True))
         for precision, rules in document.precisions.items():
             policy["precisions"].setdefault(precision, {}).update(rules.model_dump(exclude_unset=True))
@@ -93,6 +100,8 @@ def runner_class_note(baseline_class: str, current_class: str) -> str | None:
 
 
 def gate(baseline: dict[str, Any], current: dict[str, Any], policy: dict[str, Any]) -> GateResult:
+    if not current["cases"]:
+        raise RecordError("the current run holds no cases: there is nothing to gate")
     result = GateResult()
     note = runner_class_note(runner_class(baseline), runner_class(current))
     if note:
@@ -106,12 +115,49 @@ def gate(baseline: dict[str, Any], current: dict[str, Any], policy: dict[str, An
     for case in current["cases"]:
         result.regressions += [f"{case['id']}: {name} is {value}, not a number: a regression whatever the bounds"
                                for name, value in non_finite(case)]
+    result.regressions += unjudged(base, cur, policy.get("allow_unjudged", []))
+    result.skipped = [f"{case['id']}: {case.get('message', '').splitlines()[0] if case.get('message') else ''}"
+                      for case in current["cases"] if case["status"] == "skipped"]
     for case_id in sorted(set(base) & set(cur)):
         regressions, improvements = judge_case(case_id, base[case_id], cur[case_id],
                                                rules_for(policy, cur[case_id]["precision"]), same_runner=note is None)
         result.regressions += regressions
         result.improvements += improvements
     return result
+
+
+JUDGED = ("passed", "failed")
+
+
+def case_unjudged(case_id: str, old: dict[str, Any] | None, new: dict[str, Any] | None, allowed: list[str]
+                  ) -> str | None:
+    """Why ``new`` (None: missing from the run) leaves unjudged a case the baseline judged (``old``), unless
+    ``allowed`` (case-id patterns) names it; None where there is nothing to say."""
+    import fnmatch
+
+    if old is None or old["status"] not in JUDGED or any(fnmatch.fnmatchcase(case_id, p) for p in allowed):
+        return None
+    if new is None:
+        return f"{case_id}: judged in the baseline ({old['status']}), missing from the current run"
+    if new["status"] == "skipped":
+        reason = (new.get("message") or "").splitlines()[:1]
+        return f"{case_id}: judged in the baseline ({old['status']}), skipped now: {reason[0] if reason else ''}"
+    return None
+
+
+def unjudged(base: dict[str, dict[str, Any]], cur: dict[str, dict[str, Any]], allowed: list[str]) -> list[str]:
+    """What the current run did not judge that it should have: a case the baseline judged, missing or skipped now
+    (:func:`case_unjudged`), a case that errored, a passed case without metrics, or no case judged at all."""
+    found = [problem for case_id, old in sorted(base.items())
+             if (problem := case_unjudged(case_id, old, cur.get(case_id), allowed))]
+    for case_id, new in sorted(cur.items()):
+        if new["status"] == "error" and (base.get(case_id) or {}).get("status") != "passed":  # else: judge_case's
+            found.append(f"{case_id}: error: {(new.get('message') or '').splitlines()[:1]}")
+        elif new["status"] == "passed" and not (new.get("metrics") or {}).get("metrics"):
+            found.append(f"{case_id}: passed with no metrics: nothing was judged")
+    if cur and not any(case["status"] in JUDGED for case in cur.values()):
+        found.append(f"the current run judged none of its {len(cur)} case(s): nothing passed the gate")
+    return found
 
 
 def duplicates(record: dict[str, Any], label: str) -> list[str]:

@@ -18,7 +18,7 @@ from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.registry import Registry
-from quantverdict.report.gate import judge_case, load_policy, rules_for, runner_class, runner_class_note
+from quantverdict.report.gate import case_unjudged, judge_case, load_policy, rules_for, runner_class, runner_class_note
 from quantverdict.report.load import load_record
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, enumerate_cases
@@ -103,6 +103,11 @@ class BaselineJudge:
     def judge(self, result: CaseResult) -> None:
         """Fail ``result`` (keeping its own verdicts' message) on a regression against the baseline."""
         old = self.cases.get(result.case.id)
+        problem = case_unjudged(result.case.id, old, result.to_dict(), self.policy.get("allow_unjudged", []))
+        if problem:  # skipped here, judged there: not a pass
+            result.metrics["baseline"] = {"path": str(self.path), "found": True, "regressions": [problem]}
+            result.status, result.message = "failed", f"{problem} (baseline {self.path})"
+            return
         if old is None or result.status not in ("passed", "failed"):
             result.metrics["baseline"] = {"path": str(self.path), "found": old is not None}
             return

@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from quantverdict.report.gate import gate, load_policy
     from quantverdict.report.load import load_record
+    from quantverdict.run.commands.common import settings
 
-    result = gate(load_record(args.baseline), load_record(args.current), load_policy(args.gate_policy))
+    policy = load_policy(settings(args)["gate-policy"])  # the option over the project's [tool.quantverdict]
+    result = gate(load_record(args.baseline), load_record(args.current), policy)
     print(result.report())
     return result.exit_code

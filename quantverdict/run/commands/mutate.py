@@ -27,10 +27,12 @@ def run(args: argparse.Namespace) -> int:
     from quantverdict.run.mutate import MIN_ACCURACY_COST, MIN_SNR_COST_DB, run_campaign
     from quantverdict.run.pipeline import Pipeline
 
-    pipeline = common.pipeline(args)
-    manifest = common.settings(args)["manifest"]
+    resolved = common.settings(args)
+    pipeline = Pipeline.from_settings(resolved)
+    manifest = resolved["manifest"]
     models = args.models or [n for n in pipeline.models.names() if not pipeline.models.get(n).slow]
-    campaign = run_campaign(pipeline, models, load_catalogue(args.catalogue), args.reruns, policy=args.gate_policy,
+    campaign = run_campaign(pipeline, models, load_catalogue(args.catalogue), args.reruns,
+                            policy=resolved["gate-policy"],
                             fresh_pipeline=lambda cache: Pipeline(cache, manifest=manifest))
     print(f"runner class: {pipeline.caps.runner_class}; significant = costs ≥ {MIN_SNR_COST_DB:g} dB SNR or "
           f"≥ {MIN_ACCURACY_COST:g} point of accuracy (on the graph's semantics)")
