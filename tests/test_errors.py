@@ -154,3 +154,44 @@ def test_a_history_that_breaks_after_the_run_keeps_the_record_and_the_summary(tm
     code = main(["run", "--models", "mlp", "--precisions", "fp32", "--backends", "onnxruntime",
                  "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / "reports")])
     assert code == 2 and len(list((tmp_path / "reports").glob("run-*.json"))) == 1
+
+
+@pytest.mark.parametrize("where", ["build", "calibration"])
+def test_a_user_callable_that_calls_sys_exit_is_its_cases_error_and_the_run_goes_on(tmp_path, where):
+    """``sys.exit(0)`` in a factory ended `quantverdict run` with exit 0, no output and no record: now it is the
+    case's error, naming the callable, the other cases still run, the record is written and the run exits 1."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "exiting.py").write_text(textwrap.dedent(f"""\
+        import sys
+        import numpy as np
+        from torch import nn
+
+
+        def net():
+            {"sys.exit(0)" if where == "build" else "pass"}
+            return nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).eval()
+
+
+        def calibration():
+            {"sys.exit(3)" if where == "calibration" else "pass"}
+            return [{{"x": np.zeros((2, 3, 4), np.float32)}}]
+        """))
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: quits\n    build: exiting:net\n    build_files: []\n    inputs: [{name: x, shape: [2, 3, 4]}]\n"
+        "    outputs: [y]\n    calibration: exiting:calibration\n    recipe: {int8: {calibration: max}}\n")
+    proc = subprocess.run([sys.executable, "-m", "quantverdict", "run", "--manifest", "models.yaml", "--models", "quits",
+                           "--precisions", "fp32,int8", "--backends", "onnxruntime", "--report-dir", "out",
+                           "--cache-dir", "cache"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [record] = (tmp_path / "out").glob("run-*.json")
+    cases = {case["id"]: case for case in json.loads(record.read_text())["cases"]}
+    failing = "quits-int8-onnxruntime" if where == "calibration" else "quits-fp32-onnxruntime"
+    assert cases[failing]["status"] == "error"
+    callable_name = "exiting:net" if where == "build" else "exiting:calibration"
+    assert callable_name in cases[failing]["message"] and "SystemExit" in cases[failing]["message"]
+    if where == "calibration":
+        assert cases["quits-fp32-onnxruntime"]["status"] == "passed"

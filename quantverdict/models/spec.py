@@ -157,7 +157,7 @@ class ModelSpec:
             return function(*args)
         except HarnessError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a user's callable ends their case, not the run
             raise UserCodeError(self.describe(role), exc) from exc
 
     def describe(self, role: str) -> str:
