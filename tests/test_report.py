@@ -263,6 +263,25 @@ def test_record_merges_cases_from_xdist_workers(tmp_path):
         "cnn-fp32-onnxruntime", "cnn-int8-onnxruntime", "mlp-fp32-onnxruntime", "mlp-int8-onnxruntime"]
 
 
+def test_a_crashed_xdist_workers_case_is_an_error_in_the_record(tmp_path):
+    """A worker killed while running a case (a factory that SIGKILLs its process): xdist reports the crash, and the
+    record holds that case as an error naming it, beside the cases that ran, so no gate can pass without it."""
+    (tmp_path / "crashing.py").write_text(
+        "import os\nimport signal\nfrom torch import nn\n\n\ndef net():\n    os.kill(os.getpid(), signal.SIGKILL)\n\n\n"
+        "def fine():\n    return nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).eval()\n")
+    entry = ("  - name: {0}\n    build: crashing:{1}\n    build_files: []\n    inputs: [{{name: x, shape: [2, 3, 4]}}]\n"
+             "    outputs: [y]\n    calibration: synthetic\n")
+    (tmp_path / "models.yaml").write_text("models:\n" + entry.format("dies", "net") + entry.format("lives", "fine"))
+    (tmp_path / "pyproject.toml").write_text('[tool.quantverdict]\nmanifest = "models.yaml"\ncache-dir = "cache"\n')
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-m", "fp32 and onnxruntime",
+                           f"--qv-report-dir={tmp_path / 'out'}"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 1 and "crashed" in proc.stdout, proc.stdout[-2000:]
+    [record] = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("run-*.json")]
+    statuses = {case["id"]: (case["status"], case["message"]) for case in record["cases"]}
+    assert statuses["lives-fp32-onnxruntime"][0] == "passed"
+    assert statuses["dies-fp32-onnxruntime"][0] == "error" and "crashed while running" in statuses["dies-fp32-onnxruntime"][1]
+
+
 PAYLOAD = "<script>document.documentElement.setAttribute('data-pwned','script')</script>" \
           "<img src=x onerror=\"document.documentElement.setAttribute('data-pwned','img')\">\"'"
 

@@ -234,6 +234,24 @@ class _RecordCollector:
         for name, value in report.user_properties:
             if name == RESULT_PROPERTY and report.when == "call":
                 self.config.stash[_results_key].append(value)
+        if report.when == "???" and report.failed:  # pytest-xdist's report of a worker that crashed on this item
+            crashed = self._crashed(report)
+            if crashed is not None:
+                self.config.stash[_results_key].append(crashed)
+
+    def _crashed(self, report: pytest.TestReport) -> dict[str, Any] | None:
+        """The case a crashed worker was running, as an ``error`` result naming the crash (else it would vanish
+        from the record, and a gate against a full baseline would pass)."""
+        settings = self.config.stash[_settings_key]
+        if settings["manifest"] is None:
+            return None
+        from quantverdict.run.cases import CaseResult
+
+        case_id = report.nodeid.rpartition("::")[2]
+        cases = pipeline(self.config).cases(settings["models"], settings["precisions"], settings["backends"])
+        case = next((case for case in cases if case.id == case_id), None)
+        what = str(report.longrepr).strip().splitlines()[0] if report.longrepr else "its worker crashed"
+        return None if case is None else CaseResult(case, "error", f"{case.id}: {what}").to_dict()
 
 
 MANIFEST_NAMES = ("models.yaml", "models.yml")  # what `quantverdict init` writes, and its common spelling
