@@ -96,13 +96,13 @@ class Cache:
     ) -> Path:
         """Return the path of the artifact for ``key``, calling ``produce`` only on a miss."""
         path = self.path(kind, key, suffix)
-        if self._verified(path):  # reads only: another process may be writing this entry right now
+        if self._verified(path, key):  # reads only: another process may be writing this entry right now
             self.stats[f"{kind}.hit"] += 1
             with contextlib.suppress(OSError):  # last use, for prune; a read-only cache still serves
                 os.utime(_sidecar(path))
             return path
         with file_lock(self.root / "locks" / kind / f"{key}.lock"):
-            if self._valid(kind, path):  # another process built it while we waited
+            if self._valid(kind, path, key):  # another process built it while we waited
                 self.stats[f"{kind}.hit"] += 1
                 return path
             _remove_temporaries(path)  # a writer of this key that was killed mid-write
@@ -198,19 +198,24 @@ class Cache:
                     item.unlink()
         return True
 
-    @staticmethod
-    def _verified(path: Path) -> bool:
-        """The artifact and its sidecar both exist and agree (no side effects: safe without the lock)."""
+    def _verified(self, path: Path, key: str) -> bool:
+        """The artifact and its sidecar are files of this cache (not links, nothing outside it), the sidecar
+        records ``key`` (an entry swapped for another key's is not served) and the artifact's checksum (no side
+        effects: safe without the lock)."""
         try:
-            return json.loads(_sidecar(path).read_text())["sha256"] == file_sha256(path)
+            sidecar = _sidecar(path)
+            if path.is_symlink() or sidecar.is_symlink() or not path.resolve().is_relative_to(self.root.resolve()):
+                return False
+            meta = json.loads(sidecar.read_text())
+            return meta["key"] == key and meta["sha256"] == file_sha256(path)
         except (OSError, ValueError, KeyError, TypeError):
             return False
 
-    def _valid(self, kind: str, path: Path) -> bool:
+    def _valid(self, kind: str, path: Path, key: str) -> bool:
         """Under the entry's lock: verified, or (if anything of it is there) quarantined."""
-        if self._verified(path):
+        if self._verified(path, key):
             return True
-        if path.exists():
+        if path.exists() or path.is_symlink():
             self._quarantine(kind, path)
         else:  # a sidecar alone: a write cut short between the sidecar's rename and the artifact's
             with contextlib.suppress(FileNotFoundError):
@@ -219,7 +224,7 @@ class Cache:
 
     def _quarantine(self, kind: str, path: Path) -> None:
         self.stats[f"{kind}.corrupt"] += 1
-        warnings.warn(f"cache entry {path} does not match its checksum: moved aside and rebuilt")
+        warnings.warn(f"cache entry {path} does not match its checksum or its key, or is a link: moved aside and rebuilt")
         for item in (path, _sidecar(path)):
             with contextlib.suppress(FileNotFoundError):
                 os.replace(item, item.with_name(item.name + ".corrupt"))

@@ -45,6 +45,25 @@ def test_corrupt_entry_is_moved_aside_and_rebuilt(tmp_path):
     assert cache.stats == {"onnx.miss": 2, "onnx.corrupt": 1}
 
 
+@pytest.mark.parametrize("swap", ["link", "copy"])
+def test_an_entry_swapped_for_another_keys_is_not_served(tmp_path, swap):
+    """An INT8 outputs entry (artifact and sidecar) replaced by the FP32 entry, as links or as copies: the
+    sidecar records the FP32 key, so the INT8 lookup rebuilds instead of serving FP32's numbers as INT8's."""
+    import os
+    import shutil
+
+    cache = Cache(tmp_path)
+    fp32 = cache.get_or_create("outputs", "aa" * 32, ".npz", lambda: b"fp32 outputs")
+    int8 = cache.get_or_create("outputs", "bb" * 32, ".npz", lambda: b"int8 outputs")
+    for source, target in ((fp32, int8), (fp32.with_name(fp32.name + ".json"), int8.with_name(int8.name + ".json"))):
+        target.unlink()
+        os.symlink(source, target) if swap == "link" else shutil.copyfile(source, target)
+    with pytest.warns(UserWarning, match="does not match its checksum or its key, or is a link"):
+        served = cache.get_or_create("outputs", "bb" * 32, ".npz", lambda: b"int8 outputs")
+    assert served.read_bytes() == b"int8 outputs" and not served.is_symlink()
+    assert fp32.read_bytes() == b"fp32 outputs"  # the link's target is left alone
+
+
 def test_failed_produce_leaves_no_entry(tmp_path):
     cache = Cache(tmp_path)
 
