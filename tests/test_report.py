@@ -358,3 +358,29 @@ def test_a_record_round_trips_through_its_types(record_path):
     typed = RunRecord.model_validate(record)
     assert typed.cases[1].metrics.recipe is not None and typed.cases[1].metrics.recipe.coverage.quantized == 4
     assert typed.model_dump(exclude_unset=True) == record
+
+
+def test_records_that_are_no_regular_file_or_carry_nulls_or_dollars_are_read_without_a_crash(record_path, tmp_path):
+    """A FIFO (it blocked the gate forever) and a link to /dev/zero (it skipped the size check) are refused with
+    one line, exit 2; null cosine/SNR, which the schema accepts, no longer crash the gate; a '$' in a case id
+    (reachable through the fixture's name=) is drawn as text, not parsed as TeX, on the page."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")
+    os.symlink("/dev/zero", tmp_path / "zero.json")
+    for name in ("fifo.json", "zero.json"):
+        proc = subprocess.run([sys.executable, "-m", "quantverdict", "gate", "--baseline", str(record_path), "--current",
+                               str(tmp_path / name)], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.strip() == f"error: run record {tmp_path / name} is not a regular file"
+
+    def nulls_and_dollars(record: dict) -> None:
+        for case in record["cases"]:
+            case["id"] = case["id"].replace("-", "$x^{", 1) if case["status"] == "passed" else case["id"]
+            for values in (case.get("metrics") or {}).get("metrics", {}).values():
+                values.update(cosine=None, snr_db=None)
+
+    current = _variant(record_path, tmp_path, nulls_and_dollars)
+    gate = harness("gate", "--baseline", str(record_path), "--current", str(current))
+    assert gate.returncode in (0, 1) and "Traceback" not in gate.stderr, gate.stderr
+    report = harness("report", str(current), "--out-dir", str(tmp_path / "page"))
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr[-2000:]

@@ -20,7 +20,9 @@ def load_record(path: Path) -> dict[str, Any]:
     """A run record as a dict, checked against :mod:`quantverdict.report.schema`: every problem is a
     :class:`RecordError` naming the file and the field's path, never a traceback later."""
     try:
-        size = path.stat().st_size
+        if not path.resolve().is_file():  # a FIFO would block the reader, /dev/zero has no size to check
+            raise RecordError(f"run record {path} is not a regular file") if path.exists() else FileNotFoundError
+        size = path.resolve().stat().st_size
         if size > MAX_RECORD_BYTES:
             raise RecordError(f"run record {path} is {size:,} bytes; the limit is {MAX_RECORD_BYTES:,}")
         record = json.loads(path.read_bytes())
@@ -104,8 +106,9 @@ def case_margin(case: dict[str, Any]) -> float | None:
 
 
 def primary_metrics(case: dict[str, Any]) -> dict[str, Any]:
-    """The metrics of the case's first output."""
-    return next(iter(case.get("metrics", {}).get("metrics", {}).values()), {})
+    """The metrics of the case's first output, those the record leaves null left out (a reader compares numbers)."""
+    first = next(iter((case.get("metrics") or {}).get("metrics", {}).values()), {})
+    return {name: value for name, value in first.items() if value is not None}
 
 
 def verdicts(case: dict[str, Any]) -> dict[str, Any]:

@@ -161,16 +161,17 @@ def figure(draw: Callable[[Any], bool], width: float = 11, height: float = 4) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(width, height))
-    try:
-        if not draw(ax):
-            return None
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=90)
-        return base64.b64encode(buffer.getvalue()).decode()
-    finally:
-        plt.close(fig)
+    with matplotlib.rc_context({"text.parse_math": False}):  # a record's text ('$' in a case id) is text, not TeX
+        fig, ax = plt.subplots(figsize=(width, height))
+        try:
+            if not draw(ax):
+                return None
+            fig.tight_layout()
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png", dpi=90)
+            return base64.b64encode(buffer.getvalue()).decode()
+        finally:
+            plt.close(fig)
 
 
 def _ran(record: dict[str, Any]) -> list[dict[str, Any]]:
