@@ -53,11 +53,32 @@ def read_yaml(source: Path | resources.abc.Traversable, what: str, max_bytes: in
     if len(text.encode()) > max_bytes:
         raise DocumentError(f"{what} {source} is over the {max_bytes:,}-byte limit")
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader that also refuses repeated keys)
     except yaml.YAMLError as exc:
         raise DocumentError(f"{what} {source} is not valid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError:
+        raise DocumentError(f"{what} {source} nests deeper than {MAX_DEPTH} levels: refused") from None
     _check_size(document, len(text), f"{what} {source}")
     return document
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key repeated in one mapping (the last would win silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the constructor names it
+                continue
+            if repeated:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def _check_size(document: Any, size: int, where: str) -> None:

@@ -195,3 +195,26 @@ def test_a_user_callable_that_calls_sys_exit_is_its_cases_error_and_the_run_goes
     assert callable_name in cases[failing]["message"] and "SystemExit" in cases[failing]["message"]
     if where == "calibration":
         assert cases["quits-fp32-onnxruntime"]["status"] == "passed"
+
+
+@pytest.mark.parametrize("option, text, expected", [
+    ("--manifest", "models:\n  - name: a\n    build: x:y\n    inputs: [{name: x, shape: [1, 2]}]\n    outputs: [y]\n"
+                   "    outputs: [z]\n", "is not valid YAML: duplicate key 'outputs'"),
+    ("--manifest", "x: " + "[" * 10000 + "]" * 10000 + "\n", "nests deeper than 32 levels: refused"),
+    ("--tolerances", "defaults:\n  int8: {min_cosine: .nan}\n", "defaults.int8.min_cosine: a bound is a finite number ≥ 0, not nan"),
+    ("--tolerances", "defaults:\n  int8: {max_norm_err: -1}\n", "defaults.int8.max_norm_err: a bound is a finite number ≥ 0"),
+])
+def test_yaml_that_would_mislead_or_crash_is_refused_in_one_line(tmp_path, option, text, expected):
+    """Repeated keys (the last won silently), nesting 10,000 deep (a RecursionError), NaN or negative bounds (every
+    case then failed 'must be ≥ nan'): one line naming the file, exit 2."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "document.yaml"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "quantverdict", "run", option, str(path), "--models", "cnn",
+                           "--precisions", "int8", "--backends", "onnxruntime", "--cache-dir", str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert str(path) in line and expected in line

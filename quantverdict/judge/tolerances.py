@@ -6,10 +6,11 @@ so it need only name what it changes (``null`` removes a bound).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from quantverdict.documents import layers
 from quantverdict.judge.intervals import samples_to_resolve
@@ -33,6 +34,22 @@ class Tolerance(BaseModel):
     max_flip_fraction: float | None = None  # runtime fidelity (quantverdict.judge.fidelity); quantized precisions
     task_min: Mapping[str, float] | None = None  # bounds on the model's task metrics, by name (judge.task_metrics)
     task_max: Mapping[str, float] | None = None
+
+    @field_validator("atol", "rtol", "min_cosine", "max_norm_err", "min_top1", "max_accuracy_drop",
+                     "max_flip_fraction")
+    @classmethod
+    def _bound(cls, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"a bound is a finite number ≥ 0, not {value!r}")
+        return value
+
+    @field_validator("task_min", "task_max")
+    @classmethod
+    def _task_bounds(cls, value: Mapping[str, float] | None) -> Mapping[str, float] | None:
+        for name, bound in (value or {}).items():
+            if not math.isfinite(bound):
+                raise ValueError(f"{name}: a bound is a finite number, not {bound!r}")
+        return value
 
     def to_dict(self) -> dict[str, Any]:
         return {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.model_dump().items() if v is not None}
