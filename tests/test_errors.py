@@ -218,3 +218,68 @@ def test_yaml_that_would_mislead_or_crash_is_refused_in_one_line(tmp_path, optio
     assert proc.returncode == 2, proc.stdout + proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert str(path) in line and expected in line
+
+
+USER_MISTAKES = """\
+from torch import nn
+
+
+def nothing():
+    return None
+
+
+def net():
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).eval()
+
+
+def score(reference, candidate, labels):
+    return 0.5
+"""
+
+
+@pytest.mark.parametrize("entry, expected", [
+    ("build: mistakes:nothing", "model 'm': its model factory mistakes:nothing failed: TypeError: returned NoneType; "
+                                "expected a torch.nn.Module"),
+    ("build: mistakes:net\n    metric: mistakes:score", "model 'm': its metric mistakes:score returned float 0.5; expected "
+                                                        "a mapping of metric names to numbers"),
+])
+def test_a_user_callables_wrong_return_is_one_line_naming_it(tmp_path, entry, expected):
+    import sys
+
+    (tmp_path / "mistakes.py").write_text(USER_MISTAKES)
+    (tmp_path / "models.yaml").write_text(f"models:\n  - name: m\n    {entry}\n    inputs: [{{name: x, shape: [2, 3, 4]}}]\n"
+                                          "    outputs: [y]\n    calibration: synthetic\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("m", "fp32", "onnxruntime"))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mistakes", None)
+    assert result.status == "error" and result.message.splitlines()[0].startswith(f"m-fp32-onnxruntime: {expected}"), \
+        result.message
+
+
+@pytest.mark.parametrize("field, expected", [
+    ("inputs: [{name: x, shape: [2, 3, 4], range: [1, 0]}]\n    recipe: {}",
+     "models[0].inputs[0].range: expected [low, high] with finite low < high, got [1.0, 0.0]"),
+    ("inputs: [{name: x, shape: [2, 3, 4]}]\n    recipe: {int8: {smoothquant: banana}}",
+     "models[0].recipe.int8: int8 recipe settings {'smoothquant': 'banana'}: could not convert string to float"),
+])
+def test_a_manifest_value_of_the_wrong_kind_is_one_line_naming_its_field(tmp_path, field, expected):
+    from quantverdict.errors import HarnessError
+
+    (tmp_path / "models.yaml").write_text(f"models:\n  - name: m\n    build: x:y\n    {field}\n    outputs: [y]\n")
+    with pytest.raises(HarnessError) as error:
+        Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    lines = str(error.value).splitlines()  # one line per problem (the factory x:y is missing too)
+    assert all(line.startswith(f"{tmp_path / 'models.yaml'}: model 'm': ") for line in lines)
+    assert any(expected in line for line in lines), lines
+
+
+def test_a_record_holding_an_integer_of_5000_digits_is_bad_input(tmp_path):
+    from quantverdict.report.load import RecordError, load_record
+
+    path = tmp_path / "run.json"
+    path.write_text('{"schema_version": 1, "cases": [], "big": ' + "9" * 5000 + "}")
+    with pytest.raises(RecordError, match="is not valid JSON: Exceeds the limit"):
+        load_record(path)

@@ -149,9 +149,15 @@ def task_accuracy(reference_correct: np.ndarray, candidate_correct: np.ndarray, 
     return task
 
 
-def judge_task_metrics(values: Mapping[str, float], tolerance: Tolerance, result: Comparison) -> None:
+def judge_task_metrics(values: Mapping[str, float], tolerance: Tolerance, result: Comparison, where: str = "the task metric"
+                       ) -> None:
     """Keep a model's task metrics in ``result`` and check each bound the tolerance gives them; a
-    bound on a metric the model's metric function does not return fails, naming what it returns."""
+    bound on a metric the model's metric function does not return fails, naming what it returns; anything but
+    names → numbers is an error naming ``where`` (the metric callable)."""
+    if not isinstance(values, Mapping) or not all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+                                                  for v in values.values()):
+        raise InputSpecError(f"{where} returned {type(values).__name__} {str(values)[:80]}; expected a mapping of "
+                             "metric names to numbers ({'text_agreement': 0.98})")
     result.task_metrics = {name: float(value) for name, value in values.items()}
     for bounds, higher in ((tolerance.task_min or {}, True), (tolerance.task_max or {}, False)):
         for name, bound in bounds.items():

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from quantverdict.errors import CalibrationError
+from quantverdict.errors import CalibrationError, UserCodeError
 from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch, ModelSpec
 
@@ -28,7 +28,11 @@ def build_module(spec: ModelSpec) -> Any:
 
     assert spec.build is not None
     torch.manual_seed(spec.seed)
-    return spec.call("build").eval()
+    module = spec.call("build")
+    if not isinstance(module, torch.nn.Module):
+        raise UserCodeError(spec.describe("build"), TypeError(
+            f"returned {type(module).__name__}; expected a torch.nn.Module"))
+    return module.eval()
 
 
 def calibration_batches(spec: ModelSpec) -> list[Batch]:

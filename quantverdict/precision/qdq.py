@@ -121,7 +121,10 @@ class QDQ(Recipe):
         unknown = sorted(set(settings) - set(parse))
         if unknown:
             raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(parse))}")
-        return self.with_options(**{parse[k][0]: parse[k][1](v) for k, v in settings.items()})
+        try:
+            return self.with_options(**{parse[k][0]: parse[k][1](v) for k, v in settings.items()})
+        except (TypeError, ValueError) as exc:  # smoothquant: banana
+            raise CalibrationError(f"{self.name} recipe settings {dict(settings)}: {exc}") from None
 
     def _other_quantizer(self, quantizer: str, settings: Mapping[str, Any]) -> Recipe:
         if set(settings) - {"calibration"}:

@@ -28,7 +28,7 @@ def load_record(path: Path) -> dict[str, Any]:
         record = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise RecordError(f"run record not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: JSON, or an integer of 5,000 digits
         raise RecordError(f"run record {path} is not valid JSON: {exc}") from exc
     except RecursionError:
         raise RecordError(f"run record {path} nests too deeply to be a run record") from None

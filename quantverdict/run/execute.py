@@ -187,7 +187,8 @@ class CaseExecutor:
                              frozenset(name for name, kind in kinds.items() if kind == "distribution"))
         labels = self.store.eval_labels(spec.name)
         if spec.task_metric() is not None:
-            judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison)
+            judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison,
+                               spec.describe("metric"))
         if labels is not None:
             output = spec.outputs[0]
             comparison.task = task_accuracy(reference[output].argmax(-1) == labels,

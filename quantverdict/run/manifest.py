@@ -12,6 +12,7 @@ files that are read wherever they are. Run only manifests you would run as code.
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,14 @@ class InputEntry(_Strict):
     range: tuple[float, float] = (-1.0, 1.0)
     dynamic_axes: dict[Annotated[int, Field(ge=0)], str] = {0: "batch"}
     resolution: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("range")
+    @classmethod
+    def _range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"expected [low, high] with finite low < high, got [{low}, {high}]")
+        return value
 
 
 class ModelEntry(_Strict):
