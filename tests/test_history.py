@@ -111,3 +111,22 @@ def test_the_history_page_shows_what_changed_since_the_last_good_run(tmp_path):
     assert "Nothing: no series" in only_avx2 and "<img" not in only_avx2
     assert main(["history", "--history-db", str(db), "--page", str(tmp_path / "history.html"), "--all"]) == 1
     assert (tmp_path / "history.html").read_text().count("<img") == 4
+
+
+def test_a_hand_edited_history_is_judged_on_the_rows_that_are_measurements(tmp_path):
+    """Strings and NULLs where values were, and package lists that are no JSON (a traceback before): those rows are
+    no measurement and are left out; the rest is judged and drawn."""
+    import sqlite3
+
+    from quantverdict.report.history import append, series
+
+    db = tmp_path / "history.sqlite"
+    for run in range(1, 13):
+        append(db, _record(run, 10.0 + 0.01 * run, "x86_64-avx2", "2.14.0"))
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE points SET value = 'fast' WHERE rowid IN (SELECT rowid FROM points LIMIT 2)")
+        connection.execute("UPDATE points SET value = NULL WHERE rowid IN (SELECT rowid FROM points LIMIT 2 OFFSET 4)")
+        connection.execute("UPDATE runs SET packages = '{torch: broken'")
+    assert main(["history", "--history-db", str(db), "--page", str(tmp_path / "history.html"), "--all"]) in (0, 1)
+    counts = [len(one.values) for one in series(db)]
+    assert counts and sum(counts) == 2 * 12 - 4

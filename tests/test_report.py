@@ -384,3 +384,24 @@ def test_records_that_are_no_regular_file_or_carry_nulls_or_dollars_are_read_wit
     assert gate.returncode in (0, 1) and "Traceback" not in gate.stderr, gate.stderr
     report = harness("report", str(current), "--out-dir", str(tmp_path / "page"))
     assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr[-2000:]
+
+
+def test_shards_that_break_the_schema_and_destinations_that_cannot_be_written_are_bad_input(record_path, tmp_path):
+    """merge of a shard without its count, or with shard "2/2" (KeyError, TypeError before); report, merge and
+    history --page into a folder that cannot be made (a traceback, history's read as 'regression'): exit 2, one line,
+    before any work."""
+    no_count = _variant(record_path, tmp_path, lambda record: record.update(shard={"index": 2}))
+    as_text = _variant(record_path, tmp_path, lambda record: record.update(shard="2/2"))
+    one = _variant(record_path, tmp_path, lambda record: record.update(shard={"index": 1, "count": 2}))
+    unwritable = Path("/proc/quantverdict-test/out")
+    for command, expected in (
+            (("merge", str(one), str(no_count), "--out", str(tmp_path / "m.json")), f"{no_count}: shard.count: "),
+            (("merge", str(one), str(as_text), "--out", str(tmp_path / "m.json")), f"{as_text}: shard: "),
+            (("report", str(record_path), "--out-dir", str(unwritable)), f"cannot write the report to {unwritable}"),
+            (("merge", str(one), "--out", str(unwritable / "m.json")), f"cannot write the merged record to {unwritable}"),
+            (("history", "--history-db", str(tmp_path / "none.sqlite"), "--page", str(unwritable / "h.html")),
+             f"cannot write the history page to {unwritable}")):
+        proc = harness(*command)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr[-1500:])
+        [line] = proc.stderr.strip().splitlines()
+        assert expected in line, line

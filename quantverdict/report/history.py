@@ -140,7 +140,9 @@ def series(db: Path) -> Iterator[Series]:
         with sqlite3.connect(db) as connection:
             rows = connection.execute(
                 "SELECT r.runner_class, p.case_id, p.metric, p.value, r.run_id, r.started, r.git_commit FROM points p "
-                "JOIN runs r USING (run_id) ORDER BY r.runner_class, p.case_id, p.metric, r.started, r.rowid").fetchall()
+                "JOIN runs r USING (run_id) WHERE typeof(p.value) IN ('real', 'integer') AND typeof(r.started) = 'text' "
+                "AND typeof(p.case_id) = 'text' AND typeof(p.metric) = 'text' "  # a hand-edited row is no measurement
+                "ORDER BY r.runner_class, p.case_id, p.metric, r.started, r.rowid").fetchall()
     except sqlite3.DatabaseError as exc:
         raise HarnessError(f"{db} is not a readable history database: {exc}") from exc
     for key, group in itertools.groupby(rows, key=lambda row: row[:3]):
@@ -153,7 +155,13 @@ def run_packages(db: Path, run_ids: list[str]) -> dict[str, dict[str, str]]:
     with sqlite3.connect(db) as connection:
         rows = connection.execute(f"SELECT run_id, packages FROM runs WHERE run_id IN ({','.join('?' * len(run_ids))})",
                                   run_ids).fetchall()
-    return {run_id: json.loads(packages or "{}") for run_id, packages in rows}
+    found = {}
+    for run_id, packages in rows:
+        try:
+            found[run_id] = json.loads(packages or "{}") if isinstance(packages, str) else {}
+        except ValueError:  # hand-edited: no versions to show
+            found[run_id] = {}
+    return {run_id: value if isinstance(value, dict) else {} for run_id, value in found.items()}
 
 
 class Profile(BaseModel):

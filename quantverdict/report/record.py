@@ -74,15 +74,21 @@ def history_path(report_dir: Path, history: Path | None) -> Path:
     return history or report_dir / HISTORY_DB
 
 
+def check_writable(folder: Path, what: str) -> None:
+    """``folder`` exists (made if need be) and takes a file, or a :class:`DestinationError` naming it and ``what``
+    was to go there: found before the work, not after it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise DestinationError(f"cannot write {what} to {folder}: {exc.strerror or exc}") from None
+
+
 def check_destinations(report_dir: Path, history: Path | None = None) -> None:
     """Before a run: the record's folder and the history database can be written, so that a read-only
     folder or a corrupt history is found before the matrix runs, not after it."""
-    try:
-        report_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=report_dir):
-            pass
-    except OSError as exc:
-        raise DestinationError(f"cannot write run records to {report_dir}: {exc.strerror or exc}") from None
+    check_writable(report_dir, "run records")
     from quantverdict.report.history import open_history
 
     db = history_path(report_dir, history)

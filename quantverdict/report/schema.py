@@ -102,6 +102,11 @@ class Environment(_Open):
     packages: dict[str, str | None] = {}
 
 
+class Shard(_Open):
+    index: int
+    count: int
+
+
 class RunRecord(_Open):
     schema_version: Literal[SCHEMA_VERSION]  # type: ignore[valid-type]
     run_id: str | None = None
@@ -110,4 +115,5 @@ class RunRecord(_Open):
     environment: Environment
     summary: dict[str, int] = {}
     cache: dict[str, int] = {}
+    shard: Shard | None = None  # a shard's record (run --shard i/n), for merge
     cases: list[CaseRecord]

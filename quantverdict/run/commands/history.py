@@ -26,6 +26,10 @@ def run(args: argparse.Namespace) -> int:
 
     from quantverdict.report.history import judge_history, load_policies
 
+    if args.page:
+        from quantverdict.report.record import check_writable
+
+        check_writable(args.page.parent, "the history page")
     start = clock.perf_counter()
     verdicts = judge_history(args.history_db, load_policies(args.history_policy, args.profile))
     for verdict in verdicts:

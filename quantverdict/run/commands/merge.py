@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from quantverdict.report.load import load_record
     from quantverdict.report.merge import merge_records
+    from quantverdict.report.record import check_writable
+
+    check_writable(args.out.parent, "the merged record")
 
     merged = merge_records([load_record(path) for path in args.shards], [str(p) for p in args.shards])
     atomic_write_bytes(args.out, json.dumps(merged, indent=1, default=str).encode())

@@ -23,10 +23,12 @@ def run(args: argparse.Namespace) -> int:
     from quantverdict.report.record import HISTORY_DB
     from quantverdict.report.render import html_page, markdown
 
+    from quantverdict.report.record import check_writable
+
+    out = args.out_dir or args.record.parent
+    check_writable(out, "the report")
     record = load_record(args.record)
     past = [r for r in history(args.history) if r.get("started") != record.get("started")] if args.history else []
-    out = args.out_dir or args.record.parent
-    out.mkdir(parents=True, exist_ok=True)
     text = markdown(record)
     atomic_write_bytes(out / f"{args.record.stem}.md", text.encode())
     db = getattr(args, "history_db", None) or args.record.parent / HISTORY_DB
