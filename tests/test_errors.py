@@ -4,6 +4,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quantverdict.cache import Cache
@@ -283,3 +284,28 @@ def test_a_record_holding_an_integer_of_5000_digits_is_bad_input(tmp_path):
     path.write_text('{"schema_version": 1, "cases": [], "big": ' + "9" * 5000 + "}")
     with pytest.raises(RecordError, match="is not valid JSON: Exceeds the limit"):
         load_record(path)
+
+
+def test_float64_and_torch_tensor_calibration_batches_are_read_as_the_declared_float32(tmp_path):
+    """Batches of float64 NumPy arrays or CPU torch tensors for a float32 input (raw ONNX Runtime errors before,
+    naming neither the callable nor the input): read as the declared dtype, and the INT8 case is judged."""
+    import sys
+
+    (tmp_path / "wide.py").write_text(
+        "import numpy as np\nimport torch\nfrom torch import nn\n\n\ndef net():\n"
+        "    torch.manual_seed(0)\n    return nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).eval()\n\n\n"
+        "def batches():\n    rng = np.random.default_rng(0)\n"
+        "    return [{'x': rng.uniform(-1, 1, (4, 3, 4))}, {'x': torch.rand(4, 3, 4) * 2 - 1}]\n")
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: wide\n    build: wide:net\n    inputs: [{name: x, shape: [4, 3, 4]}]\n    outputs: [y]\n"
+        "    calibration: wide:batches\n    recipe: {int8: {calibration: max}}\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+        batches = pipeline.store.calibration_batches("wide")
+        result = pipeline.run(Case("wide", "int8", "onnxruntime"))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("wide", None)
+    assert [batch["x"].dtype for batch in batches] == [np.float32, np.float32]
+    assert result.status in ("passed", "failed") and "cosine" in result.metrics["metrics"]["y"], result.message

@@ -171,7 +171,8 @@ class ModelSpec:
         """``batches`` as a user's callable returned them, checked against the declared inputs: a list of
         {input name: array} with every input, of its dtype kind and rank, its fixed axes as declared, at
         least one row, and finite values; anything else is an :class:`InputDataError` naming the callable,
-        the batch and the input."""
+        the batch and the input. Arrays come back as NumPy arrays of the declared dtype (float64 data, or a CPU
+        torch tensor, for a float32 input is what the model reads, converted once here)."""
         where = self.describe(role)
         if not isinstance(batches, (list, tuple)) or not batches:
             raise InputDataError(f"{where} returned {_what(batches)}; expected a non-empty list of "
@@ -185,10 +186,15 @@ class ModelSpec:
                 raise InputDataError(f"{where}: batch {index} has inputs {sorted(batch)}; the model's are "
                                      f"{[spec.name for spec in self.inputs]}")
             for spec in self.inputs:
-                problem = spec.problem(np.asarray(batch[spec.name]))
+                try:
+                    values = np.asarray(batch[spec.name])
+                except (TypeError, ValueError, RuntimeError) as exc:  # a CUDA tensor, a ragged list
+                    raise InputDataError(f"{where}: batch {index}, input {spec.name!r}: {_what(batch[spec.name])} "
+                                         f"is not an array NumPy can read ({exc})") from None
+                problem = spec.problem(values)
                 if problem:
                     raise InputDataError(f"{where}: batch {index}, input {spec.name!r}: {problem}")
-        return list(batches)
+        return [{spec.name: np.asarray(batch[spec.name], dtype=spec.dtype) for spec in self.inputs} for batch in batches]
 
     def task_metric(self) -> Callable[..., Mapping[str, float]] | None:
         if self.metric is None and self.task == "embedding":
