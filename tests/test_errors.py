@@ -309,3 +309,15 @@ def test_float64_and_torch_tensor_calibration_batches_are_read_as_the_declared_f
         sys.modules.pop("wide", None)
     assert [batch["x"].dtype for batch in batches] == [np.float32, np.float32]
     assert result.status in ("passed", "failed") and "cosine" in result.metrics["metrics"]["y"], result.message
+
+
+def test_a_build_file_that_does_not_exist_is_named_with_its_field(tmp_path):
+    from quantverdict.errors import HarnessError
+
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: m\n    build: os:getcwd\n    build_files: [weights/missing.pt]\n"
+        "    inputs: [{name: x, shape: [2, 3]}]\n    outputs: [y]\n")
+    with pytest.raises(HarnessError) as error:
+        Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    assert str(error.value) == (f"{tmp_path / 'models.yaml'}: model 'm': models[0].build_files[0]: weights/missing.pt "
+                                f"does not exist (beside the manifest: {tmp_path / 'weights/missing.pt'})")

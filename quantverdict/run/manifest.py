@@ -151,6 +151,9 @@ def _check(entry: ModelEntry, index: int, path: Path) -> list[str]:
             if not found:
                 problems.append(f"{where}.{field}: cannot find module {module!r} (searched beside the manifest "
                                 "and on sys.path)")
+    root = path.parent
+    problems += [f"{where}.build_files[{number}]: {name} does not exist (beside the manifest: {root / name})"
+                 for number, name in enumerate(entry.build_files or []) if not (root / name).exists()]
     for precision, settings in _recipes(entry).items():
         try:
             if auto_settings(settings) is None:
