@@ -20,11 +20,6 @@ from quantverdict.precision.coverage import DELIBERATE
 MOSTLY = 0.5  # a verdict describes the precision where at least this share of the weights it could quantize ran in it
 
 
-def _kinds(names: list[str], kinds: dict[str, str]) -> str:
-    counts = Counter(kinds.get(name, "layer") for name in names)
-    return ", ".join(f"{count} {kind}" for kind, count in counts.most_common())
-
-
 def _examples(names: list[str], count: int = 3) -> str:
     shown = ", ".join(repr(name) for name in names[:count])
     return shown + (f" and {len(names) - count} more" if len(names) > count else "")
@@ -45,19 +40,18 @@ def coverage_verdict(coverage: dict[str, Any], precision: str, model: str, who: 
     layers, quantized = coverage["layers"], coverage["quantized"]
     missed: dict[str, str] = coverage.get("missed") or {}
     kept: dict[str, str] = coverage.get("kept") or {}
-    kinds = {layer: text.partition(":")[0] for layer, text in missed.items()}
-    if missed:
-        names = sorted(missed)
+    if missed:  # each "Kind" or "Kind: what the graph shows"
+        kinds = Counter(text.partition(":")[0] for text in missed.values())
         hints = sorted({text.partition(": ")[2] for text in missed.values() if ": " in text})
         return "failed", (f"{name} ran on {quantized} of {layers} weighted layers of {model!r}: "
-                          f"{_kinds(names, kinds)} in float that {who} did not keep in float by name "
-                          f"({'; '.join(hints) or 'not quantized'}): {_examples(names)}")
+                          f"{', '.join(f'{count} {kind}' for kind, count in kinds.most_common())} in float that {who} "
+                          "did not keep in float by name "
+                          f"({'; '.join(hints) or 'not quantized'}): {_examples(sorted(missed))}")
     share = quantized_share(coverage)
     if share is None or share >= MOSTLY:
         return None
     undeliberate = {layer: text for layer, text in kept.items() if text.partition(":")[0] not in DELIBERATE}
-    reasons = Counter(text for text in undeliberate.values())
-    why = "; ".join(f"{text}" for text, _ in reasons.most_common(2))
+    why = "; ".join(text for text, _ in Counter(undeliberate.values()).most_common(2))
     float_kinds = coverage.get("float_kinds") or {}
     left = ", ".join(f"{count} {kind}" for kind, count in float_kinds.items()) or f"{layers - quantized} layers"
     status: Literal["failed", "skipped"] = "skipped" if all(

@@ -177,8 +177,9 @@ class CaseExecutor:
         by a logits bound: :mod:`quantverdict.judge.output_kinds`), top-1 on the samples FP32 decides (where an
         input declares its resolution) and at each position of a distribution, the model's task metrics, and task
         accuracy where the model has labels."""
-        declared = [name for name in spec.outputs if name in reference]  # a graph's other outputs (a label) are not
-        reference, outputs = ({name: values[name] for name in declared if name in values} for values in (reference, outputs))
+        # the declared outputs only: a graph's others (a classifier's int64 label) are not the user's to judge
+        reference = {name: reference[name] for name in spec.outputs if name in reference}
+        outputs = {name: outputs[name] for name in reference if name in outputs}
         kinds = self.store.output_kinds(spec.name)
         per_output = {name: self.tolerances.resolve(spec.name, precision, spec.tolerances, spec.task, kind)
                       for name, kind in kinds.items() if kind != "logits"}
