@@ -321,3 +321,16 @@ def test_a_build_file_that_does_not_exist_is_named_with_its_field(tmp_path):
         Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
     assert str(error.value) == (f"{tmp_path / 'models.yaml'}: model 'm': models[0].build_files[0]: weights/missing.pt "
                                 f"does not exist (beside the manifest: {tmp_path / 'weights/missing.pt'})")
+
+
+def test_declared_inputs_too_large_for_the_machine_are_refused_before_anything_is_built(tmp_path):
+    """[4, 3, 8192, 8192] float32 is 3 GiB a batch: on a 24 GiB machine (16 batches' worth of memory needed) the case
+    is an error naming the shape at once (it ran 27 s to 9.5 GB and a MemoryError before); on 64 GiB it runs."""
+    from quantverdict.models import ModelSpec
+
+    spec = ModelSpec("huge", [InputSpec("x", (4, 3, 8192, 8192))], ["y"])
+    assert spec.batch_bytes() == 3 * 2 ** 30
+    assert spec.memory_problem(64 * 2 ** 30) is None
+    assert spec.memory_problem(24 * 2 ** 30) == (
+        "model 'huge': one batch of its declared inputs (x [4, 3, 8192, 8192] float32) is 3 GiB; this machine's 24 GiB "
+        "hold at most 1.5 GiB a batch: declare a smaller batch or shape")

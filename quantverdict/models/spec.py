@@ -14,6 +14,7 @@ from quantverdict.registry import import_object
 
 Batch = dict[str, np.ndarray]
 """One batch of named model inputs."""
+BATCHES_IN_MEMORY = 16  # a batch's share of memory: calibration and evaluation sets, a forward pass's activations
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,22 @@ class ModelSpec:
                 if problem:
                     raise InputDataError(f"{where}: batch {index}, input {spec.name!r}: {problem}")
         return [{spec.name: np.asarray(batch[spec.name], dtype=spec.dtype) for spec in self.inputs} for batch in batches]
+
+    def batch_bytes(self) -> int:
+        """The bytes of one batch of the declared inputs."""
+        return sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize for spec in self.inputs)
+
+    def memory_problem(self, memory: int | None) -> str | None:
+        """Why this machine's ``memory`` (bytes) cannot hold the model's work, judged before anything is built: a
+        batch of its declared inputs above 1/:data:`BATCHES_IN_MEMORY` of it (the calibration and evaluation sets
+        and the activations of a forward pass are each several batches), or None."""
+        size = self.batch_bytes()
+        if memory is None or size * BATCHES_IN_MEMORY <= memory:
+            return None
+        shapes = ", ".join(f"{spec.name} {list(spec.shape)} {spec.dtype}" for spec in self.inputs)
+        return (f"model {self.name!r}: one batch of its declared inputs ({shapes}) is {size / 2 ** 30:.3g} GiB; this "
+                f"machine's {memory / 2 ** 30:.3g} GiB hold at most {memory / BATCHES_IN_MEMORY / 2 ** 30:.3g} GiB a "
+                "batch: declare a smaller batch or shape")
 
     def task_metric(self) -> Callable[..., Mapping[str, float]] | None:
         if self.metric is None and self.task == "embedding":

@@ -37,6 +37,16 @@ from quantverdict.run.cases import Case, CaseResult, Status
 
 
 
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, where the OS says."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
     """The overflow that breaks the output first, then every other tensor above the format's range, with what it
     is and the fix a user can make."""
@@ -86,6 +96,9 @@ class CaseExecutor:
     def _run(self, case: Case) -> CaseResult:
         store = self.store
         spec = store.models.get(case.model)
+        too_large = spec.memory_problem(physical_memory())
+        if too_large:  # before anything is built: a MemoryError minutes later names nothing
+            return CaseResult(case, "error", f"{case.id}: {too_large}")
         tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances, spec.task)
         timings: dict[str, float] = {}
         artifacts = store.for_case(case.model, case.precision, case.backend)
