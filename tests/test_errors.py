@@ -328,7 +328,7 @@ def test_declared_inputs_too_large_for_the_machine_are_refused_before_anything_i
     is an error naming the shape at once (it ran 27 s to 9.5 GB and a MemoryError before); on 64 GiB it runs."""
     from quantverdict.models import ModelSpec
 
-    spec = ModelSpec("huge", [InputSpec("x", (4, 3, 8192, 8192))], ["y"])
+    spec = ModelSpec("huge", [InputSpec("x", (4, 3, 8192, 8192))], ["y"], onnx_path=tmp_path / "huge.onnx")
     assert spec.batch_bytes() == 3 * 2 ** 30
     assert spec.memory_problem(64 * 2 ** 30) is None
     assert spec.memory_problem(24 * 2 ** 30) == (
