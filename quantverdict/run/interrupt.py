@@ -5,7 +5,9 @@ seconds (an ONNX Runtime session over a batch, an export, a calibration pass) wo
 The signal's C handler writes its number to a wakeup file descriptor at once, whatever the main thread
 is doing: a watchdog thread reads it and, if the interpreter has not exited within the grace, ends the
 process. Ending it so (``os._exit``) skips finalizers, which is also why a module whose import the
-interrupt cut short cannot crash the exit. Nothing in the cache is lost: entries are renamed into place
+interrupt cut short cannot crash the exit. Where the main thread reaches Python first, its SIGINT handler ends the
+process there and then, raising nothing: a KeyboardInterrupt raised inside a Python callback that native code
+called (pybind11) is an uncaught C++ exception, and the process aborted (-6) before the grace ran out. Nothing in the cache is lost: entries are renamed into place
 whole, a writer's temporary is removed by the next build of its key, and locks die with the process.
 """
 from __future__ import annotations
@@ -57,9 +59,15 @@ def exit_within(grace_s: float = 1.5) -> Iterator[None]:
         finally:
             os.close(read)
 
+    def on_sigint(signum: int, frame: object) -> None:
+        _received.set()
+        stop()
+
     threading.Thread(target=watch, name="quantverdict-interrupt", daemon=True).start()
+    handler = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:
+        signal.signal(signal.SIGINT, handler)
         signal.set_wakeup_fd(previous)
         os.close(write)  # the watchdog reads end-of-file and returns
