@@ -405,3 +405,74 @@ def test_shards_that_break_the_schema_and_destinations_that_cannot_be_written_ar
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr[-1500:])
         [line] = proc.stderr.strip().splitlines()
         assert expected in line, line
+
+
+def _mutations():
+    from hypothesis import strategies as st
+
+    values = st.one_of(st.none(), st.booleans(), st.integers(-10 ** 6, 10 ** 6), st.floats(allow_nan=True),
+                       st.text(max_size=8), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4),
+                                                                                                  st.integers(), max_size=2))
+    return st.lists(st.tuples(st.integers(0, 10 ** 6), values), min_size=1, max_size=4)
+
+
+def _paths(node, prefix=()):
+    """Every (path, value) of a JSON document, depth first."""
+    yield prefix, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _paths(value, (*prefix, index))
+
+
+def test_near_valid_records_are_judged_or_refused_by_every_reader_never_crash_them(record_path, tmp_path):
+    """Hypothesis replaces values anywhere in a real record (nulls, strings, NaN, nested values): every record the
+    schema accepts is read by the gate, the Markdown and the page, merged as a shard, and judged by --qv-baseline's
+    rules without an exception; every other one is refused as bad input (RecordError)."""
+    import copy
+
+    from hypothesis import given, settings
+
+    from quantverdict.report.gate import gate, judge_case, load_policy, rules_for
+    from quantverdict.report.load import RecordError, check_record
+    from quantverdict.report.merge import merge_records
+    from quantverdict.report.render import html_page, markdown
+
+    original = json.loads(record_path.read_text())
+    places = [path for path, _ in _paths(original) if path]
+    policy = load_policy(None)
+
+    @settings(max_examples=100, deadline=None, derandomize=True)
+    @given(_mutations())
+    def check(changes):
+        record = copy.deepcopy(original)
+        for index, value in changes:
+            *parents, last = places[index % len(places)]
+            node = record
+            try:
+                for key in parents:
+                    node = node[key]
+                node[last] = value
+            except (KeyError, IndexError, TypeError):
+                continue
+        try:
+            check_record(record, "mutated")
+        except RecordError:
+            return
+        gate(original, record, policy).report()
+        gate(record, original, policy).report()
+        markdown(record)
+        html_page(record, [original], [])
+        for case in record["cases"]:
+            old = next((c for c in original["cases"] if c["id"] == case["id"]), None)
+            if old is not None:
+                judge_case(case["id"], old, case, rules_for(policy, case["precision"]), True)
+        shard = {**record, "shard": {"index": 1, "count": 1}}
+        try:
+            merge_records([shard], ["shard.json"])
+        except RecordError:
+            pass
+
+    check()

@@ -208,8 +208,8 @@ def judge_case(case_id: str, old: dict[str, Any], new: dict[str, Any], rules: di
     for label, old_view in views:
         new_view = new_recipe if label else new.get("metrics", {})
         _compare_view(f"{case_id}: {label}", old_view, new_view, rules, regressions, improvements)
-    if old_recipe and new_recipe and "coverage" in old_recipe and "coverage" in new_recipe:
-        old_cover, new_cover = old_recipe["coverage"], new_recipe["coverage"]
+    old_cover, new_cover = (old_recipe or {}).get("coverage"), (new_recipe or {}).get("coverage")
+    if old_cover and new_cover:  # the schema lets a record leave coverage null
         went_float = sorted(set(new_cover.get("float_layers", [])) & set(old_cover.get("quantized_layers", [])))
         lost = max(old_cover["quantized"] - new_cover["quantized"], len(went_float))
         limit = rules.get("max_quantized_layers_lost")

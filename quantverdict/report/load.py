@@ -125,9 +125,9 @@ def verdicts(case: dict[str, Any]) -> dict[str, Any]:
         out["fidelity"] = "ok" if fidelity.get("passed") else "FAIL"
         out["flip_fraction"] = max(o["flip_fraction"] for o in fidelity["outputs"])
     task, intervals = metrics.get("task"), primary_metrics(case).get("intervals", {})
-    if task and "intervals" in task:
-        low, high = (task["intervals"]["accuracy_drop_points"][k] for k in ("low", "high"))
-        out["interval"] = f"Δacc [{-high:+.2f}, {-low:+.2f}]"
+    drop = ((task or {}).get("intervals") or {}).get("accuracy_drop_points")
+    if drop:
+        out["interval"] = f"Δacc [{-drop['high']:+.2f}, {-drop['low']:+.2f}]"
     elif "top1_agreement" in intervals:
         out["interval"] = f"top1 [{intervals['top1_agreement']['low']:.2f}, {intervals['top1_agreement']['high']:.2f}]"
     return out

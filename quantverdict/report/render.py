@@ -216,7 +216,7 @@ def _plot_accuracy_delta(record: dict[str, Any]) -> str | None:
             return False
         deltas = [0.0 - c["metrics"]["task"]["accuracy_drop_points"] for c in cases]
         ax.bar(range(len(cases)), deltas, color=["#c0392b" if d < 0 else "#27ae60" for d in deltas])
-        spans = [c["metrics"]["task"].get("intervals", {}).get("accuracy_drop_points") for c in cases]
+        spans = [(c["metrics"]["task"].get("intervals") or {}).get("accuracy_drop_points") for c in cases]
         if all(spans):  # 95% interval of the change: −high … −low of the drop's
             errors = [[max(0.0, d - (-s["high"])) for d, s in zip(deltas, spans)],
                       [max(0.0, -s["low"] - d) for d, s in zip(deltas, spans)]]

@@ -36,10 +36,16 @@ class OutputMetrics(_Open):
     top1_agreement: float | None = None
 
 
+class Interval(_Open):
+    low: float
+    high: float
+
+
 class Task(_Open):
     accuracy: float
     reference_accuracy: float
-    accuracy_drop_points: float | None = None
+    accuracy_drop_points: float  # every reader takes it: a record leaves it out or null only by hand
+    intervals: dict[str, Interval] = {}
 
 
 class Coverage(_Open):
@@ -96,9 +102,16 @@ class CaseRecord(_Open):
     cache: dict[str, int] = {}
 
 
+class GPUInfo(_Open):
+    name: str
+    compute_capability: str
+
+
 class Environment(_Open):
     runner_class: str | None = None
     git_commit: str | None = None
+    host: str | None = None
+    gpu: GPUInfo | None = None
     packages: dict[str, str | None] = {}
 
 
