@@ -40,8 +40,8 @@ class Recipe:
 
     def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
         """Why each weighted layer of the FP32 graph ``source`` that this recipe leaves in float is left so, by node
-        name, each reason led by its kind (:data:`quantverdict.precision.coverage.REASONS`): "no kernel: …",
-        "excluded: …". A float layer with no reason is one the recipe missed, and no verdict passes it."""
+        name, each reason led by its kind (``excluded``, ``fallback``, ``no kernel``, ``placement``, ``supplied``:
+        :mod:`quantverdict.precision.coverage`), "no kernel: …". A float layer with no reason is one the recipe missed, and no verdict passes it."""
         return {}
 
     def rewritten_layers(self, source: onnx.ModelProto) -> set[str]:

@@ -34,11 +34,8 @@ INTEGER_WEIGHT = {"MatMulInteger": 1, "ConvInteger": 1, "QLinearMatMul": 3, "QLi
                   "MatMulIntegerToFloat": 1, "DynamicQuantizeMatMul": 1, "QGemm": 3, "QAttention": 1,
                   "DynamicQuantizeLSTM": 1}
 INTEGER_LAYERS = tuple(INTEGER_WEIGHT)
-# the kinds of reason a recipe gives for a float layer (Recipe.float_reasons): the user's or the recipe's own
-# measured choice, a format or backend with no kernel for the layer, another quantizer's placement, a user's graph
-REASONS = {"excluded": "a pattern the user excluded", "fallback": "accuracy-aware fallback",
-           "no kernel": "no kernel for it in the precision", "placement": "the quantizer's own placement",
-           "supplied": "the graph the user supplied"}
+# a float layer's reason starts with its kind (Recipe.float_reasons): "excluded" (a pattern of the user's), "fallback",
+# "no kernel" (no runtime has one for it in the precision), "placement" (another quantizer's), "supplied" (a user's graph)
 DELIBERATE = ("excluded", "fallback")  # chosen for accuracy: the rest of the network is what the verdict describes
 # ops that move or reshape a tensor without changing its values: a DequantizeLinear behind them still feeds
 PASS_THROUGH = frozenset({"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"})

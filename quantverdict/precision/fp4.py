@@ -109,10 +109,11 @@ class NVFP4Weights(Recipe):
     def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
         """FP4 is simulated on constant weights: other kinds, and products of two activations, stay float."""
         rewritten = self.rewritten_layers(source)
+        top_level = {node.name for node in source.graph.node}  # a control-flow body's layers get no reason: missed
         return {layer.name: f"no kernel: FP4 is simulated on the weights of {', '.join(WEIGHTED_OPS)} only"
                 if layer.kind not in WEIGHTED_OPS else "no kernel: FP4 is simulated on weights, and this layer's "
                 "operands are activations" for layer in layers(source)
-                if layer.name not in rewritten and layer.name in {node.name for node in source.graph.node}}
+                if layer.name not in rewritten and layer.name in top_level}
 
     def for_target(self, target: str) -> Recipe:
         if target == "native":  # a TensorRT engine from this graph would be FP32 posing as FP4

@@ -73,11 +73,9 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
     reasons = {}
     for layer in layers(source):
         node = nodes.get(layer.name)
-        if node is None:  # inside a control-flow body: no reason to give, it is missed
+        if node is None or layer.name in planned or layer.quantized:  # None: inside a control-flow body (missed)
             continue
         pattern = next((p for p in exclude if fnmatch.fnmatchcase(node.name, p)), None)
-        if layer.name in planned or layer.quantized:
-            continue
         if pattern is not None:
             reasons[layer.name] = f"excluded: matches {pattern!r}"
         elif layer.name in fallback:
