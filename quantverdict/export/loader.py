@@ -64,23 +64,18 @@ def readable(path: Path, cache: Cache) -> Path:
     """A user's ONNX file, checked (a missing or corrupt one is named), or a cached copy of it in one file (its
     external data inside, so that its key covers its weights) at the lowest IR version that holds it, where its
     weights lie in other files or its IR version is higher (:mod:`quantverdict.export.compat`)."""
-    import onnx
     from onnx.external_data_helper import uses_external_data
 
-    try:
-        header = onnx.load(str(path), load_external_data=False)
-    except Exception:  # not an ONNX file: named as such
-        load_onnx(path)
-        raise
-    data = sorted({entry.value for init in header.graph.initializer if uses_external_data(init)
+    graph = load_onnx(path, external_data=False)  # parsed once where its weights are inside it
+    data = sorted({entry.value for init in graph.graph.initializer if uses_external_data(init)
                    for entry in init.external_data if entry.key == "location"})
-    if not data and header.ir_version <= lowest_ir(header):
-        load_onnx(path)  # checked
+    if not data and graph.ir_version <= lowest_ir(graph):
         return path
     key = content_hash("readable", file_sha256(path), [file_sha256(path.parent / name) for name in data
                                                        if (path.parent / name).is_file()],
                        source_fingerprint("quantverdict.export"))
-    return cache.get_or_create("readable", key, ".onnx", lambda: serialized(load_onnx(path)), {"file": str(path)})
+    return cache.get_or_create("readable", key, ".onnx", lambda: serialized(load_onnx(path) if data else graph),
+                               {"file": str(path)})
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,17 @@ from quantverdict.models.spec import ModelSpec
 DEFAULT_OPSET = 19  # float8 Q/DQ needs 19; TensorRT 10/11 and ONNX Runtime ≥ 1.15 parse it
 
 
-def load_onnx(path: Path) -> onnx.ModelProto:
-    """Read and check an ONNX file; the error names the file and what is wrong with it."""
+def load_onnx(path: Path, external_data: bool = True) -> onnx.ModelProto:
+    """Read and check an ONNX file, with its external data read from beside it (``external_data=False``: without
+    it, and checked only where it has none); the error names the file and what is wrong with it."""
+    from onnx.external_data_helper import uses_external_data
+
     if not path.is_file():
         raise ModelFileError(f"ONNX file not found: {path}")
     try:
-        model = onnx.load(str(path))  # with its external data, read from beside it
-        onnx.checker.check_model(model)
+        model = onnx.load(str(path), load_external_data=external_data)
+        if external_data or not any(uses_external_data(init) for init in model.graph.initializer):
+            onnx.checker.check_model(model)
     except Exception as exc:  # protobuf DecodeError, ValidationError, …
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFileError(f"corrupt or invalid ONNX file {path}: {first_line}") from exc
