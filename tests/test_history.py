@@ -130,3 +130,32 @@ def test_a_hand_edited_history_is_judged_on_the_rows_that_are_measurements(tmp_p
     assert main(["history", "--history-db", str(db), "--page", str(tmp_path / "history.html"), "--all"]) in (0, 1)
     counts = [len(one.values) for one in series(db)]
     assert counts and sum(counts) == 2 * 12 - 4
+
+
+def test_a_case_judged_in_one_run_and_not_in_the_next_fails_the_history(tmp_path):
+    """Skipped or errored where the run before judged it, or absent from a whole run after the whole run before judged
+    it: one line each and exit 1, though every series is stable; a shard that holds part of the matrix is no evidence
+    of absence, and a case skipped in both runs is no change."""
+    from quantverdict.report.history import append, unjudged
+
+    db = tmp_path / "history.sqlite"
+    for run in range(1, 13):
+        record = _record(run, 10.0, "x86_64-avx2", "2.14.0")
+        record["cases"] += [{**record["cases"][0], "id": name} for name in ("b", "c", "d")]
+        record["cases"].append({"id": "e", "status": "skipped", "message": "no GPU", "metrics": {}})
+        append(db, record)
+    assert unjudged(db) == []
+    assert main(["history", "--history-db", str(db)]) == 0
+    last = _record(13, 10.0, "x86_64-avx2", "2.14.0")
+    last["cases"] += [{"id": "b", "status": "skipped", "message": "onnxruntime missing", "metrics": {}},
+                      {"id": "c", "status": "error", "message": "worker crashed", "metrics": {}},
+                      {"id": "e", "status": "skipped", "message": "no GPU", "metrics": {}}]
+    append(db, last)
+    lines = unjudged(db)
+    assert [line.split()[:2] for line in lines] == [["unjudged", "b"], ["unjudged", "c"], ["missing", "d"]]
+    assert "skipped in run x86_64-avx2-13, passed in run x86_64-avx2-12" in lines[0]
+    assert main(["history", "--history-db", str(db)]) == 1
+    shard = _record(14, 10.0, "x86_64-avx2", "2.14.0")
+    shard["shard"] = {"index": 1, "count": 2}
+    append(db, shard)
+    assert [line.split()[:2] for line in unjudged(db)] == [["unjudged", "b"], ["unjudged", "c"], ["missing", "d"]]

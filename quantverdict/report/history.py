@@ -31,7 +31,10 @@ CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, started TEXT, git_comm
 CREATE TABLE IF NOT EXISTS points (run_id TEXT, case_id TEXT, metric TEXT, value REAL,
                                    PRIMARY KEY (run_id, case_id, metric));
 CREATE INDEX IF NOT EXISTS points_series ON points (case_id, metric);
+CREATE TABLE IF NOT EXISTS statuses (run_id TEXT, case_id TEXT, status TEXT, PRIMARY KEY (run_id, case_id));
+CREATE TABLE IF NOT EXISTS whole_runs (run_id TEXT PRIMARY KEY);
 """
+JUDGED = ("passed", "failed")
 
 
 def case_metrics(case: dict[str, Any]) -> dict[str, float]:
@@ -66,7 +69,8 @@ def open_history(db: Path) -> sqlite3.Connection:
 
 
 def append(db: Path, record: dict[str, Any]) -> None:
-    """Add a run record's passed and failed cases (idempotent: a run is keyed by its run_id)."""
+    """Add a run record's passed and failed cases' metrics and every case's status, and whether the record holds
+    the whole matrix (no shard), for :func:`unjudged` (idempotent: a run is keyed by its run_id)."""
     env = record.get("environment", {})
     run_id = record.get("run_id") or f"{record['started']}|{env.get('host', '')}|{record.get('shard', {}).get('index', '')}"
     with open_history(db) as connection:
@@ -75,7 +79,11 @@ def append(db: Path, record: dict[str, Any]) -> None:
                             json.dumps(env.get("packages", {}), sort_keys=True)))
         connection.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?)",
                                [(run_id, case["id"], name, value) for case in record["cases"]
-                                if case["status"] in ("passed", "failed") for name, value in case_metrics(case).items()])
+                                if case["status"] in JUDGED for name, value in case_metrics(case).items()])
+        connection.executemany("INSERT OR REPLACE INTO statuses VALUES (?, ?, ?)",
+                               [(run_id, case["id"], case["status"]) for case in record["cases"]])
+        if not record.get("shard"):
+            connection.execute("INSERT OR REPLACE INTO whole_runs VALUES (?)", (run_id,))
 
 
 @dataclass(frozen=True)
@@ -203,3 +211,42 @@ def judge_history(db: Path, policies: dict[str, Policy]) -> list[SeriesVerdict]:
         judged = whole.last(policy.window)
         out.append(SeriesVerdict(judged, classify(np.array(judged.values), policy, higher)))
     return out
+
+
+def unjudged(db: Path) -> list[str]:
+    """A line per case that its runner class judged in one run and not in the next: skipped or errored where it
+    had passed or failed, or absent from a whole (unsharded) run after the whole run before it judged it. A history
+    whose newest run judged less than the one before is no stable history, whatever its series say."""
+    try:
+        with sqlite3.connect(db) as connection:
+            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"statuses", "whole_runs"} <= tables:  # a history written before statuses were kept
+                return []
+            rows = connection.execute(
+                "SELECT r.runner_class, s.case_id, s.status, r.run_id, r.started, w.run_id IS NOT NULL FROM statuses s "
+                "JOIN runs r USING (run_id) LEFT JOIN whole_runs w USING (run_id) WHERE typeof(r.started) = 'text' "
+                "ORDER BY r.runner_class, r.started, r.rowid").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise HarnessError(f"{db} is not a readable history database: {exc}") from exc
+    lines = []
+    for runner, group in itertools.groupby(rows, key=lambda row: row[0]):
+        runs: dict[str, dict[str, str]] = {}  # run → case → status, oldest run first
+        whole: list[str] = []
+        last: dict[str, tuple[str, str]] = {}  # case → (status, run) of the run before its newest
+        newest: dict[str, tuple[str, str]] = {}
+        for _, case, status, run, _, is_whole in group:
+            runs.setdefault(run, {})[case] = status
+            if is_whole and run not in whole:
+                whole.append(run)
+            if case in newest and newest[case][1] != run:
+                last[case] = newest[case]
+            newest[case] = (status, run)
+        for case, (status, run) in sorted(newest.items()):
+            if status not in JUDGED and case in last and last[case][0] in JUDGED:
+                lines.append(f"unjudged          {case} [{runner}]: {status} in run {run}, {last[case][0]} in run "
+                             f"{last[case][1]}")
+        if len(whole) > 1:
+            before, now = runs[whole[-2]], runs[whole[-1]]
+            lines += [f"missing           {case} [{runner}]: not in run {whole[-1]}, {status} in run {whole[-2]}"
+                      for case, status in sorted(before.items()) if status in JUDGED and case not in now]
+    return lines

@@ -1,4 +1,5 @@
-"""``quantverdict history``: judge every case's metric series over the run history;  exit 1 on a regression, 2 on bad input."""
+"""``quantverdict history``: judge every case's metric series over the run history, and its completeness (exit 1 on
+a regression or a case judged in one run and not in the next, 2 on bad input)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,8 @@ from pathlib import Path
 
 from quantverdict.cache import atomic_write_bytes
 
-HELP = "judge every case's metric series over the run history;  exit 1 on a regression, 2 on bad input"
+HELP = ("judge every case's metric series over the run history, and that each case its runner class judged is judged "
+        "in the next run; exit 1 on a regression or a case no longer judged, 2 on bad input")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     import time as clock
     from collections import Counter
 
-    from quantverdict.report.history import judge_history, load_policies
+    from quantverdict.report.history import judge_history, load_policies, unjudged
 
     if args.page:
         from quantverdict.report.record import check_writable
@@ -36,8 +38,12 @@ def run(args: argparse.Namespace) -> int:
         if args.all or verdict.verdict.state not in ("stable", "insufficient data"):
             print(verdict.describe())
     counts = Counter(v.verdict.state for v in verdicts)
+    gaps = unjudged(args.history_db)
+    for line in gaps:
+        print(line)
     print(f"{len(verdicts)} series ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}) "
-          f"judged in {clock.perf_counter() - start:.1f} s, profile {args.profile}")
+          f"judged in {clock.perf_counter() - start:.1f} s, profile {args.profile}"
+          + (f"; {len(gaps)} case(s) judged in one run and not in the next" if gaps else ""))
     if args.page:
         from quantverdict.report.history_page import history_section
         from quantverdict.report.render import page
@@ -46,4 +52,4 @@ def run(args: argparse.Namespace) -> int:
                 history_section(args.history_db, verdicts, draw_all=args.all, profile=args.profile)]
         atomic_write_bytes(args.page, page("Run history", body).encode())
         print(f"page: {args.page}")
-    return 1 if counts["regression"] else 0
+    return 1 if counts["regression"] or gaps else 0
