@@ -407,56 +407,25 @@ def test_shards_that_break_the_schema_and_destinations_that_cannot_be_written_ar
         assert expected in line, line
 
 
-def _mutations():
-    from hypothesis import strategies as st
-
-    values = st.one_of(st.none(), st.booleans(), st.integers(-10 ** 6, 10 ** 6), st.floats(allow_nan=True),
-                       st.text(max_size=8), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4),
-                                                                                                  st.integers(), max_size=2))
-    return st.lists(st.tuples(st.integers(0, 10 ** 6), values), min_size=1, max_size=4)
-
-
-def _paths(node, prefix=()):
-    """Every (path, value) of a JSON document, depth first."""
-    yield prefix, node
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _paths(value, (*prefix, key))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _paths(value, (*prefix, index))
-
-
 def test_near_valid_records_are_judged_or_refused_by_every_reader_never_crash_them(record_path, tmp_path):
     """Hypothesis replaces values anywhere in a real record (nulls, strings, NaN, nested values): every record the
     schema accepts is read by the gate, the Markdown and the page, merged as a shard, and judged by --qv-baseline's
     rules without an exception; every other one is refused as bad input (RecordError)."""
-    import copy
-
     from hypothesis import given, settings
 
+    from near_valid import changes, mutated
     from quantverdict.report.gate import gate, judge_case, load_policy, rules_for
     from quantverdict.report.load import RecordError, check_record
     from quantverdict.report.merge import merge_records
     from quantverdict.report.render import html_page, markdown
 
     original = json.loads(record_path.read_text())
-    places = [path for path, _ in _paths(original) if path]
     policy = load_policy(None)
 
     @settings(max_examples=100, deadline=None, derandomize=True)
-    @given(_mutations())
-    def check(changes):
-        record = copy.deepcopy(original)
-        for index, value in changes:
-            *parents, last = places[index % len(places)]
-            node = record
-            try:
-                for key in parents:
-                    node = node[key]
-                node[last] = value
-            except (KeyError, IndexError, TypeError):
-                continue
+    @given(changes())
+    def check(edits):
+        record = mutated(original, edits)
         try:
             check_record(record, "mutated")
         except RecordError:
@@ -476,3 +445,23 @@ def test_near_valid_records_are_judged_or_refused_by_every_reader_never_crash_th
             pass
 
     check()
+
+
+def test_text_from_a_record_reads_as_text_in_the_markdown(record_path):
+    """A case id and a message full of Markdown (emphasis, a link, a code span, a pipe, HTML), parsed by a CommonMark
+    parser: the same text comes back, in the table's own columns, with no element the record's text made."""
+    from markdown_it import MarkdownIt
+
+    from quantverdict.report.render import markdown
+
+    record = json.loads(record_path.read_text())
+    hostile = "*a*_b_ [l](http://x) `c` | <b>d</b> ~~e~~ \\"
+    case = _int8(record)
+    case.update(id=f"{hostile}-int8-onnxruntime", model=hostile, status="failed", message=f"worse: {hostile}")
+    html_text = MarkdownIt("commonmark").enable("table").enable("strikethrough").render(markdown(record))
+    for tag in ("<em>", "<a ", "<code>", "<b>", "<s>"):  # (the verdict of a failed row is bold on purpose)
+        assert tag not in html_text, tag
+    assert html_text.count("*a*_b_ [l](http://x) `c` | &lt;b&gt;d&lt;/b&gt; ~~e~~ \\") == 3  # row, id, message
+    table = html_text[:html_text.index("</table>")]
+    row = next(line for line in table.split("<tr>") if "*a*" in line)
+    assert row.count("<td>") == table[:table.index("</thead>")].count("<th>")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from collections import Counter, defaultdict
 from typing import Any, Callable, Sequence
 
@@ -35,7 +36,7 @@ def markdown(record: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     failures = [c for c in record["cases"] if c["status"] in ("failed", "error")]
     if failures:
-        lines += ["", "## Failures", ""] + [f"- `{_cell(c['id'])}`: {_cell((c['message'] or '-').splitlines()[-1])}"
+        lines += ["", "## Failures", ""] + [f"- {_cell(c['id'])}: {_cell((c['message'] or '-').splitlines()[-1])}"
                                            for c in failures]
     reasons = Counter(c["message"] for c in record["cases"] if c["status"] == "skipped")
     if reasons:
@@ -43,11 +44,15 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
 def _cell(text: str) -> str:
-    """Text from a record as one Markdown table cell or list item: pipes and angle brackets escaped, one line."""
-    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
+    """Text from a record as one Markdown table cell or list item, read as text: one line, Markdown's punctuation
+    backslash-escaped (no emphasis, link, code span or column from a case id or a message), angle brackets as
+    entities (no HTML)."""
+    escaped = MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+    return escaped.replace("<", "&lt;").replace(">", "&gt;")
 
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"

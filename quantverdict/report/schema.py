@@ -29,16 +29,17 @@ class Check(_Open):
     passed: bool
 
 
+class Interval(_Open):
+    low: float
+    high: float
+
+
 class OutputMetrics(_Open):
     cosine: float | None = None
     snr_db: float | None = None
     max_norm_err: float | None = None
     top1_agreement: float | None = None
-
-
-class Interval(_Open):
-    low: float
-    high: float
+    intervals: dict[str, Interval] = {}
 
 
 class Task(_Open):
