@@ -157,10 +157,14 @@ def test_a_history_that_breaks_after_the_run_keeps_the_record_and_the_summary(tm
     assert code == 2 and len(list((tmp_path / "reports").glob("run-*.json"))) == 1
 
 
-@pytest.mark.parametrize("where", ["build", "calibration"])
-def test_a_user_callable_that_calls_sys_exit_is_its_cases_error_and_the_run_goes_on(tmp_path, where):
+@pytest.mark.parametrize("where, statement, raised", [("build", "sys.exit(0)", "SystemExit"),
+                                                     ("calibration", "sys.exit(3)", "SystemExit"),
+                                                     ("calibration", "raise KeyboardInterrupt", "KeyboardInterrupt")])
+def test_a_user_callable_that_calls_sys_exit_is_its_cases_error_and_the_run_goes_on(tmp_path, where, statement,
+                                                                                    raised):
     """``sys.exit(0)`` in a factory ended `quantverdict run` with exit 0, no output and no record: now it is the
-    case's error, naming the callable, the other cases still run, the record is written and the run exits 1."""
+    case's error, naming the callable, the other cases still run, the record is written and the run exits 1. So is
+    a KeyboardInterrupt the user's code raised with no Ctrl-C, under the CLI and under pytest."""
     import json
     import subprocess
     import sys
@@ -173,12 +177,12 @@ def test_a_user_callable_that_calls_sys_exit_is_its_cases_error_and_the_run_goes
 
 
         def net():
-            {"sys.exit(0)" if where == "build" else "pass"}
+            {statement if where == "build" else "pass"}
             return nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).eval()
 
 
         def calibration():
-            {"sys.exit(3)" if where == "calibration" else "pass"}
+            {statement if where == "calibration" else "pass"}
             return [{{"x": np.zeros((2, 3, 4), np.float32)}}]
         """))
     (tmp_path / "models.yaml").write_text(
@@ -193,9 +197,15 @@ def test_a_user_callable_that_calls_sys_exit_is_its_cases_error_and_the_run_goes
     failing = "quits-int8-onnxruntime" if where == "calibration" else "quits-fp32-onnxruntime"
     assert cases[failing]["status"] == "error"
     callable_name = "exiting:net" if where == "build" else "exiting:calibration"
-    assert callable_name in cases[failing]["message"] and "SystemExit" in cases[failing]["message"]
+    assert callable_name in cases[failing]["message"] and raised in cases[failing]["message"]
     if where == "calibration":
         assert cases["quits-fp32-onnxruntime"]["status"] == "passed"
+    if raised == "KeyboardInterrupt":
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "int8 or fp32",
+                               "--qv-manifest=models.yaml", "--qv-backends=onnxruntime", "--qv-report-dir=pytest-out",
+                               "--qv-cache-dir=cache", "-rA"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 1 and "1 passed" in proc.stdout and "exiting:calibration" in proc.stdout, \
+            proc.stdout[-3000:] + proc.stderr
 
 
 @pytest.mark.parametrize("option, text, expected", [

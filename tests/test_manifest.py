@@ -141,3 +141,41 @@ def test_a_1kb_manifest_cannot_make_more_than_1mb_of_record(tmp_path):
     (tmp_path / "models.yaml").write_text(manifest(100))  # ~2 KB of text expanding to ~50 KB
     with pytest.raises(HarnessError, match="expands to more than 16 times its own size"):
         load_manifest(tmp_path / "models.yaml")
+
+
+def test_near_valid_yaml_files_are_read_or_refused_in_one_line_never_crash_a_reader(tmp_path):
+    """Hypothesis replaces values anywhere in a valid manifest and in the packaged tolerance table, gate policy and
+    history policy (nulls, NaN, numbers of 400 digits, strings, nested values) and writes them as YAML: each reader
+    either takes the file or refuses it with a HarnessError whose every line names the file; nothing else escapes."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+    from hypothesis import given, settings
+
+    from near_valid import changes, mutated
+    from quantverdict.documents import packaged
+    from quantverdict.judge.tolerances import ToleranceTable
+    from quantverdict.report.gate import load_policy
+    from quantverdict.report.history import load_policies
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "example_models.py", tmp_path)
+    readers = {"models.yaml": (yaml.safe_load(VALID), load_manifest),
+               "tolerances.yaml": (yaml.safe_load(packaged("tolerances.yaml").read_text()), ToleranceTable.load),
+               "gate.yaml": (yaml.safe_load(packaged("gate.yaml").read_text()), load_policy),
+               "history.yaml": (yaml.safe_load(packaged("history.yaml").read_text()),
+                                lambda path: load_policies(path, "nightly"))}
+    for name, (original, read) in readers.items():
+        path = tmp_path / name
+
+        @settings(max_examples=60, deadline=None, derandomize=True)
+        @given(changes())
+        def check(edits):
+            path.write_text(yaml.safe_dump(mutated(original, edits)))
+            try:
+                read(path)
+            except HarnessError as exc:
+                lines = str(exc).splitlines()
+                assert lines and all(name in line for line in lines), str(exc)
+
+        check()

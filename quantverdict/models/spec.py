@@ -160,6 +160,12 @@ class ModelSpec:
             raise
         except (Exception, SystemExit) as exc:  # sys.exit() in a user's callable ends their case, not the run
             raise UserCodeError(self.describe(role), exc) from exc
+        except KeyboardInterrupt as exc:  # the user's Ctrl-C stops the run; one their code raised is their error
+            from quantverdict.run.interrupt import received
+
+            if received():
+                raise
+            raise UserCodeError(self.describe(role), exc) from exc
 
     def describe(self, role: str) -> str:
         """``model 'x': its calibration callable pkg.data:batches``, for messages about what it returned."""

@@ -31,6 +31,27 @@ def received() -> bool:
 EXIT_CODE = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
 
+def note_sigint() -> None:
+    """From now on a SIGINT is noted (:func:`received`) before the handler in place handles it (pytest's:
+    Python's KeyboardInterrupt), so that a KeyboardInterrupt a user's callable raises by itself is told from
+    the user's Ctrl-C. Only the main thread can install a handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if getattr(previous, "notes_sigint", False):
+        return
+
+    def noting(signum: int, frame: object) -> None:
+        _received.set()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+    noting.notes_sigint = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, noting)
+
+
 def stop() -> int:
     """Say so and end the process now, with finalizers skipped (see the module docstring)."""
     sys.stdout.flush()

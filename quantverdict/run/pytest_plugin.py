@@ -56,6 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_results_key] = []
     config.stash[_started_key] = time.time()
     config.pluginmanager.register(_RecordCollector(config), "quantverdict-record-collector")
+    from quantverdict.run.interrupt import note_sigint
+
+    note_sigint()  # a KeyboardInterrupt without a Ctrl-C is the user's code's error, not the end of the run
     _pin_worker_gpu()
     manifest = settings["manifest"]
     if manifest is None:
