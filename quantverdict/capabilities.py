@@ -213,6 +213,17 @@ def pin_worker_gpu(worker: str | None, count: int) -> str | None:
     return str(int(worker[2:]) % count)
 
 
+def pin_xdist_worker_gpu() -> None:
+    """Under pytest-xdist, one GPU per worker (:func:`pin_worker_gpu`), unless the user pinned GPUs already."""
+    import os
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        device = pin_worker_gpu(worker, gpu_count())
+        if device is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = device
+
+
 def gpu_count() -> int:
     """GPUs seen by the driver, counted without initialising CUDA in this process."""
     import shutil

@@ -6,7 +6,10 @@ whose message is the same line.
 from __future__ import annotations
 
 import difflib
+import threading
 from typing import Iterable
+
+SIGINT_RECEIVED = threading.Event()  # set by quantverdict.run.interrupt's handlers: the user pressed Ctrl-C
 
 
 class HarnessError(Exception):

@@ -1,5 +1,5 @@
 """``recipe: auto``: a manifest model's INT8/FP8 settings chosen by a search on held-out calibration data, within a
-time budget, cached, and recorded with every candidate's score."""
+fixed amount of work, cached, and recorded with every candidate's score."""
 import json
 import textwrap
 from pathlib import Path
@@ -101,24 +101,25 @@ def test_the_search_records_every_candidate_and_takes_what_held_out_data_favours
         assert recorded == value or recorded == {"method": value}
     calibration = pipeline.store.calibration_batches("dw")  # every calibration sample judged once
     assert search["held_out_samples"] == sum(len(b["input"]) for b in calibration) and search["folds"] == 4
-    again = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipe_search("dw", "int8")
+    again = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
     assert again is not None and again.to_dict() == search  # cached: read, not searched again
 
 
-def test_a_spent_budget_keeps_the_first_candidate_and_lists_the_rest(repo, qv_pipeline):
+def test_the_wall_time_stop_keeps_the_first_candidate_lists_the_rest_and_marks_the_search_incomplete(repo, qv_pipeline):
     store = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store
-    search = store.recipe_search("block", "int8")
+    search = store.recipes.search("block", "int8")
     layers = len(weighted_layers(store, "block", get_recipe("int8").for_target("emulated")))
     assert search is not None and len(search.candidates) == 1 and search.chosen == CALIBRATORS[0]
     assert len(search.not_tried) == sum(map(len, stages(AutoSettings(), layers))) - 1 - len(CALIBRATORS)  # once each
-    assert "time budget of 0 s: " in search.note
+    assert "stopped at the wall-time limit of 0 s: " in search.note and not search.complete
+    assert not search.to_dict()["complete"]
 
 
 def test_run_settings_and_named_recipes_are_not_searched(repo, qv_pipeline):
     manifest = repo / "models.yaml"
-    assert Pipeline(qv_pipeline.cache.root, manifest=manifest).store.recipe_search("block", "fp8") is None
+    assert Pipeline(qv_pipeline.cache.root, manifest=manifest).store.recipes.search("block", "fp8") is None
     overridden = Pipeline(qv_pipeline.cache.root, manifest=manifest, calibration="percentile")
-    assert overridden.store.recipe_search("dw", "int8") is None
+    assert overridden.store.recipes.search("dw", "int8") is None
     assert overridden.store.recipe("dw", "int8", "emulated").params()["calibration"]["method"] == "percentile"
 
 

@@ -54,8 +54,9 @@ class OnnxRuntimeRunner(Runner):
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
-        if not self.optimize:
+        if not self.optimize:  # a graph's own semantics: errors only, its notes on unused initializers are noise
             options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            options.log_severity_level = 3
         for key, value in self.config.items():
             options.add_session_config_entry(key, value)
         self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers)

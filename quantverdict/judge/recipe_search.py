@@ -1,4 +1,4 @@
-"""A recipe chosen for each model (``recipe: auto``), on held-out calibration data, within a time budget.
+"""A recipe chosen for each model (``recipe: auto``), on held-out calibration data, by a fixed amount of work.
 
 A fixed recipe is tuned for the networks it was chosen on; a network nobody tuned for gets whatever that
 recipe happens to do to it. The search here tries the techniques the harness has, in stages as Intel
@@ -20,6 +20,11 @@ The layers a fallback candidate keeps in FP32 are ranked for each fold on the sa
 layers (ranked once on the first fold, three folds of four judged layers their own samples had ranked). Each layer
 quantized alone is evaluated once, on the whole calibration set, for every fold's ranking and the final recipe's.
 
+The search's work is fixed: every candidate of every stage, each on every fold, so a slow runner and a fast one
+choose among the same candidates. Wall time (``budget_s``) only stops a search that runs away; one so stopped is
+recorded as incomplete (:attr:`SearchResult.complete`), and a lock file never takes it. Each candidate is reported as
+it ends (``progress``): a first search takes minutes.
+
 The search space was chosen on EfficientNet-Lite0 and -Lite1: bias correction is not in it, since on Lite0's
 held-out quarters it gained 0.5 dB where GPTQ gained 3.6 dB, at three times GPTQ's time, and lost on top of it.
 """
@@ -29,7 +34,7 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,13 +45,14 @@ from quantverdict.judge.sensitivity import error_energy, fallback_per_part, per_
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision.qdq import QDQ
 
-LOG = logging.getLogger(__name__)  # one line per candidate: a first search takes minutes
+LOG = logging.getLogger(__name__)
 AUTO_KEYS = ("auto", "budget_s", "max_fallback")
-DEFAULT_BUDGET_S = 600.0
+DEFAULT_BUDGET_S = 7200.0  # a stop for a search that runs away, not a budget: the work is fixed (stages)
 DEFAULT_MAX_FALLBACK = 0.1
 MIN_GAIN_DB = 0.1  # the mean per-sample SNR gain that makes a more elaborate candidate worth taking …
 GAIN_SE = 2.0  # … where it also exceeds this many standard errors of the paired per-sample gains
 MAX_DB = 1e3  # a sample the candidate reproduces exactly
+Progress = Callable[[str], None]  # told one line as a search starts and as each candidate ends
 CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "percentile"}, {"calibration": "mse"}]
 MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
 ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
@@ -54,7 +60,7 @@ ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
 
 @dataclass(frozen=True)
 class AutoSettings:
-    """``recipe: {int8: {auto: true, budget_s: 600, max_fallback: 0.1}}``: the search's own settings."""
+    """``recipe: {int8: {auto: true, budget_s: 7200, max_fallback: 0.1}}``: the search's own settings."""
 
     budget_s: float = DEFAULT_BUDGET_S
     max_fallback: float = DEFAULT_MAX_FALLBACK
@@ -91,16 +97,25 @@ class SearchResult:
     candidates: list[Candidate] = field(default_factory=list)
     held_out_samples: int = 0  # every calibration sample, each judged by recipes calibrated without it
     folds: int = 0
-    not_tried: list[dict[str, Any]] = field(default_factory=list)  # left when the time budget ran out
+    not_tried: list[dict[str, Any]] = field(default_factory=list)  # left when the wall-time stop came
     note: str = ""
+    incumbent: Candidate | None = None  # settings judged beside the candidates (a lock's), on the same samples
+    beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
+
+    @property
+    def complete(self) -> bool:
+        """Every candidate was tried: the choice any runner makes."""
+        return not self.not_tried
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "complete": self.complete}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SearchResult":
+        incumbent = data.get("incumbent")
         return cls(data["chosen"], [Candidate(**c) for c in data["candidates"]], data["held_out_samples"],
-                   data["folds"], data["not_tried"], data["note"])
+                   data["folds"], data["not_tried"], data["note"], None if incumbent is None else Candidate(**incumbent),
+                   data.get("beats_incumbent"))
 
 
 def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -137,10 +152,13 @@ def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
 
 
 def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
-           tolerance: Tolerance, auto: AutoSettings) -> SearchResult:
+           tolerance: Tolerance, auto: AutoSettings, incumbent: dict[str, Any] | None = None,
+           progress: Progress | None = None) -> SearchResult:
     """The best settings for ``base`` (a Q/DQ recipe) on ``model``, each candidate judged on every fold's held-out
     part (``folds``: views of ``whole`` whose ``evaluation`` data is the part of the calibration set their
-    ``calibration`` leaves out, ``held_out`` its samples' indices in ``whole``'s calibration set)."""
+    ``calibration`` leaves out, ``held_out`` its samples' indices in ``whole``'s calibration set). ``incumbent``
+    (a lock's settings) is judged first on the same samples, and the choice against it by :func:`better`;
+    ``progress`` hears of each candidate as it ends."""
     spec = folds[0].spec(model)
     output = spec.outputs[0]
     references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
@@ -148,8 +166,13 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     result = SearchResult(chosen={}, held_out_samples=len(references[output]), folds=len(folds))
     start, slowest = time.monotonic(), 0.0
     best: tuple[Candidate, np.ndarray] | None = None
+    planned = stages(auto, len(weighted_layers(folds[0], model, base)))
+    report = progress or (lambda line: LOG.info("%s", line))
+    most = sum(map(len, planned)) + (incumbent is not None)
+    report(f"recipe search {model} {base.name}: at most {most} candidates, each calibrated and judged on "
+           f"{len(folds)} folds of {result.held_out_samples} calibration samples")
 
-    def attempt(settings: dict[str, Any]) -> tuple[Candidate, np.ndarray] | None:
+    def attempt(settings: dict[str, Any]) -> tuple[Candidate, np.ndarray | None]:
         nonlocal slowest
         begun = time.perf_counter()
         candidate, samples = Candidate(settings), None
@@ -169,13 +192,21 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             candidate.error = str(exc).splitlines()[0]
         candidate.seconds = round(time.perf_counter() - begun, 3)
         slowest = max(slowest, candidate.seconds)
-        LOG.info("recipe auto %s: %s %s (%.0f s)", model, settings, candidate.error or f"{candidate.score} dB",
-                 candidate.seconds)
-        result.candidates.append(candidate)
-        return None if samples is None else (candidate, samples)
+        done[0] += 1
+        leader = max([c.score for c in result.candidates if c.score is not None] +
+                     ([candidate.score] if candidate.score is not None else []), default=None)
+        left = (most - done[0]) * (time.monotonic() - start) / done[0]
+        report(f"recipe search {model} {base.name}: {done[0]}/{most} {describe(settings)}: "
+               f"{candidate.error or f'{candidate.score:.2f} dB'} in {candidate.seconds:.0f} s; best so far "
+               f"{'-' if leader is None else f'{leader:.2f} dB'}; at most {left:.0f} s left")
+        return candidate, samples
 
+    done = [0]
+    kept = None
+    if incumbent is not None:
+        result.incumbent, kept = attempt(dict(incumbent))
     seen: list[dict[str, Any]] = []  # settings tried or left untried: a later stage may name them again
-    for stage in stages(auto, len(weighted_layers(folds[0], model, base))):
+    for stage in planned:
         stage_best = best
         for option in stage:  # each alternative on top of the previous stages' best
             settings = {**(best[0].settings if best else {}), **option}
@@ -185,15 +216,24 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             if (stage_best or best) is not None and time.monotonic() - start + slowest > auto.budget_s:
                 result.not_tried.append(settings)
                 continue
-            tried = attempt(settings)
-            if tried is not None and better(tried[1], stage_best[1] if stage_best else None):
-                stage_best = tried
+            candidate, samples = attempt(settings)
+            result.candidates.append(candidate)
+            if samples is not None and better(samples, stage_best[1] if stage_best else None):
+                stage_best = candidate, samples
         best = stage_best
     if result.not_tried:
-        result.note = (f"time budget of {auto.budget_s:g} s: {len(result.not_tried)} candidates not tried (each "
-                       f"starts only where the slowest so far, {slowest:.0f} s, still fits)")
+        result.note = (f"stopped at the wall-time limit of {auto.budget_s:g} s: {len(result.not_tried)} candidates "
+                       f"not tried (each starts only where the slowest so far, {slowest:.0f} s, still fits), so "
+                       "another runner may choose otherwise and no lock takes this choice")
     if best is None:
         raise CalibrationError(f"recipe auto for {model!r}: every candidate failed; the first: "
                                f"{result.candidates[0].error}")
     result.chosen = dict(best[0].settings)
+    if result.incumbent is not None:
+        result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(best[1], kept))
     return result
+
+
+def describe(settings: Mapping[str, Any]) -> str:
+    """``calibration=percentile smoothquant=0.5`` for a progress line."""
+    return " ".join(f"{key}={value}" for key, value in settings.items()) or "defaults"

@@ -9,7 +9,7 @@ import numpy as np
 
 from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.capabilities import package_version
-from quantverdict.errors import HarnessError, InputDataError, UserCodeError
+from quantverdict.errors import SIGINT_RECEIVED, HarnessError, InputDataError, UserCodeError
 from quantverdict.registry import import_object
 
 Batch = dict[str, np.ndarray]
@@ -161,9 +161,7 @@ class ModelSpec:
         except (Exception, SystemExit) as exc:  # sys.exit() in a user's callable ends their case, not the run
             raise UserCodeError(self.describe(role), exc) from exc
         except KeyboardInterrupt as exc:  # the user's Ctrl-C stops the run; one their code raised is their error
-            from quantverdict.run.interrupt import received
-
-            if received():
+            if SIGINT_RECEIVED.is_set():
                 raise
             raise UserCodeError(self.describe(role), exc) from exc
 

@@ -5,15 +5,14 @@ and a graph's semantics (:mod:`quantverdict.judge.semantics`).
 
 Each loader keys its artifact on disk by a content hash of everything that affects it, so hundreds of cases
 build each model and compute each reference once, and a warm re-run only reads. The store is the judge's
-:class:`~quantverdict.judge.bench.Workbench`. Recipes are configured here: the model's settings, then the
-run's, then what a recipe chooses on the calibration set (its fallback layers).
+:class:`~quantverdict.judge.bench.Workbench`; its recipes are resolved in :mod:`quantverdict.run.recipes`.
 """
 from __future__ import annotations
 
 import functools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -25,21 +24,19 @@ from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
 from quantverdict.judge.output_kinds import output_kinds
-from quantverdict.judge.recipe_search import AUTO_KEYS, SearchResult, auto_settings
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
 from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
 from quantverdict.models.data import Data, batches_key, build_module, calibration_batches, evaluation
 from quantverdict.models.spec import Batch
-from quantverdict.precision import Recipe, get_recipe
-from quantverdict.precision.calibrators import Calibrator
+from quantverdict.precision import Recipe
 from quantverdict.precision.describe import describe_quantization
 from quantverdict.precision.coverage import recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
-from quantverdict.precision.qdq import QDQ
 from quantverdict.registry import Registry
 from quantverdict.run.memo import Memo
+from quantverdict.run.recipes import RecipeOptions, Recipes
 
 if TYPE_CHECKING:
     import torch
@@ -47,22 +44,18 @@ if TYPE_CHECKING:
 MEMO_SIZE = 4  # torch modules and reference outputs kept per process (ResNet-101 is large)
 
 
-Searcher = Callable[["ArtifactStore", str, str], "SearchResult | None"]  # (store, model, precision)
-
-
 class ArtifactStore:
     """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners."""
 
     def __init__(self, cache: Cache, models: Registry[ModelSpec], backend: Callable[[str], Backend],
-                 tolerances: ToleranceTable, calibrator: Calibrator | None = None, caps: Capabilities | None = None,
-                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None, search: Searcher | None = None):
-        self.cache, self.models, self.backend, self.calibrator = cache, models, backend, calibrator
-        self.search = search  # chooses a model's recipe where it asks for one (recipe: auto); None: never
-        self.recipe_settings = recipe_settings or {}  # precision → settings over the models' own
+                 tolerances: ToleranceTable, caps: Capabilities | None = None, options: RecipeOptions | None = None):
+        self.cache, self.models, self.backend = cache, models, backend
         self.tolerances, self.caps = tolerances, caps or detect()
+        self.options = options or RecipeOptions()
+        self.recipes = Recipes(self, self.options)  # every recipe this store's cases and searches consume
         self._modules, self._references, self._fp32 = Memo(MEMO_SIZE), Memo(MEMO_SIZE), Memo()
         self._semantics, self._coverage, self._batch_keys, self._precision = Memo(MEMO_SIZE), Memo(), Memo(), Memo()
-        self._evaluations, self._fallbacks, self._undecided, self._searches = Memo(MEMO_SIZE), Memo(), Memo(), Memo()
+        self._evaluations, self._undecided = Memo(MEMO_SIZE), Memo()
 
     # planting hooks: a store whose artifacts carry a defect overrides these (quantverdict.run.mutate)
     def planted(self, stage: str, path: Path, precision: str | None = None) -> Path:
@@ -254,46 +247,9 @@ class ArtifactStore:
                          coverage=functools.partial(self.coverage, model, recipe) if recipe.quantized else None)
 
     def recipe(self, model: str, precision: str, target: str) -> Recipe:
-        """The recipe of ``precision`` for a graph target, with the model's recipe settings, then this run's
-        (``--recipe-option``, ``--calibration``) over them, and what it chooses on the data chosen."""
-        recipe = get_recipe(precision).for_target(target)
-        if not recipe.configurable:  # FP16, or a runtime's own layout (ONNX Runtime's CPU INT8)
-            return recipe
-        settings = self.settings(model, precision)
-        if self.calibrator is not None and recipe.calibrated:
-            settings["calibration"] = self.calibrator.method
-        return self.configured(model, recipe.configured(settings))
-
-    def settings(self, model: str, precision: str) -> dict[str, Any]:
-        """``precision``'s recipe settings: those the model's search chose (``recipe: auto``), else its own with this
-        run's (``--recipe-option``) over them (a search runs only where the run sets none)."""
-        searched = self.recipe_search(model, precision)
-        own = {k: v for k, v in self.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
-        return dict(searched.chosen) if searched else {**own, **self.recipe_settings.get(precision, {})}
-
-    def recipe_search(self, model: str, precision: str) -> SearchResult | None:
-        """The search that chose ``precision``'s settings where the model asks for one (``recipe: auto``) and this
-        run names none of its own (:func:`quantverdict.run.held_out.search_recipe`); None otherwise."""
-        search = self.search
-        if search is None or auto_settings(self.spec(model).recipe.get(precision, {})) is None:
-            return None
-        return self._searches.get((model, precision), lambda: search(self, model, precision))
+        """The finished recipe of ``precision`` for a graph target (:class:`quantverdict.run.recipes.Recipes`)."""
+        return self.recipes.recipe(model, precision, target)
 
     def configured(self, model: str, recipe: Recipe) -> Recipe:
-        """``recipe`` with the layers its accuracy-aware fallback keeps in FP32 chosen, the most sensitive on
-        the calibration set (:func:`choose_fallback`), once per content key of what decides them."""
-        from quantverdict.judge.sensitivity import choose_fallback
-
-        if not recipe.fallback_pending:
-            return recipe
-
-        def choose() -> list[str]:
-            parts = [file_sha256(self.fp32_onnx(model)), recipe.params(), self.data_key(model, "calibration"),
-                     *self.onnxruntime_cpu_parts("quantverdict.judge"), source_fingerprint("quantverdict.precision"),
-                     self.variant()]
-            return self.cache.json("fallback", parts, lambda: choose_fallback(self, model, recipe),
-                                   {"model": model, "precision": recipe.name})
-
-        assert isinstance(recipe, QDQ)  # the recipes that choose a fallback
-        kept = self._fallbacks.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), choose)
-        return recipe.with_options(fallback_layers=tuple(kept))
+        """``recipe`` with its fallback layers chosen (the lock's, else on the calibration set): the judge's view."""
+        return self.recipes.with_fallback(model, recipe)

@@ -160,6 +160,9 @@ class CaseExecutor:
         if timed is not None and not timed.passed:
             passed, message = False, "\n".join(filter(None, [message, f"{case.id}: {timed.explain()}"]))
         status: Status = "passed" if passed else "failed"
+        note = metrics.get("recipe", {}).get("lock", {}).get("note")
+        if note:  # a verdict on a recipe reviewed for another graph says so, passed or not
+            message = "\n".join(filter(None, [message, f"{case.id}: {note}"]))
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
 
     def _recipe_and_fidelity(self, case: Case, spec: ModelSpec, reference: dict[str, np.ndarray],
@@ -176,9 +179,12 @@ class CaseExecutor:
         graph, evaluator = coverage.pop("graph"), coverage.pop("evaluator")
         metrics["recipe"] = {**recipe.to_dict(), "evaluator": evaluator, "passed": recipe.passed, "coverage": coverage,
                              "settings": emulated.params()}
-        search = store.recipe_search(case.model, case.precision)
+        search, lock = store.recipes.search(case.model, case.precision), store.recipes.lock_state(case.model,
+                                                                                                  case.precision)
         if search is not None:  # recipe: auto: every candidate's score on held-out data, and the choice
             metrics["recipe"]["search"] = search.to_dict()
+        if lock is not None:  # the lock's recipe, no search: which lock, and whether it was chosen for this graph
+            metrics["recipe"]["lock"] = lock
         if case.precision in spec.quantized:  # the user's graph, as it is: no recipe settings made it
             metrics["recipe"].update(user_graph=str(spec.quantized[case.precision]), settings=graph)
         metrics["fidelity"] = fidelity.to_dict()

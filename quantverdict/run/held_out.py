@@ -10,11 +10,12 @@ import numpy as np
 
 from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
-from quantverdict.judge.recipe_search import SearchResult, auto_settings, search
+from quantverdict.judge.recipe_search import AutoSettings, Progress, SearchResult, search
 from quantverdict.models.spec import Batch
 from quantverdict.precision import get_recipe
 from quantverdict.precision.qdq import QDQ
 from quantverdict.run.artifacts import ArtifactStore
+from quantverdict.run.recipes import RecipeOptions
 
 
 def folds(batches: list[Batch]) -> int:
@@ -50,8 +51,8 @@ class HeldOutStore(ArtifactStore):
     held-out rest (unlabelled, every sample counted: no resolution analysis on calibration data)."""
 
     def __init__(self, clean: ArtifactStore, fold: int = 0, whole: dict[str, list[Batch]] | None = None):
-        super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.calibrator, clean.caps,
-                         clean.recipe_settings)
+        super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.caps,
+                         RecipeOptions(clean.options.settings))  # a fold's recipes are the search's candidates
         self._modules, self._fp32, self.clean = clean._modules, clean._fp32, clean
         self._splits: dict[str, tuple[list[Batch], list[Batch]]] = {}
         self.fold = fold
@@ -74,20 +75,17 @@ class HeldOutStore(ArtifactStore):
         return None
 
 
-def search_recipe(store: ArtifactStore, model: str, precision: str) -> SearchResult | None:
-    """The search for ``precision``'s settings (:func:`quantverdict.judge.recipe_search.search`) where the model asks
-    for one (``recipe: auto``, a manifest model's default for INT8 and FP8) and neither a graph of the user's nor
-    this run's own settings (``--recipe-option``, ``--calibration``) decide them; None otherwise. Cached by the
-    FP32 graph, the calibration data, the tolerance, the search's settings and the code."""
+def search_recipe(store: ArtifactStore, model: str, precision: str, auto: AutoSettings,
+                  incumbent: dict[str, Any] | None = None, progress: Progress | None = None) -> SearchResult:
+    """The search for ``precision``'s settings (:func:`quantverdict.judge.recipe_search.search`), with ``incumbent``
+    judged beside its candidates; cached by the FP32 graph, the calibration data, the tolerance, the search's settings,
+    the incumbent and the code. ``progress`` hears of a search that runs, not of one read from the cache."""
     spec = store.spec(model)
-    auto = auto_settings(spec.recipe.get(precision, {}))
-    if auto is None or precision in spec.quantized or store.recipe_settings.get(precision) or store.calibrator:
-        return None
     base = get_recipe(precision).for_target("emulated")
     assert isinstance(base, QDQ)
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [file_sha256(store.fp32_onnx(model)), precision, asdict(auto), tolerance.to_dict(),
-             store.data_key(model, "calibration"), store.variant(),
+             store.data_key(model, "calibration"), store.variant(), incumbent,
              *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.run.held_out")]
 
     def searched() -> dict[str, Any]:
@@ -98,7 +96,7 @@ def search_recipe(store: ArtifactStore, model: str, precision: str) -> SearchRes
         numbers = range(folds(whole[model]))
         views = [HeldOutStore(store, fold, whole) for fold in numbers]
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
-        return search(store, views, held_out, model, base, tolerance, auto).to_dict()
+        return search(store, views, held_out, model, base, tolerance, auto, incumbent, progress).to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
                                                    {"model": model, "precision": precision}))

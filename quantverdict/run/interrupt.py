@@ -20,8 +20,10 @@ import threading
 import time
 from typing import Iterator
 
+from quantverdict.errors import SIGINT_RECEIVED
+
 MESSAGE = "interrupted: no run record written (the cache keeps only whole entries)"
-_received = threading.Event()
+_received = SIGINT_RECEIVED  # read below the run stage too (a user callable's KeyboardInterrupt)
 
 
 def received() -> bool:

@@ -234,3 +234,18 @@ def default_models(manifest: Manifest | None, registry: Registry[ModelSpec]) -> 
     if problems:
         raise DocumentError("\n".join(problems))
     return [*own, *(name for name in manifest.include if name not in own)]
+
+
+def declaration_lines(text: str) -> dict[str, int]:
+    """0-based line of each model's ``name:`` in a manifest's text, and of ``include:`` under the key '' (where a
+    case's report points)."""
+    import re
+
+    lines: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines()):
+        named = re.match(r"^\s*-?\s*name:\s*['\"]?([^'\"#\s]+)", line)
+        if named:
+            lines.setdefault(named.group(1), number)
+        elif re.match(r"^include:", line):
+            lines.setdefault("", number)
+    return lines

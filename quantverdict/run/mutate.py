@@ -38,8 +38,7 @@ class PlantedStore(ArtifactStore):
     the clean store."""
 
     def __init__(self, clean: ArtifactStore, mutation: Mutation):
-        super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.calibrator, clean.caps,
-                         clean.recipe_settings, clean.search)
+        super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.caps, clean.options)
         self._modules, self._references, self.mutation = clean._modules, clean._references, mutation
 
     def planted(self, stage: str, path: Path, precision: str | None = None) -> Path:

@@ -16,6 +16,7 @@ from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, detect
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
+from quantverdict.judge.recipe_search import Progress
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.registry import Registry
 from quantverdict.report.gate import case_unjudged, judge_case, load_policy, rules_for, runner_class, runner_class_note
@@ -25,6 +26,8 @@ from quantverdict.run.cases import Case, CaseResult, enumerate_cases
 from quantverdict.run.execute import CaseExecutor
 from quantverdict.run.held_out import search_recipe
 from quantverdict.run.manifest import Manifest, default_models, load_manifest, model_registry
+from quantverdict.run.recipe_lock import RecipeLock
+from quantverdict.run.recipes import RecipeOptions
 from quantverdict.run.settings import Settings
 
 __all__ = ["Case", "CaseResult", "Pipeline"]
@@ -38,25 +41,28 @@ class Pipeline:
     def __init__(self, cache_dir: Path, tolerances: Path | None = None, manifest: Path | None = None,
                  capabilities: Capabilities | None = None, calibration: str | None = None, timing: bool = False,
                  baseline: Path | None = None, policy: Path | None = None,
-                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None):
+                 recipe_settings: Mapping[str, Mapping[str, Any]] | None = None, lock: Path | None = None,
+                 relock: list[str] | None = None, progress: Progress | None = None, check: bool = False):
         self.cache = Cache(cache_dir)
         self.tolerances = ToleranceTable.load(tolerances)
         self.manifest: Manifest | None = load_manifest(manifest) if manifest is not None else None
         self.models: Registry[ModelSpec] = model_registry(self.manifest)
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
-        self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances,
-                                   Calibrator(calibration) if calibration else None, self.caps, recipe_settings,
-                                   search_recipe)
+        self.lock = RecipeLock.read(lock) if lock is not None else None
+        options = RecipeOptions(with_calibration(recipe_settings or {}, calibration), self.lock, search_recipe,
+                                None if relock and "all" in relock else frozenset(relock or ()), check, progress)
+        self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.caps, options)
         self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
         self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
             if baseline is not None else None
 
     @classmethod
-    def from_settings(cls, settings: Settings, capabilities: Capabilities | None = None) -> "Pipeline":
+    def from_settings(cls, settings: Settings, capabilities: Capabilities | None = None,
+                      progress: Progress | None = None) -> "Pipeline":
         return cls(settings["cache-dir"], settings["tolerances"], settings["manifest"], capabilities,
                    settings["calibration"], bool(settings["time"]), settings["baseline"], settings["gate-policy"],
-                   settings.recipe_settings())
+                   settings.recipe_settings(), settings["lock"], settings["relock"], progress)
 
     def cases(self, models: list[str] | None = None, precisions: list[str] | None = None,
               backends: list[str] | None = None) -> list[Case]:
@@ -90,6 +96,18 @@ class Pipeline:
         if self.baseline is not None:
             self.baseline.judge(result)
         return result
+
+
+def with_calibration(settings: Mapping[str, Mapping[str, Any]],
+                     calibration: str | None) -> dict[str, dict[str, Any]]:
+    """``--calibration METHOD`` as one more recipe option of the calibrated precisions (INT8, FP8), under those
+    that name a precision's calibration themselves; the method checked before anything runs."""
+    out = {precision: dict(values) for precision, values in settings.items()}
+    if calibration is not None:
+        Calibrator(calibration)
+        for precision in ("int8", "fp8"):
+            out[precision] = {"calibration": calibration, **out.get(precision, {})}
+    return out
 
 
 class BaselineJudge:

@@ -10,6 +10,7 @@ imports nothing heavy until a hook needs it.
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -59,7 +60,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from quantverdict.run.interrupt import note_sigint
 
     note_sigint()  # a KeyboardInterrupt without a Ctrl-C is the user's code's error, not the end of the run
-    _pin_worker_gpu()
+    from quantverdict.capabilities import pin_xdist_worker_gpu
+
+    pin_xdist_worker_gpu()  # before anything initialises CUDA
     manifest = settings["manifest"]
     if manifest is None:
         return
@@ -100,19 +103,6 @@ def _resolve(config: pytest.Config) -> "Settings":
         raise pytest.UsageError(f"quantverdict: {exc}") from None
 
 
-def _pin_worker_gpu() -> None:
-    """Under pytest-xdist, one GPU per worker (before anything initialises CUDA)."""
-    import os
-
-    from quantverdict.capabilities import gpu_count, pin_worker_gpu
-
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        device = pin_worker_gpu(worker, gpu_count())
-        if device is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = device
-
-
 def pipeline(config: pytest.Config) -> "Pipeline":
     """The session's :class:`quantverdict.run.pipeline.Pipeline`, made on first use."""
     if _pipeline_key not in config.stash:
@@ -120,10 +110,24 @@ def pipeline(config: pytest.Config) -> "Pipeline":
         from quantverdict.run.pipeline import Pipeline
 
         try:
-            config.stash[_pipeline_key] = Pipeline.from_settings(config.stash[_settings_key])
+            config.stash[_pipeline_key] = Pipeline.from_settings(config.stash[_settings_key],
+                                                                 progress=functools.partial(_say, config))
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None
     return config.stash[_pipeline_key]
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """A progress line (a recipe search's) on the terminal now, through the output capture."""
+    import contextlib
+    import sys
+
+    capture, reporter = (config.pluginmanager.get_plugin(name) for name in ("capturemanager", "terminalreporter"))
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        if reporter is not None:
+            reporter.write_line(f"quantverdict: {line}")
+        else:  # an xdist worker: its stderr is the controller's
+            print(f"quantverdict: {line}", file=sys.stderr, flush=True)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -140,6 +144,7 @@ class ManifestFile(pytest.File):
     def collect(self) -> Iterator["CaseItem"]:
         from quantverdict.errors import HarnessError
         from quantverdict.run.cases import Shard
+        from quantverdict.run.manifest import declaration_lines
 
         settings, pipe = self.config.stash[_settings_key], pipeline(self.config)
         try:
@@ -148,7 +153,7 @@ class ManifestFile(pytest.File):
                 cases = Shard.parse(settings["shard"]).select(cases)
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None
-        lines = _declaration_lines(self.path.read_text(encoding="utf-8"))
+        lines = declaration_lines(self.path.read_text(encoding="utf-8"))
         for case in cases:
             item = CaseItem.from_parent(self, name=case.id, case=case, line=lines.get(case.model, lines.get("", 0)))
             item.add_marker(case.precision)
@@ -162,20 +167,6 @@ class ManifestFile(pytest.File):
 
 class CaseFailed(Exception):
     """A case that failed or errored; its message is the whole report (no traceback of the harness)."""
-
-
-def _declaration_lines(text: str) -> dict[str, int]:
-    """0-based line of each model's ``name:`` in a manifest, and of ``include:`` under the key ''."""
-    import re
-
-    lines: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines()):
-        named = re.match(r"^\s*-?\s*name:\s*['\"]?([^'\"#\s]+)", line)
-        if named:
-            lines.setdefault(named.group(1), number)
-        elif re.match(r"^include:", line):
-            lines.setdefault("", number)
-    return lines
 
 
 class CaseItem(pytest.Item):
@@ -261,9 +252,16 @@ MANIFEST_NAMES = ("models.yaml", "models.yml")  # what `quantverdict init` write
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """A repository holding a manifest that no setting names runs none of its cases: say how to name it."""
+    """Recipes searched in this run or locked for another graph; and a repository holding a manifest that no setting
+    names runs none of its cases: say how to name it."""
     settings = config.stash.get(_settings_key, None)
-    if settings is None or settings["manifest"] is not None:
+    if settings is None:
+        return
+    from quantverdict.run.recipe_lock import run_notes
+
+    for line in run_notes(config.stash.get(_results_key, []), settings["lock"]):
+        terminalreporter.write_line(f"quantverdict: {line}")
+    if settings["manifest"] is not None:
         return
     found = next((name for name in MANIFEST_NAMES if (config.rootpath / name).is_file()), None)
     if found:

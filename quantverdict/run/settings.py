@@ -59,6 +59,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("recipe-option", "INT8/FP8 recipe setting over the models' own, e.g. smoothquant=0.5, "
                              "int8:calibration=mse (repeatable; recorded in the run record)", "list",
             metavar="[PRECISION:]KEY=VALUE"),
+    Setting("lock", "recipe lock file: the searched recipes (recipe: auto) that `quantverdict lock` chose, applied "
+                    "with no search", "path", "quantverdict.lock"),
+    Setting("relock", "comma-separated models whose locked recipes are set aside and searched again ('all': every "
+                      "model); `quantverdict lock --update` writes what the search chose", "csv", metavar="MODELS"),
     Setting("baseline", "run record to judge every case against under the release gate's rules", "path"),
     Setting("gate-policy", "gate policy file merged over the packaged one", "path"),
     Setting("report-dir", "where run records (and history.sqlite) are written", "path", "reports"),

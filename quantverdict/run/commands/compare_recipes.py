@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from quantverdict.precision.modelopt import modelopt_python
 
     pipeline = common.pipeline(args)
-    own = pipeline.store.settings(args.model, args.precision)
-    if pipeline.store.recipe_search(args.model, args.precision):  # recipe: auto, a manifest model's default
+    own = pipeline.store.recipes.settings(args.model, args.precision)
+    if pipeline.store.recipes.auto(args.model, args.precision):  # recipe: auto, a manifest model's default
         print(f"(harness: the settings recipe auto chose for {args.model}: {own or 'the defaults'})")
     variants: dict[str, dict[str, Any]] = {"harness": own}
     if args.precision == "int8":

@@ -29,19 +29,24 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     from quantverdict.report.record import build_record, check_destinations, record_run
     from quantverdict.run.cases import Shard
     from quantverdict.run.pipeline import Pipeline
+    from quantverdict.run.recipe_lock import run_notes
 
     started = time.time()
     check_destinations(settings["report-dir"], settings["history-db"])
-    pipeline = Pipeline.from_settings(settings)
+    pipeline = Pipeline.from_settings(settings, progress=lambda line: tqdm.write(line, file=sys.stderr))
     cases = pipeline.cases(settings["models"], settings["precisions"], settings["backends"])
     shard = Shard.parse(settings["shard"]) if settings["shard"] else None
     if shard is not None:
         cases = shard.select(cases)
     results = []
     with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress:
-        for case in progress:
+        for number, case in enumerate(progress, 1):
             progress.set_postfix_str(case.id)
+            begun = time.perf_counter()
             results.append(pipeline.run(case))
+            if progress.disable:  # no terminal (a CI log): one plain line per case
+                print(f"[{number}/{len(cases)}] {case.id}: {results[-1].status} ({time.perf_counter() - begun:.0f} s)",
+                      file=sys.stderr, flush=True)
     if received():  # a Ctrl-C some library swallowed: this run did not finish
         raise KeyboardInterrupt
     print(terminal_table(CaseRow.of(r.to_dict()) for r in results))
@@ -53,6 +58,8 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     for result in results:
         if result.status in ("failed", "error"):
             print(f"\n{result.message}")
+    for line in run_notes([r.to_dict() for r in results], settings["lock"]):
+        print(f"\n{line}")
     code = 0 if all(r.status in ("passed", "skipped") for r in results) else 1
     if history_problem:
         print(f"error: {history_problem}", file=sys.stderr)

@@ -1,0 +1,159 @@
+"""The recipe lock file: each searched recipe (``recipe: auto``) resolved once, committed, read in a diff.
+
+As ``uv.lock`` and ``poetry.lock`` do for dependencies: ``quantverdict lock`` searches and writes it, every later run
+(``pytest -m int8``, ``quantverdict run``) builds the locked recipe with no search, and a search runs again only
+on purpose (``quantverdict lock --update MODEL``) or in a nightly check (``quantverdict lock --check``) that proposes
+a better recipe beside the lock. For each model and precision it holds the chosen settings, the layers kept in
+float by name, the hashes of the FP32 graph and the calibration data they were chosen for, the versions and runner
+class that chose them, and each candidate's score: what a reviewer needs to read a recipe change.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from quantverdict.cache import atomic_write_bytes
+from quantverdict.documents import DocumentError, read_yaml, validate
+from quantverdict.errors import HarnessError
+
+VERSION = 1
+HEADER = """\
+# quantverdict recipe lock: the INT8/FP8 recipes chosen by `quantverdict lock`, applied by every run with no search.
+# Commit it; review its diff as the recipe change. Re-search on purpose: quantverdict lock --update MODEL.
+"""
+Setting = bool | int | float | str
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Evidence(_Closed):
+    """One candidate of the search: its settings and mean per-sample SNR on held-out calibration samples."""
+
+    settings: dict[str, Setting]
+    score_db: float | None
+    passed: bool | None
+    error: str | None = None
+
+
+class Search(_Closed):
+    folds: int
+    held_out_samples: int
+    candidates: list[Evidence]
+
+
+class LockedRecipe(_Closed):
+    settings: dict[str, Setting]  # the recipe settings the search chose
+    float_layers: list[str]  # weighted layers its fallback keeps in FP32, by node name
+    graph_sha256: str  # the FP32 graph they were chosen for
+    calibration_data: str  # content key of the calibration batches
+    qdq_sha256: str | None = None  # the Q/DQ graph the locking runner built (another CPU's differs where rounding flipped)
+    chosen_by: dict[str, str]  # package versions and the runner class
+    search: Search
+
+
+class LockFile(_Closed):
+    version: Literal[1]
+    recipes: dict[str, dict[str, LockedRecipe]] = {}  # model → precision → recipe
+
+
+class RecipeLock:
+    """A lock file's recipes by (model, precision); ``path`` where it is read from and written to."""
+
+    def __init__(self, path: Path, recipes: dict[str, dict[str, LockedRecipe]] | None = None):
+        self.path, self.recipes = path, recipes or {}
+
+    @classmethod
+    def read(cls, path: Path) -> "RecipeLock":
+        """The lock at ``path``, validated (each recipe's settings too: a lock edited by hand is read like a
+        manifest), or an empty lock where there is no file."""
+        if not path.exists():
+            return cls(path)
+        document = validate(read_yaml(path, "recipe lock"), LockFile, str(path))
+        problems = [line for model, entries in document.recipes.items() for precision, entry in entries.items()
+                    for line in _check(path, model, precision, entry)]
+        if problems:
+            raise DocumentError("\n".join(problems))
+        return cls(path, {model: dict(entries) for model, entries in document.recipes.items()})
+
+    def get(self, model: str, precision: str) -> LockedRecipe | None:
+        return self.recipes.get(model, {}).get(precision)
+
+    def put(self, model: str, precision: str, entry: LockedRecipe) -> None:
+        self.recipes.setdefault(model, {})[precision] = entry
+
+    def text(self) -> str:
+        """The lock as YAML: models, precisions and every mapping's keys sorted, an entry's fields in their reading
+        order (settings first), settings on one line each, so that a diff shows what changed and nothing else."""
+        document = {"version": VERSION, "recipes": {
+            model: {precision: _readable(entry) for precision, entry in sorted(entries.items())}
+            for model, entries in sorted(self.recipes.items())}}
+        return HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+
+    def write(self, path: Path | None = None) -> Path:
+        target = path or self.path
+        try:
+            atomic_write_bytes(target, self.text().encode())
+        except OSError as exc:
+            raise HarnessError(f"cannot write the recipe lock {target}: {exc.strerror or exc}") from exc
+        return target
+
+
+class _Dumper(yaml.SafeDumper):
+    """Mappings of scalars (settings, versions) and of those (a candidate) in flow style: one line per candidate."""
+
+
+def _represent_dict(dumper: yaml.SafeDumper, data: dict[str, Any]) -> yaml.Node:
+    flow = all(not isinstance(value, list) and (not isinstance(value, dict) or all(
+        not isinstance(inner, (dict, list)) for inner in value.values())) for value in data.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
+
+
+_Dumper.add_representer(dict, _represent_dict)
+
+
+def _readable(entry: LockedRecipe) -> dict[str, Any]:
+    """An entry as it is written: its fields and each candidate's in their reading order, settings and versions
+    sorted by name."""
+    document = entry.model_dump(exclude_none=True)
+    for part in (document, *document["search"]["candidates"]):
+        part["settings"] = dict(sorted(part["settings"].items()))
+    document["chosen_by"] = dict(sorted(document["chosen_by"].items()))
+    return document
+
+
+def _check(path: Path, model: str, precision: str, entry: LockedRecipe) -> list[str]:
+    from quantverdict.precision import get_recipe, known_precisions
+
+    where = f"{path}: recipes.{model}.{precision}"
+    if precision not in known_precisions():
+        return [f"{where}: unknown precision (known: {', '.join(known_precisions())})"]
+    try:
+        get_recipe(precision).configured(entry.settings)
+    except HarnessError as exc:
+        return [f"{where}.settings: {str(exc).splitlines()[0]}"]
+    if entry.float_layers and entry.settings.get("fallback") is None:
+        return [f"{where}.float_layers: layers kept in float by a recipe whose settings name no fallback share"]
+    return []
+
+
+def run_notes(cases: list[dict[str, Any]], lock: Path) -> list[str]:
+    """What a run's recipes call for, from its cases (records' dicts): a recipe locked for an earlier graph (once per
+    model and precision), and recipes a search chose at run time, which a lock would make reviewed and skip."""
+    notes, searched = {}, set()
+    for case in cases:
+        recipe = (case.get("metrics") or {}).get("recipe") or {}
+        note = (recipe.get("lock") or {}).get("note")
+        if note:
+            notes[(case.get("model"), case.get("precision"))] = f"{case.get('model')} {case.get('precision')}: {note}"
+        if recipe.get("search"):
+            searched.add(str(case.get("model")))
+    lines = list(notes.values())
+    if searched:
+        lines.append(f"recipes chosen by a search in this run ({', '.join(sorted(searched))}): lock them to review "
+                     f"them and skip the search: quantverdict lock (writes {lock})")
+    return lines

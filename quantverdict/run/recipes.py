@@ -1,0 +1,187 @@
+"""One finished recipe per (model, precision, graph target), resolved here and nowhere else.
+
+Precedence, most binding first: a graph the user supplied for the precision (nothing to resolve); this run's own
+settings (``--recipe-option``, ``--calibration``, which is one more recipe option) over the model's; for a model
+that asks for a search (``recipe: auto``), the lock's entry (:mod:`quantverdict.run.recipe_lock`), else the search
+(:func:`quantverdict.run.held_out.search_recipe`); then the layers accuracy-aware fallback keeps in float, which a lock
+names and a run otherwise chooses on the calibration set. The rest of the harness consumes the result.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+from quantverdict.capabilities import Capabilities, package_version
+from quantverdict.errors import HarnessError
+from quantverdict.hashing import file_sha256, source_fingerprint
+from quantverdict.judge.bench import Workbench
+from quantverdict.judge.recipe_search import AUTO_KEYS, AutoSettings, Progress, SearchResult, auto_settings
+from quantverdict.precision import Recipe, get_recipe
+from quantverdict.precision.qdq import QDQ
+from quantverdict.run.memo import Memo
+from quantverdict.run.recipe_lock import Evidence, LockedRecipe, RecipeLock, Search
+
+
+
+class RecipeStore(Workbench, Protocol):
+    """What resolving a recipe needs of the run's artifacts (:class:`quantverdict.run.artifacts.ArtifactStore`)."""
+
+    caps: Capabilities
+
+    def recipe_source(self, model: str, recipe: Recipe) -> Path: ...
+
+    def variant(self) -> Any: ...
+
+
+# (store, model, precision, the search's settings, settings judged beside the candidates, progress) → the search
+Searcher = Callable[[RecipeStore, str, str, AutoSettings, "dict[str, Any] | None", "Progress | None"], SearchResult]
+LOCKED_PACKAGES = ("quantverdict", "onnx", "onnxruntime", "numpy", "torch")
+
+
+@dataclass(frozen=True)
+class RecipeOptions:
+    """What a run says about recipes: ``settings`` per precision over the models' own (a search then does not
+    run), the ``lock`` applied, the ``search`` (None: never search), the models whose lock entries are set aside
+    and searched again (``relock``; None: every model), whether each search also judges the lock's settings of the
+    models set aside (``check``: a nightly run's paired test against the lock), and where progress lines go."""
+
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    lock: RecipeLock | None = None
+    search: Searcher | None = None
+    relock: frozenset[str] | None = frozenset()
+    check: bool = False
+    progress: Progress | None = None
+
+
+class Recipes:
+    """The recipes of one :class:`ArtifactStore`'s runs, each resolved once per process."""
+
+    def __init__(self, store: RecipeStore, options: RecipeOptions):
+        self.store, self.options = store, options
+        self._searches, self._fallbacks = Memo(), Memo()
+
+    def recipe(self, model: str, precision: str, target: str) -> Recipe:
+        """The recipe of ``precision`` for a graph target, finished: settings resolved, fallback layers chosen."""
+        recipe = get_recipe(precision).for_target(target)
+        if not recipe.configurable:  # FP16, or a runtime's own layout (ONNX Runtime's CPU INT8)
+            return recipe
+        return self.with_fallback(model, recipe.configured(self.settings(model, precision)))
+
+    def settings(self, model: str, precision: str) -> dict[str, Any]:
+        """The settings the lock holds, else those the search chose, else the model's own with this run's over
+        them."""
+        locked = self.locked(model, precision)
+        if locked is not None:
+            return dict(locked.settings)
+        searched = self.search(model, precision)
+        if searched is not None:
+            return dict(searched.chosen)
+        own = {k: v for k, v in self.store.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
+        return {**own, **self.options.settings.get(precision, {})}
+
+    def auto(self, model: str, precision: str) -> AutoSettings | None:
+        """The search's settings where ``precision``'s recipe is the search's to choose: the model asks for one
+        (``recipe: auto``, a manifest model's default for INT8 and FP8), supplies no graph of its own for the
+        precision, and this run sets none of the settings."""
+        spec = self.store.spec(model)
+        auto = auto_settings(spec.recipe.get(precision, {}))
+        if auto is None or precision in spec.quantized or self.options.settings.get(precision):
+            return None
+        return auto
+
+    def locked(self, model: str, precision: str) -> LockedRecipe | None:
+        """The lock's recipe where it applies: a search would choose it otherwise, and the run does not set the
+        model's entry aside."""
+        lock, relock = self.options.lock, self.options.relock
+        if lock is None or relock is None or model in relock:
+            return None
+        return lock.get(model, precision) if self.auto(model, precision) is not None else None
+
+    def search(self, model: str, precision: str) -> SearchResult | None:
+        """The search that chose ``precision``'s settings, where it is the search's to choose and no lock entry
+        applies; None otherwise. With ``check``, the locked settings are judged beside the candidates."""
+        auto, searcher = self.auto(model, precision), self.options.search
+        if auto is None or searcher is None or self.locked(model, precision) is not None:
+            return None
+        entry = self.options.lock.get(model, precision) if self.options.lock and self.options.check else None
+        incumbent = dict(entry.settings) if entry else None
+        return self._searches.get((model, precision), lambda: searcher(self.store, model, precision, auto, incumbent,
+                                                                        self.options.progress))
+
+    def lock_state(self, model: str, precision: str) -> dict[str, Any] | None:
+        """For the record: the lock the recipe came from, and whether it was chosen for this very FP32 graph."""
+        locked = self.locked(model, precision)
+        if locked is None:
+            return None
+        assert self.options.lock is not None
+        current = file_sha256(self.store.fp32_onnx(model))
+        built = file_sha256(self.store.precision_onnx(model, self.recipe(model, precision, "emulated")))
+        state: dict[str, Any] = {"path": str(self.options.lock.path), "graph_sha256": locked.graph_sha256,
+                                 "current_graph": current == locked.graph_sha256,
+                                 "same_qdq_graph": None if locked.qdq_sha256 is None else built == locked.qdq_sha256}
+        if not state["current_graph"]:
+            state["note"] = (f"recipe locked for an earlier graph (sha256 {locked.graph_sha256[:12]}, now "
+                             f"{current[:12]}); re-search on purpose: quantverdict lock --update {model}")
+        return state
+
+    def entry(self, model: str, precision: str) -> LockedRecipe:
+        """The lock entry of the recipe this run resolves by search: settings, float layers, what they were chosen
+        for and by, and each candidate's evidence; a search stopped by the wall-time limit is never locked."""
+        searched = self.search(model, precision)
+        if searched is None:
+            raise HarnessError(f"model {model!r} {precision}: its recipe is not searched (recipe: auto), so there "
+                               "is nothing to lock")
+        if not searched.complete:
+            raise HarnessError(f"model {model!r} {precision}: not locked: {searched.note}")
+        recipe = self.recipe(model, precision, "emulated")
+        layers = recipe.options.fallback_layers if isinstance(recipe, QDQ) else None
+        store = self.store
+        return LockedRecipe(
+            settings=dict(searched.chosen), float_layers=sorted(layers or ()),
+            graph_sha256=file_sha256(store.fp32_onnx(model)), calibration_data=store.data_key(model, "calibration"),
+            qdq_sha256=file_sha256(store.precision_onnx(model, recipe)),
+            chosen_by={**{name: package_version(name) or "absent" for name in LOCKED_PACKAGES},
+                       "runner_class": store.caps.runner_class},
+            search=Search(folds=searched.folds, held_out_samples=searched.held_out_samples,
+                          candidates=[Evidence(settings=c.settings, score_db=c.score, passed=c.passed, error=c.error)
+                                      for c in searched.candidates]))
+
+    def with_fallback(self, model: str, recipe: Recipe) -> Recipe:
+        """``recipe`` with the layers its accuracy-aware fallback keeps in FP32: the lock's, else the most sensitive
+        on the calibration set (:func:`choose_fallback`), once per content key of what decides them."""
+        if not recipe.fallback_pending:
+            return recipe
+        assert isinstance(recipe, QDQ)  # the recipes that choose a fallback
+        locked = self.locked(model, recipe.name)
+        if locked is not None:
+            return recipe.with_options(fallback_layers=tuple(self._present(model, recipe, locked)))
+        from quantverdict.judge.sensitivity import choose_fallback
+
+        store = self.store
+
+        def choose() -> list[str]:
+            parts = [file_sha256(store.fp32_onnx(model)), recipe.params(), store.data_key(model, "calibration"),
+                     *store.onnxruntime_cpu_parts("quantverdict.judge"), source_fingerprint("quantverdict.precision"),
+                     store.variant()]
+            return store.cache.json("fallback", parts, lambda: choose_fallback(store, model, recipe),
+                                    {"model": model, "precision": recipe.name})
+
+        kept = self._fallbacks.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), choose)
+        return recipe.with_options(fallback_layers=tuple(kept))
+
+    def _present(self, model: str, recipe: Recipe, locked: LockedRecipe) -> list[str]:
+        """The lock's float layers, each a node of the graph the recipe starts from, or one line naming those that
+        are not."""
+        import onnx
+
+        graph = onnx.load(str(self.store.recipe_source(model, recipe)), load_external_data=False).graph
+        names = {node.name for node in graph.node}
+        missing = [name for name in locked.float_layers if name not in names]
+        if missing:
+            lock = self.options.lock
+            raise HarnessError(f"{lock.path if lock else 'the recipe lock'}: recipes.{model}.{recipe.name}.float_layers: "
+                               f"{missing} are not layers of {model!r}'s graph; re-search on purpose: "
+                               f"quantverdict lock --update {model}")
+        return list(locked.float_layers)

@@ -1,0 +1,170 @@
+"""The recipe lock: ``quantverdict lock`` writes each searched recipe once, runs apply it with no search, a changed
+graph keeps it with a note, a lock that names layers the graph lacks or settings no recipe takes is one line, a
+nightly ``--check`` proposes a better recipe beside the lock, and a search stopped by the wall-time limit is never
+locked. Real searches on small networks, in a repository of the test's own."""
+import json
+import textwrap
+
+import pytest
+import yaml
+
+from quantverdict.errors import HarnessError
+from quantverdict.run.cli import main
+from quantverdict.run.pipeline import Case, Pipeline
+from quantverdict.run.recipe_lock import RecipeLock
+from test_recipe_search import MANIFEST, NETS
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    (tmp_path / "searchnets.py").write_text(NETS)
+    (tmp_path / "models.yaml").write_text(MANIFEST)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _lock(repo, *extra: str, cache: str = "cache") -> int:
+    return main(["lock", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--cache-dir", cache,
+                 *extra])
+
+
+def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as_it_searches(repo, capsys):
+    assert _lock(repo) == 0
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("recipe search dw int8:")]
+    assert lines[0].startswith("recipe search dw int8: at most ") and "folds of 16 calibration samples" in lines[0]
+    assert len(lines) >= 10 and all("best so far" in line and "s left" in line for line in lines[1:])
+    text = (repo / "quantverdict.lock").read_text()
+    assert text.startswith("# quantverdict recipe lock") and "lock: " in out
+    entry = yaml.safe_load(text)["recipes"]["dw"]["int8"]
+    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
+    assert search is not None and search.complete and entry["settings"] == search.chosen
+    assert [c["settings"] for c in entry["search"]["candidates"]] == [c.settings for c in search.candidates]
+    assert entry["search"]["held_out_samples"] == 16 and entry["chosen_by"]["runner_class"]
+    assert len(entry["graph_sha256"]) == 64 and len(entry["calibration_data"]) == 64
+    assert list(entry) == ["settings", "float_layers", "graph_sha256", "calibration_data", "qdq_sha256", "chosen_by",
+                           "search"]
+    assert RecipeLock.read(repo / "quantverdict.lock").text() == text  # read back as written: a stable diff
+    assert _lock(repo) == 0 and "dw int8: locked {" in capsys.readouterr().out  # kept, not searched again
+
+
+def test_a_locked_run_searches_nothing_and_builds_the_locked_recipe(repo):
+    assert _lock(repo) == 0
+    locked = yaml.safe_load((repo / "quantverdict.lock").read_text())["recipes"]["dw"]["int8"]["settings"]
+    searches = []
+    pipeline = Pipeline(repo / "fresh-cache", manifest=repo / "models.yaml", lock=repo / "quantverdict.lock",
+                        progress=searches.append)
+    result = pipeline.run(Case("dw", "int8", "onnxruntime"))
+    assert result.status == "passed", result.message
+    assert searches == [] and not (repo / "fresh-cache" / "recipe-search").exists()
+    assert "search" not in result.metrics["recipe"] and result.metrics["recipe"]["lock"]["current_graph"] is True
+    assert result.metrics["recipe"]["lock"]["same_qdq_graph"] is True  # built again from nothing: the same bytes
+    for key, value in locked.items():
+        recorded = result.metrics["recipe"]["settings"][key]
+        assert recorded == value or recorded == {"method": value}
+
+
+def test_a_changed_graph_keeps_its_locked_recipe_and_the_verdict_says_so(repo, capsys):
+    assert _lock(repo) == 0
+    (repo / "changednets.py").write_text(textwrap.dedent("""\
+        import torch
+
+        from searchnets import dw
+
+
+        def dw_changed():  # the same network after a training step: its weights moved
+            net = dw()
+            with torch.no_grad():
+                next(net.parameters()).mul_(1.01)
+            return net
+        """))
+    (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
+    pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=repo / "quantverdict.lock")
+    assert pipeline.store.recipes.search("dw", "int8") is None
+    result = pipeline.run(Case("dw", "int8", "onnxruntime"))
+    assert "recipe" in result.metrics, result.message
+    assert result.metrics["recipe"]["lock"]["current_graph"] is False
+    assert "recipe locked for an earlier graph (sha256 " in result.message
+    assert "quantverdict lock --update dw" in result.message
+    code = main(["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends",
+                 "onnxruntime", "--cache-dir", "cache", "--report-dir", "reports"])
+    assert code == 0 and "dw int8: recipe locked for an earlier graph" in capsys.readouterr().out
+
+
+def test_a_lock_naming_layers_the_graph_lacks_or_settings_no_recipe_takes_is_one_line(repo):
+    assert _lock(repo) == 0
+    path = repo / "quantverdict.lock"
+    document = yaml.safe_load(path.read_text())
+    entry = document["recipes"]["dw"]["int8"]
+    entry["settings"]["fallback"], entry["float_layers"] = 0.1, ["/gone/Conv"]
+    path.write_text(yaml.safe_dump(document))
+    result = Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path).run(Case("dw", "int8", "onnxruntime"))
+    assert result.status == "error"
+    assert "float_layers: ['/gone/Conv'] are not layers of 'dw''s graph" in result.message
+    assert "quantverdict lock --update dw" in result.message
+    entry["settings"]["smoothquant"] = "banana"
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(HarnessError) as caught:
+        Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path)
+    [line] = str(caught.value).splitlines()
+    assert line.startswith(f"{path}: recipes.dw.int8.settings: ") and "smoothquant" in line
+
+
+def test_the_nightly_check_proposes_a_better_recipe_beside_the_lock_and_keeps_a_good_one(repo, capsys):
+    assert _lock(repo) == 0
+    path = repo / "quantverdict.lock"
+    assert _lock(repo, "--check") == 0 and "the lock holds" in capsys.readouterr().out
+    assert not path.with_name("quantverdict.lock.proposed").exists()
+    document = yaml.safe_load(path.read_text())
+    chosen = document["recipes"]["dw"]["int8"]["settings"]
+    worst = min((c for c in document["recipes"]["dw"]["int8"]["search"]["candidates"] if c["score_db"] is not None),
+                key=lambda c: c["score_db"])
+    assert worst["settings"] != chosen
+    document["recipes"]["dw"]["int8"]["settings"] = worst["settings"]
+    path.write_text(yaml.safe_dump(document))
+    before = path.read_text()
+    assert _lock(repo, "--check") == 3
+    out = capsys.readouterr().out
+    assert "beats the locked" in out and "dB mean per-sample SNR on 16 held-out samples" in out
+    proposed = yaml.safe_load(path.with_name("quantverdict.lock.proposed").read_text())
+    assert proposed["recipes"]["dw"]["int8"]["settings"] == chosen and path.read_text() == before
+
+
+def test_a_search_stopped_by_the_wall_time_limit_is_never_locked(repo, capsys):
+    code = main(["lock", "--manifest", "models.yaml", "--models", "block", "--precisions", "int8", "--cache-dir",
+                 "cache"])
+    assert code == 1 and not (repo / "quantverdict.lock").exists()
+    assert "model 'block' int8: not locked: stopped at the wall-time limit of 0 s" in capsys.readouterr().err
+
+
+def test_a_run_that_searched_says_how_to_lock_and_a_ci_log_gets_a_line_per_case(repo):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "quantverdict", "run", "--manifest", "models.yaml", "--models", "dw",
+                           "--precisions", "fp32,int8", "--backends", "onnxruntime", "--cache-dir", "cache",
+                           "--report-dir", "reports"], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[1/2] dw-fp32-onnxruntime: passed" in proc.stderr and "[2/2] dw-int8-onnxruntime: passed" in proc.stderr
+    assert "recipe search dw int8: at most" in proc.stderr
+    assert "recipes chosen by a search in this run (dw): lock them" in proc.stdout
+    [record] = (repo / "reports").glob("run-*.json")
+    search = json.loads(record.read_text())["cases"][1]["metrics"]["recipe"]["search"]
+    assert search["complete"] is True and search["incumbent"] is None
+
+
+def test_under_pytest_the_search_shows_progress_and_a_committed_lock_runs_no_search(repo):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "int8", "--qv-manifest=models.yaml",
+               "--qv-models=dw", "--qv-backends=onnxruntime", "--qv-cache-dir=cache", "--qv-report-dir=reports"]
+    first = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    assert "quantverdict: recipe search dw int8: at most" in first.stdout
+    assert "quantverdict: recipes chosen by a search in this run (dw): lock them" in first.stdout
+    assert _lock(repo) == 0
+    second = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0 and "1 passed" in second.stdout, second.stdout[-3000:]
+    assert "recipe search" not in second.stdout + second.stderr and "lock them" not in second.stdout
