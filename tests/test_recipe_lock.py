@@ -3,6 +3,7 @@ graph keeps it with a note, a lock that names layers the graph lacks or settings
 nightly ``--check`` proposes a better recipe beside the lock, and a search stopped by the wall-time limit is never
 locked. Real searches on small networks, in a repository of the test's own."""
 import json
+import shutil
 import textwrap
 
 import pytest
@@ -168,3 +169,47 @@ def test_under_pytest_the_search_shows_progress_and_a_committed_lock_runs_no_sea
     second = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "1 passed" in second.stdout, second.stdout[-3000:]
     assert "recipe search" not in second.stdout + second.stderr and "lock them" not in second.stdout
+
+
+PORTABLE_SCRIPT = textwrap.dedent("""\
+    import json, sys
+    from pathlib import Path
+    from quantverdict.hashing import file_sha256
+    from quantverdict.run.pipeline import Pipeline
+
+    digests = {}
+    for model in ("r", "t"):
+        for settings in json.loads(sys.argv[2]):
+            pipeline = Pipeline(Path(sys.argv[1]), manifest=Path("models.yaml"), recipe_settings={"int8": settings})
+            recipe = pipeline.store.recipe(model, "int8", "emulated")
+            digests[f"{model} {json.dumps(settings)}"] = file_sha256(pipeline.store.precision_onnx(model, recipe))
+    print(json.dumps(digests))
+    """)
+
+
+@pytest.mark.skipif(shutil.which("qemu-x86_64") is None,
+                    reason="emulating another CPU's kernels needs qemu-user (apt-get install qemu-user; .ci/run does)")
+def test_the_same_recipe_builds_the_same_qdq_bytes_under_another_cpus_kernels(tmp_path, qv_pipeline):
+    """A lock is one recipe for every runner only if every runner builds the same graph from it. Under QEMU's Nehalem
+    (SSE4.2: ONNX Runtime's SSE kernels, no AVX, no FMA) calibration, SmoothQuant, equalization and GPTQ give the same
+    Q/DQ bytes as this CPU's kernels, for a residual CNN and a transformer block: before ranges were rounded to
+    RANGE_BITS, 45 of 64 such graphs differed (every scale moved in its last bits)."""
+    import subprocess
+    import sys
+
+    for name, model in (("r", "resblock"), ("t", "transformer-block")):
+        (tmp_path / f"{name}.onnx").write_bytes(qv_pipeline.store.fp32_onnx(model).read_bytes())
+    (tmp_path / "models.yaml").write_text(textwrap.dedent("""\
+        models:
+          - {name: r, onnx: r.onnx, inputs: [{name: input, shape: [4, 3, 32, 32], range: [-1, 1]}], outputs: [logits],
+             task: classification, calibration: synthetic}
+          - {name: t, onnx: t.onnx, inputs: [{name: tokens, shape: [4, 16, 64], range: [-1, 1]}], outputs: [hidden],
+             calibration: synthetic}
+        """))
+    (tmp_path / "build.py").write_text(PORTABLE_SCRIPT)
+    settings = json.dumps([{"calibration": "max"}, {"calibration": "percentile"}, {"smoothquant": 0.5},
+                           {"equalize": True}, {"gptq": True}])
+    here, there = (json.loads(subprocess.run([*prefix, sys.executable, "build.py", cache, settings], cwd=tmp_path,
+                                             capture_output=True, text=True, timeout=1200, check=True).stdout)
+                   for prefix, cache in (([], "native"), (["qemu-x86_64", "-cpu", "Nehalem"], "emulated")))
+    assert len(here) == 10 and here == there

@@ -173,6 +173,7 @@ def test_equalization_keeps_the_function_and_levels_the_depthwise_input(qv_pipel
     """dwblock (Conv-BN-ReLU6 → depthwise Conv): after equalization the activation feeding the
     depthwise convolution has the same range in every live channel, ReLU6 became Min(Relu(x), bound
     per channel), and the FP32 outputs are unchanged."""
+    from quantverdict.precision.calibrate import RANGE_BITS
     from quantverdict.precision.equalize import equalize
 
     store = qv_pipeline.store
@@ -190,7 +191,8 @@ def test_equalization_keeps_the_function_and_levels_the_depthwise_input(qv_pipel
     after = ranges(equalized.SerializeToString(), [depthwise.input[0]], 1)[depthwise.input[0]]
     live = before > 1e-3 * before.max()
     assert before[live].max() / before[live].min() > 1.5  # there was something to level
-    assert after[live].max() / after[live].min() < 1.001
+    # levelled to float noise, measured through ranges rounded up to RANGE_BITS bits: one step apart at most
+    assert after[live].max() / after[live].min() <= 1 + 2.0 ** (1 - RANGE_BITS)
 
 
 def test_embedding_agreement_measures_cosine_and_ranking():
@@ -239,6 +241,7 @@ def test_recipe_settings_come_from_the_manifest_and_the_command_line(tmp_path, t
     with pytest.raises(HarnessError, match="expected"):
         recipe_settings(["smoothquant"])
     store = token_model.store
+    token_model.models.get("tiny-bert").recipe["int8"] = {"calibration": "max"}  # type: ignore[index]
     assert store.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] is None
     token_model.models.get("tiny-bert").recipe["int8"] = {"smoothquant": 0.7}  # type: ignore[index]
     assert store.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] == 0.7

@@ -5,6 +5,11 @@ as extra graph outputs of the FP32 model under ONNX Runtime (optimisations off, 
 tensor exists as named); each tensor's |x| goes into a streaming :class:`Histogram`, so no
 activations are kept. The cache entry is readable JSON: method, parameters, versions and
 per-tensor amax. A corrupt entry is moved aside by the cache and recalibrated.
+
+Ranges are rounded up to :data:`RANGE_BITS` significant bits (:func:`portable`): activations computed by another
+CPU's kernels (AVX-512, AVX2 with FMA, SSE) differ in their last bits, and so would every scale of a recipe built
+from them, so one lock file would give each runner a graph of its own. Rounded, they differ only where a range lies
+within float32's noise of a step of the grid (about 1 in 40,000); a scale 0.4% coarser at most costs < 0.04 dB.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch
 from quantverdict.precision.calibrators import BINS, Calibrator, Histogram
 
+RANGE_BITS = 8
 FORWARD_PASSES: Counter = Counter()
 """Calibration forward passes run in this process, by model graph name (tests count them)."""
 
@@ -44,13 +50,22 @@ def calibrate(
 
     def produce() -> bytes:
         histograms = collect_histograms(model_bytes, tensors, batches, calibrator.bins)
-        ranges = {name: calibrator.amax(hist) for name, hist in histograms.items()}
+        ranges = {name: float(portable(calibrator.amax(hist))) for name, hist in histograms.items()}
         document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
                     "ranges": ranges}
         return json.dumps(document, indent=1, sort_keys=True).encode()
 
     path = cache.get_or_create("calibration", key, ".json", produce, {**calibrator.params, "tensors": len(tensors)})
     return json.loads(path.read_text())["ranges"]
+
+
+def portable(values: float | np.ndarray) -> np.ndarray:
+    """``values`` (≥ 0) rounded up to :data:`RANGE_BITS` significant bits, as float64: the same on every CPU but
+    where a value lies within its last bits of a step (see the module docstring); 0 and infinity stay."""
+    mantissa, exponent = np.frexp(np.asarray(values, np.float64))
+    with np.errstate(invalid="ignore"):
+        rounded = np.ldexp(np.ceil(mantissa * 2.0 ** RANGE_BITS) / 2.0 ** RANGE_BITS, exponent)
+    return np.where(np.isfinite(rounded), rounded, values)
 
 
 def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axis: int,
@@ -70,7 +85,7 @@ def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axi
                 channels = np.moveaxis(value, axis, -1)
                 batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
                 amax[name] = np.maximum(amax[name], batch_amax) if name in amax else batch_amax
-        return json.dumps({name: v.astype(float).tolist() for name, v in amax.items()}).encode()
+        return json.dumps({name: portable(v).tolist() for name, v in amax.items()}).encode()
 
     path = cache.get_or_create("channel-ranges", key, ".json", produce, {"tensors": len(tensors)})
     return {name: np.asarray(v, np.float64) for name, v in json.loads(path.read_text()).items()}
