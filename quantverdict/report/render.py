@@ -256,7 +256,7 @@ def _plot_histograms(record: dict[str, Any]) -> str | None:
     totals: dict[str, np.ndarray] = {}
     for case in _ran(record):
         hist = primary_metrics(case).get("error_histogram")
-        if hist:
+        if hist and len(hist) == len(HISTOGRAM_EDGES) - 1:  # a histogram of other bins is no histogram of these
             totals[case["precision"]] = totals.get(case["precision"], 0) + np.asarray(hist, dtype=float)
 
     def draw(ax: Any) -> bool:

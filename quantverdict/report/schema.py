@@ -40,6 +40,7 @@ class OutputMetrics(_Open):
     max_norm_err: float | None = None
     top1_agreement: float | None = None
     intervals: dict[str, Interval] = {}
+    error_histogram: list[float] | None = None
 
 
 class Task(_Open):
