@@ -198,7 +198,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         left = (most - done[0]) * (time.monotonic() - start) / done[0]
         report(f"recipe search {model} {base.name}: {done[0]}/{most} {describe(settings)}: "
                f"{candidate.error or f'{candidate.score:.2f} dB'} in {candidate.seconds:.0f} s; best so far "
-               f"{'-' if leader is None else f'{leader:.2f} dB'}; at most {left:.0f} s left")
+               f"{'-' if leader is None else f'{leader:.2f} dB'}; about {left:.0f} s left")
         return candidate, samples
 
     done = [0]

@@ -111,19 +111,25 @@ class Recipes:
                                                                         self.options.progress))
 
     def lock_state(self, model: str, precision: str) -> dict[str, Any] | None:
-        """For the record: the lock the recipe came from, and whether it was chosen for this very FP32 graph."""
+        """For the record: the lock the recipe came from, whether it was chosen for this very FP32 graph and
+        calibration data, and whether this runner built the Q/DQ graph the locking runner built from them."""
         locked = self.locked(model, precision)
         if locked is None:
             return None
         assert self.options.lock is not None
-        current = file_sha256(self.store.fp32_onnx(model))
-        built = file_sha256(self.store.precision_onnx(model, self.recipe(model, precision, "emulated")))
+        graph, data = file_sha256(self.store.fp32_onnx(model)), self.store.data_key(model, "calibration")
         state: dict[str, Any] = {"path": str(self.options.lock.path), "graph_sha256": locked.graph_sha256,
-                                 "current_graph": current == locked.graph_sha256,
-                                 "same_qdq_graph": None if locked.qdq_sha256 is None else built == locked.qdq_sha256}
-        if not state["current_graph"]:
-            state["note"] = (f"recipe locked for an earlier graph (sha256 {locked.graph_sha256[:12]}, now "
-                             f"{current[:12]}); re-search on purpose: quantverdict lock --update {model}")
+                                 "current_graph": graph == locked.graph_sha256,
+                                 "current_calibration": data == locked.calibration_data, "same_qdq_graph": None}
+        changed = [what for what, now, then in (("graph", graph, locked.graph_sha256),
+                                                ("calibration data", data, locked.calibration_data)) if now != then]
+        if changed:
+            state["note"] = (f"recipe locked for an earlier {' and '.join(changed)} (graph sha256 "
+                             f"{locked.graph_sha256[:12]}, now {graph[:12]}); re-search on purpose: "
+                             f"quantverdict lock --update {model}")
+        elif locked.qdq_sha256 is not None:  # the same inputs: another CPU's kernels must not change the bytes
+            built = self.store.precision_onnx(model, self.recipe(model, precision, "emulated"))
+            state["same_qdq_graph"] = file_sha256(built) == locked.qdq_sha256
         return state
 
     def entry(self, model: str, precision: str) -> LockedRecipe:
