@@ -344,3 +344,17 @@ def test_declared_inputs_too_large_for_the_machine_are_refused_before_anything_i
     assert spec.memory_problem(24 * 2 ** 30) == (
         "model 'huge': one batch of its declared inputs (x [4, 3, 8192, 8192] float32) is 3 GiB; this machine's 24 GiB "
         "hold at most 1.5 GiB a batch: declare a smaller batch or shape")
+
+
+def test_a_run_that_judges_no_case_does_not_pass(tmp_path, capsys):
+    """Every selected case skipped (a runner without the backend): the run lists why and exits 1, not 0."""
+    from quantverdict.run.cli import main
+    from quantverdict.run.pipeline import Case, Pipeline
+
+    case = Case("mlp", "fp16", "tensorrt")
+    if Pipeline(tmp_path / "cache").skip_reason(case) is None:
+        pytest.skip("this runner has TensorRT: mlp's FP16 on it runs")
+    code = main(["run", "--models", "mlp", "--precisions", "fp16", "--backends", "tensorrt", "--cache-dir",
+                 str(tmp_path / "cache"), "--report-dir", str(tmp_path / "reports")])
+    out = capsys.readouterr().out
+    assert code == 1 and "no case was judged: 1 selected, every one skipped" in out

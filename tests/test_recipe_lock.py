@@ -48,6 +48,8 @@ def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as
                            "search"]
     assert RecipeLock.read(repo / "quantverdict.lock").text() == text  # read back as written: a stable diff
     assert _lock(repo) == 0 and "dw int8: locked {" in capsys.readouterr().out  # kept, not searched again
+    assert _lock(repo, "--update", "dw") == 0 and "(unchanged)" in capsys.readouterr().out  # searched: the same choice
+    assert _lock(repo, "--update", "nope") == 2 and "nope" in capsys.readouterr().err
 
 
 def test_a_locked_run_searches_nothing_and_builds_the_locked_recipe(repo):

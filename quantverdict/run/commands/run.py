@@ -61,6 +61,10 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     for line in run_notes([r.to_dict() for r in results], settings["lock"]):
         print(f"\n{line}")
     code = 0 if all(r.status in ("passed", "skipped") for r in results) else 1
+    if all(r.status == "skipped" for r in results):  # nothing judged: no pass, whatever the reasons
+        print(f"\nno case was judged: {len(results)} selected, every one skipped; a run that judges nothing does not "
+              "pass (select cases this runner can run)")
+        code = 1
     if history_problem:
         print(f"error: {history_problem}", file=sys.stderr)
         code = code or 2
