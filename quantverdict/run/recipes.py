@@ -24,7 +24,6 @@ from quantverdict.run.memo import Memo
 from quantverdict.run.recipe_lock import Evidence, LockedRecipe, RecipeLock, Search
 
 
-
 class RecipeStore(Workbench, Protocol):
     """What resolving a recipe needs of the run's artifacts (:class:`quantverdict.run.artifacts.ArtifactStore`)."""
 
