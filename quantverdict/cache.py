@@ -137,6 +137,11 @@ class Cache:
             meta = json.loads(str(stored["__meta__"]))
             return {name: stored[f"a{i}"] for i, name in enumerate(meta["names"])}, meta["label"]
 
+    def holds_arrays(self, kind: str, parts: list[Any]) -> bool:
+        """Whether :meth:`arrays` of ``parts`` would read, not make: a caller makes the missing ones together."""
+        key = content_hash(kind, parts)
+        return self._verified(self.path(kind, key, ".npz"), key)
+
     def json(self, kind: str, parts: list[Any], make: Callable[[], Any], describe: dict[str, Any]) -> Any:
         """A JSON-able result (a diagnosis, a count, a choice) made once per content key of ``parts``."""
         path = self.get_or_create(kind, content_hash(kind, parts), ".json",

@@ -47,8 +47,10 @@ def _float8_in(path: str, sha256: str) -> bool:
 class OnnxRuntimeRunner(Runner):
     name = "onnxruntime"
 
-    def __init__(self, path: Path, providers: list[str], optimize: bool, config: dict[str, str] | None = None):
+    def __init__(self, path: Path, providers: list[str], optimize: bool, config: dict[str, str] | None = None,
+                 threads: int = 0):
         self.path, self.providers, self.optimize, self.config = path, providers, optimize, config or {}
+        self.threads = threads  # intra-op threads; 0: ONNX Runtime's default (one per physical core)
 
     def activate_impl(self) -> None:
         import onnxruntime
@@ -59,6 +61,7 @@ class OnnxRuntimeRunner(Runner):
             options.log_severity_level = 3
         for key, value in self.config.items():
             options.add_session_config_entry(key, value)
+        options.intra_op_num_threads = self.threads
         self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
 

@@ -6,7 +6,7 @@ on the run's artifacts only through these methods."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from quantverdict.cache import Cache
 from quantverdict.models.data import Data
 from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision.base import Recipe
+from quantverdict.precision.qdq import QDQ
 
 
 class Workbench(Protocol):
@@ -41,6 +42,11 @@ class Workbench(Protocol):
 
     def recipe_semantics(self, model: str, recipe: Recipe, data: Data = "evaluation") -> dict[str, np.ndarray]:
         """As ``graph_semantics`` of ``precision_onnx``, without keeping the graph (made to be evaluated once)."""
+        ...
+
+    def layers_alone_semantics(self, model: str, recipe: QDQ, layers: Sequence[str],
+                               data: Data = "evaluation") -> list[dict[str, np.ndarray]]:
+        """``recipe_semantics`` of each layer quantized alone (``recipe`` with ``only``), made together."""
         ...
 
     def undecided(self, model: str) -> np.ndarray | None: ...

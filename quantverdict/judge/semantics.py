@@ -37,21 +37,22 @@ def evaluator(model: onnx.ModelProto) -> str:
     return EXACT if has_integer_ops(model) and reference_evaluable(model) else AS_WRITTEN
 
 
-def evaluate_semantics(path: Path, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
-    """The graph's outputs over ``batches``, each node evaluated exactly as written."""
+def evaluate_semantics(path: Path, batches: Sequence[Batch], threads: int = 0) -> dict[str, np.ndarray]:
+    """The graph's outputs over ``batches``, each node evaluated exactly as written (by ONNX Runtime on ``threads``
+    intra-op threads, 0 for its default)."""
     model = onnx.load(str(path))
     if evaluator(model) == EXACT:
         return evaluate_exact(model, batches)
-    with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=False) as runner:
+    with OnnxRuntimeRunner(path, ["CPUExecutionProvider"], optimize=False, threads=threads) as runner:
         return infer_all(runner, batches)
 
 
-def unkept_semantics(graph: bytes, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
+def unkept_semantics(graph: bytes, batches: Sequence[Batch], threads: int = 0) -> dict[str, np.ndarray]:
     """:func:`evaluate_semantics` of a graph made only to be evaluated, from a temporary file removed after."""
     with tempfile.TemporaryDirectory(prefix="quantverdict-") as folder:
         path = Path(folder) / "graph.onnx"
         path.write_bytes(graph)
-        return evaluate_semantics(path, batches)
+        return evaluate_semantics(path, batches, threads)
 
 
 @dataclass(frozen=True)

@@ -56,19 +56,15 @@ def weighted_layers(store: Workbench, model: str, recipe: QDQ) -> list[onnx.Node
     return [node for node in recipe.quantized_nodes(graph) if node.op_type in WEIGHTED_OPS]
 
 
-def layer_sensitivity(store: Workbench, model: str, recipe: QDQ, progress: bool = True,
+def layer_sensitivity(store: Workbench, model: str, recipe: QDQ,
                       data: Data = "evaluation") -> list[LayerSensitivity]:
-    """Most sensitive first (lowest SNR of the first output). One calibration pass serves every
-    layer (:meth:`QDQ.calibration_recipe`) and each layer's evaluation is cached by what makes its graph,
-    so a rerun reads (the graphs, a copy of the model each, are not kept); ``progress`` shows a bar on a
-    terminal."""
-    from tqdm import tqdm
-
+    """Most sensitive first (lowest SNR of the first output). The layers quantized alone are made from one
+    preparation, calibration and rounding and evaluated in parallel (:meth:`Workbench.layers_alone_semantics`),
+    each cached by what makes its graph, so a rerun reads (the graphs, a copy of the model each, are not kept)."""
     output = store.spec(model).outputs[0]
+    nodes = weighted_layers(store, model, recipe)
     rows = []
-    for node in tqdm(weighted_layers(store, model, recipe), desc=f"sensitivity {model}", unit="layer", leave=False,
-                     disable=None if progress else True):
-        only = store.recipe_semantics(model, recipe.with_options(only=(node.name,)), data)  # the graph is not kept
+    for node, only in zip(nodes, store.layers_alone_semantics(model, recipe, [node.name for node in nodes], data)):
         metrics = _judged(store, model, only, Tolerance(), data).metrics[output]
         rows.append(LayerSensitivity(node.name, node.op_type, metrics["cosine"], metrics["snr_db"]))
     return sorted(rows, key=lambda row: row.snr_db)
@@ -110,8 +106,6 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Seque
     not choose its layers. Each layer quantized alone is evaluated once, on the whole set, and each sample's error
     energy kept: a ranking on any part of the set is then the pooled SNR of that part (calibrated on the whole set:
     a held-out sample still moves a single layer's range, not the ranking's errors)."""
-    from tqdm import tqdm
-
     base = recipe.with_options(fallback_layers=())
     layers = weighted_layers(store, model, base)
     budget = math.floor((recipe.options.fallback or 0.0) * len(layers))
@@ -119,9 +113,8 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Seque
         return [[] for _ in held_out]
     output = store.spec(model).outputs[0]
     reference = per_sample(store.fp32_outputs(model, "calibration")[output])
-    noise = np.stack([error_energy(reference, per_sample(store.recipe_semantics(
-        model, base.with_options(only=(node.name,)), "calibration")[output]))
-        for node in tqdm(layers, desc=f"fallback {model}", unit="layer", leave=False, disable=None)])
+    alone = store.layers_alone_semantics(model, base, [node.name for node in layers], "calibration")
+    noise = np.stack([error_energy(reference, per_sample(outputs[output])) for outputs in alone])
     signal = np.sum(reference ** 2, 1)
     chosen = []
     for part in held_out:

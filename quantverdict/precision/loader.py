@@ -20,6 +20,8 @@ from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.calibrate import calibrate, channel_ranges
+from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.single_layer import LayerGraphs, derivable
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,13 @@ class PrecisionGraph:
     def ranges(self) -> dict[str, float]:
         """The calibrated activation ranges (empty for an uncalibrated recipe); cached."""
         return self.prepared_and_ranges()[1]
+
+    def layer_graphs(self) -> LayerGraphs:
+        """What each layer quantized alone is made from (:mod:`quantverdict.precision.single_layer`), for a recipe
+        :func:`derivable` says it serves."""
+        assert isinstance(self.recipe, QDQ) and derivable(self.recipe)
+        graph, ranges = self.prepared_and_ranges()
+        return LayerGraphs.made(self.recipe, graph, ranges, self.calibration())
 
     def prepared_and_ranges(self) -> tuple[onnx.ModelProto, dict[str, float]]:
         """The FP32 graph as the recipe prepares it (SmoothQuant, equalization: the same function) and the

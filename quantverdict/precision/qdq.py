@@ -244,6 +244,9 @@ class QDQ(Recipe):
                 new_nodes.append(self._weight_dq(graph, weights[name], weight_axis(node, len(weights[name].dims))))
             if name in quantized_weights:
                 node.input[1] = quantized_weights[name]
+        still_read = {name for node in graph.node for name in node.input}  # a tied weight a float layer reads too
+        for name in set(quantized_weights) - still_read:
+            graph.initializer.remove(weights[name])
         graph.node.extend(new_nodes)
         topological_sort(graph)
         return model
@@ -276,7 +279,6 @@ class QDQ(Recipe):
         quantized = self.fmt.quantize(values / scales)
         scale = scales if axis is None else scales.reshape(-1)
         base = weight.name
-        graph.initializer.remove(weight)
         graph.initializer.extend([
             numpy_helper.from_array(quantized, f"{base}_quantized"),
             numpy_helper.from_array(scale, f"{base}_scale"),

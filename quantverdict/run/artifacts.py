@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
+from quantverdict.judge.layers_alone import each_alone
 from quantverdict.judge.output_kinds import output_kinds
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
 from quantverdict.judge.semantics import unkept_semantics
@@ -34,6 +35,8 @@ from quantverdict.precision import Recipe
 from quantverdict.precision.describe import describe_quantization
 from quantverdict.precision.coverage import recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
+from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.single_layer import derivable
 from quantverdict.registry import Registry
 from quantverdict.run.memo import Memo
 from quantverdict.run.recipes import RecipeOptions, Recipes
@@ -193,6 +196,23 @@ class ArtifactStore:
         return self.cache.arrays("semantics", parts,
                                  lambda: (unkept_semantics(graph.make(), self.batches(model, data)), ""),
                                  {"model": model, "recipe": recipe.params(), "data": data})[0]
+
+    def layers_alone_semantics(self, model: str, recipe: QDQ, layers: Sequence[str],
+                               data: Data = "evaluation") -> list[dict[str, np.ndarray]]:
+        """Each of ``layers`` quantized alone by ``recipe`` (its ``only``), evaluated as written on ``data``: each cached
+        as :meth:`recipe_semantics` caches one, those missing made together from one preparation, calibration and
+        rounding (:mod:`quantverdict.precision.single_layer`), in parallel (:mod:`quantverdict.judge.layers_alone`)."""
+        alone = [recipe.with_options(only=(layer,)) for layer in layers]
+        if not derivable(recipe):
+            return [self.recipe_semantics(model, each, data) for each in alone]
+        cpu = self.onnxruntime_cpu_parts(*SEMANTICS_CODE, "quantverdict.judge.layers_alone")
+        parts = [[self.precision_graph(model, each).key(), self.data_key(model, data), *cpu] for each in alone]
+        missing = [layer for layer, key in zip(layers, parts) if not self.cache.holds_arrays("semantics", key)]
+        made = each_alone(self.precision_graph(model, recipe).layer_graphs(), missing, self.batches(model, data),
+                          f"layers alone {model}") if missing else {}
+        return [self.cache.arrays("semantics", key, lambda layer=layer: (made[layer], ""),
+                                  {"model": model, "recipe": each.params(), "data": data})[0]
+                for layer, each, key in zip(layers, alone, parts)]
 
     def fp32_outputs(self, model: str, data: Data = "evaluation") -> dict[str, np.ndarray]:
         """What a recipe is judged against on ``data``: the reference outputs on the evaluation set, the FP32

@@ -1,0 +1,75 @@
+"""Each layer quantized alone (sensitivity, fallback's ranking) is made from the whole recipe's preparation, calibration
+and rounding, and evaluated in worker processes: the same graph bytes the recipe with ``only`` makes by itself, the
+same outputs, cached one by one."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from quantverdict.judge import layers_alone
+from quantverdict.judge.semantics import unkept_semantics
+from quantverdict.judge.sensitivity import weighted_layers
+from quantverdict.precision import get_recipe
+from quantverdict.run.pipeline import Pipeline
+
+pytestmark = pytest.mark.int8
+
+
+def _tied_weights(folder: Path) -> Path:
+    """Two MatMuls reading one weight (tied layers) and a Gemm of its own: GPTQ rounds a shared weight per layer."""
+    rng = np.random.default_rng(0)
+    tied = numpy_helper.from_array(rng.normal(size=(16, 16)).astype(np.float32), "tied")
+    head = numpy_helper.from_array(rng.normal(size=(4, 16)).astype(np.float32), "head")
+    nodes = [helper.make_node("MatMul", ["x", "tied"], ["a"], name="first"),
+             helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("MatMul", ["b", "tied"], ["c"], name="second"),
+             helper.make_node("Gemm", ["c", "head"], ["logits"], name="head_gemm", transB=1)]
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 16])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [32, 4])], [tied, head])
+    path = folder / "tied.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    (folder / "models.yaml").write_text("models:\n  - name: tied\n    onnx: tied.onnx\n"
+                                        "    inputs: [{name: x, shape: [32, 16], range: [-2, 2]}]\n"
+                                        "    outputs: [logits]\n    calibration: synthetic\n")
+    return folder / "models.yaml"
+
+
+CASES = [("resblock", "int8", {"equalize": True, "gptq": True}), ("transformer-block", "int8",
+                                                                   {"smoothquant": 0.5, "gptq": True}),
+         ("cnn", "fp8", {"calibration": "mse", "gptq": True}), ("tied", "int8", {"gptq": True}),
+         ("mlp", "int8", {"calibration": "percentile"})]
+
+
+@pytest.mark.parametrize("model,precision,settings", CASES, ids=[case[0] for case in CASES])
+def test_each_layer_alone_is_the_graph_its_only_recipe_makes(tmp_path, model, precision, settings):
+    pipeline = Pipeline(tmp_path / "cache", manifest=_tied_weights(tmp_path) if model == "tied" else None)
+    store = pipeline.store
+    recipe = get_recipe(precision).configured(settings).with_options(fallback_layers=())
+    layers = [node.name for node in weighted_layers(store, model, recipe)]
+    graphs = store.precision_graph(model, recipe).layer_graphs()
+    assert graphs.shared == ({"first", "second"} if model == "tied" else set())
+    for layer in layers:
+        assert graphs.graph(layer) == store.precision_graph(model, recipe.with_options(only=(layer,))).make(), layer
+
+
+def test_layers_alone_in_workers_give_each_graphs_outputs_and_are_cached(tmp_path, monkeypatch):
+    """Three workers on any machine: each layer's outputs are its own graph's on one ONNX Runtime thread, bit for bit;
+    a second ranking reads them all from the cache and starts no worker."""
+    monkeypatch.setattr(layers_alone, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)
+    store = Pipeline(tmp_path / "cache").store
+    recipe = get_recipe("int8").configured({"smoothquant": 0.5, "gptq": True}).with_options(fallback_layers=())
+    layers = [node.name for node in weighted_layers(store, "transformer-block", recipe)]
+    assert layers_alone.worker_count(1 << 20, len(layers)) == 3
+    found = store.layers_alone_semantics("transformer-block", recipe, layers, "calibration")
+    batches = store.batches("transformer-block", "calibration")
+    for layer, outputs in zip(layers, found):
+        graph = store.precision_graph("transformer-block", recipe.with_options(only=(layer,))).make()
+        expected = unkept_semantics(graph, batches, threads=1)
+        assert outputs.keys() == expected.keys()
+        assert all(np.array_equal(outputs[name], expected[name]) for name in expected), layer
+    monkeypatch.setattr(layers_alone, "_in_workers", None)  # a worker started now would fail the call
+    again = store.layers_alone_semantics("transformer-block", recipe, layers, "calibration")
+    assert all(np.array_equal(a[name], b[name]) for a, b in zip(found, again) for name in a)
