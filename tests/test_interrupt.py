@@ -58,3 +58,33 @@ def test_ctrl_c_ends_a_run_with_130_one_line_no_record_and_a_whole_cache(tmp_pat
         assert elapsed < 5, elapsed  # the watchdog's 1.5 s grace, with room for a loaded machine
         assert not list(reports.glob("run-*.json"))  # no record claims a run that did not finish
         assert _entries_whole(cache) == []
+
+
+STOPPER = """import os, signal, pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):  # Ctrl-C at the terminal, as pytest-xdist begins to shut its workers down
+    if not hasattr(session.config, "workerinput"):
+        os.killpg(os.getpgrp(), signal.SIGINT)
+"""
+
+
+def test_ctrl_c_while_xdist_shuts_down_keeps_the_record_and_prints_no_traceback(tmp_path):
+    """Every case had reported when the Ctrl-C came (SIGINT to the whole process group, workers too): the record holds
+    them all, and pytest ends as interrupted (2) with one line instead of an 80-line traceback of the shutdown."""
+    (tmp_path / "nets.py").write_text("from torch import nn\n\n\ndef net():\n"
+                                      "    return nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).eval()\n")
+    (tmp_path / "models.yaml").write_text("models:\n  - name: small\n    build: nets:net\n    build_files: []\n"
+                                          "    inputs: [{name: x, shape: [2, 3, 4]}]\n    outputs: [y]\n"
+                                          "    calibration: synthetic\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.quantverdict]\nmanifest = "models.yaml"\ncache-dir = "cache"\n')
+    (tmp_path / "conftest.py").write_text(STOPPER)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-m",
+                           "(fp32 or fp16) and onnxruntime", f"--qv-report-dir={tmp_path / 'out'}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600, start_new_session=True)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
+    assert "Traceback" not in output and "interrupted while pytest shut down" in output, output[-3000:]
+    [record] = [json.loads(path.read_text()) for path in (tmp_path / "out").glob("run-*.json")]
+    assert sorted(case["id"] for case in record["cases"]) == ["small-fp16-onnxruntime", "small-fp32-onnxruntime"]

@@ -11,11 +11,12 @@ imports nothing heavy until a hook needs it.
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Generator, Iterator
 
 import pytest
+
+from quantverdict.run.plugin_record import RESULT_PROPERTY, RunRecord
 
 if TYPE_CHECKING:
     from quantverdict.run.cases import Case
@@ -23,14 +24,12 @@ if TYPE_CHECKING:
     from quantverdict.run.pipeline import Pipeline
     from quantverdict.run.settings import Settings
 
-RESULT_PROPERTY = "quantverdict_result"
 OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/101)",
                  "benchmark": "timing benchmarks; run only when selected (pytest -m benchmark)"}
 
 _settings_key = pytest.StashKey["Settings"]()
 _pipeline_key = pytest.StashKey["Pipeline"]()
-_results_key = pytest.StashKey[list]()
-_started_key = pytest.StashKey[float]()
+_record_key = pytest.StashKey[RunRecord]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,9 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
     settings = _resolve(config)
     config.stash[_settings_key] = settings
-    config.stash[_results_key] = []
-    config.stash[_started_key] = time.time()
-    config.pluginmanager.register(_RecordCollector(config), "quantverdict-record-collector")
+    config.stash[_record_key] = RunRecord(settings, functools.partial(_cases, config))
+    config.pluginmanager.register(config.stash[_record_key], "quantverdict-record")
     from quantverdict.run.interrupt import note_sigint
 
     note_sigint()  # a KeyboardInterrupt without a Ctrl-C is the user's code's error, not the end of the run
@@ -115,6 +113,14 @@ def pipeline(config: pytest.Config) -> "Pipeline":
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None
     return config.stash[_pipeline_key]
+
+
+def _cases(config: pytest.Config) -> list["Case"]:
+    """The cases this session selects (none without a manifest)."""
+    settings = config.stash[_settings_key]
+    if settings["manifest"] is None:
+        return []
+    return pipeline(config).cases(settings["models"], settings["precisions"], settings["backends"])
 
 
 def _say(config: pytest.Config, line: str) -> None:
@@ -217,37 +223,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-class _RecordCollector:
-    """Collects case results from test reports; under pytest-xdist the reports (with their
-    ``user_properties``) arrive at the controller, so the record covers every worker."""
-
-    def __init__(self, config: pytest.Config):
-        self.config = config
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        for name, value in report.user_properties:
-            if name == RESULT_PROPERTY and report.when == "call":
-                self.config.stash[_results_key].append(value)
-        if report.when == "???" and report.failed:  # pytest-xdist's report of a worker that crashed on this item
-            crashed = self._crashed(report)
-            if crashed is not None:
-                self.config.stash[_results_key].append(crashed)
-
-    def _crashed(self, report: pytest.TestReport) -> dict[str, Any] | None:
-        """The case a crashed worker was running, as an ``error`` result naming the crash (else it would vanish
-        from the record, and a gate against a full baseline would pass)."""
-        settings = self.config.stash[_settings_key]
-        if settings["manifest"] is None:
-            return None
-        from quantverdict.run.cases import CaseResult
-
-        case_id = report.nodeid.rpartition("::")[2]
-        cases = pipeline(self.config).cases(settings["models"], settings["precisions"], settings["backends"])
-        case = next((case for case in cases if case.id == case_id), None)
-        what = str(report.longrepr).strip().splitlines()[0] if report.longrepr else "its worker crashed"
-        return None if case is None else CaseResult(case, "error", f"{case.id}: {what}").to_dict()
-
-
 MANIFEST_NAMES = ("models.yaml", "models.yml")  # what `quantverdict init` writes, and its common spelling
 
 
@@ -259,7 +234,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     from quantverdict.run.recipe_lock import run_notes
 
-    for line in run_notes(config.stash.get(_results_key, []), settings["lock"]):
+    for line in run_notes(config.stash[_record_key].results, settings["lock"]):
         terminalreporter.write_line(f"quantverdict: {line}")
     if settings["manifest"] is not None:
         return
@@ -270,31 +245,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             f"(it adds manifest = \"{found}\" under [tool.quantverdict] in pyproject.toml) or pass --qv-manifest={found}")
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    config = session.config
-    results = config.stash.get(_results_key, [])
-    if not results or hasattr(config, "workerinput"):  # xdist workers report to the controller
-        return
-    if exitstatus == pytest.ExitCode.INTERRUPTED:  # no record may claim a run that did not finish
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("quantverdict: interrupted: no run record written")
-        return
-    from quantverdict.capabilities import detect
-    from quantverdict.errors import HarnessError
-    from quantverdict.report.record import build_record, record_run
-    from quantverdict.run.cases import Shard
-
-    settings = config.stash[_settings_key]
-    shard = Shard.parse(settings["shard"]).to_dict() if settings["shard"] else None
-    record = build_record(results, detect(), config.stash[_started_key], shard=shard)
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Generator[None, object, object]:
+    """The record is written before every other plugin's session end, pytest-xdist's shutdown of its workers among
+    them: a Ctrl-C there finds every case reported and the record written, and ends pytest as interrupted with one
+    line, not a traceback of the shutdown."""
+    record = session.config.stash.get(_record_key, None)
+    if record is not None and not hasattr(session.config, "workerinput"):  # xdist workers report to the controller
+        record.write(session.config.pluginmanager.get_plugin("terminalreporter"),
+                     exitstatus == pytest.ExitCode.INTERRUPTED, session.testscollected)
     try:
-        path, problem = record_run(record, settings["report-dir"], settings["history-db"])
-    except HarnessError as exc:
-        path, problem = None, str(exc)
-    if reporter is not None:
-        if path is not None:
-            reporter.write_line(f"quantverdict: run record written to {path}")
-        if problem:
-            reporter.write_line(f"quantverdict: error: {problem}", red=True, bold=True)
+        return (yield)
+    except KeyboardInterrupt:
+        _say(session.config, "interrupted while pytest shut down, after every case had reported")
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
+        return None
