@@ -128,3 +128,25 @@ def test_harness_timing_agrees_with_a_bare_session_loop(benchmark, qv_pipeline):
             hand, lambda: time_call(lambda: runner.infer(feed), repeats=10), rounds=5), rounds=1, iterations=1)
     benchmark.extra_info.update(agreement=ratio.__dict__)
     assert ratio.low <= 1.03 and ratio.high >= 0.97, f"quantverdict/hand-loop time ratio {ratio}"
+
+
+@pytest.mark.parametrize("cpus", ["one", "all"])
+def test_layers_alone_time(benchmark, qv_pipeline, monkeypatch, cpus):
+    """Fallback's ranking (each weighted layer of ResNet-18 quantized alone, on the calibration set) in one process
+    and in a worker per usable CPU, side by side in one group: the search uses the cores a runner has. The outputs
+    are the same bits either way."""
+    from quantverdict.judge import layers_alone
+    from quantverdict.judge.sensitivity import weighted_layers
+
+    store = qv_pipeline.store
+    recipe = get_recipe("int8").with_options(fallback_layers=())
+    layers = [node.name for node in weighted_layers(store, "resnet18", recipe)]
+    graphs, batches = store.precision_graph("resnet18", recipe).layer_graphs(), store.batches("resnet18", "calibration")
+    if cpus == "one":
+        monkeypatch.setattr(layers_alone, "usable_cpus", lambda: 1)
+    workers = layers_alone.worker_count(graphs.prepared.ByteSize(), len(layers))
+    benchmark.group = "layers alone resnet18"
+    benchmark.extra_info.update(model="resnet18", layers=len(layers), workers=workers)
+    found = benchmark.pedantic(layers_alone.each_alone, (graphs, layers, batches, "benchmark"), rounds=2)
+    first = layers_alone.each_alone(graphs, layers[:1], batches, "benchmark")
+    assert found.keys() == set(layers) and np.array_equal(found[layers[0]]["logits"], first[layers[0]]["logits"])

@@ -54,22 +54,26 @@ def test_each_layer_alone_is_the_graph_its_only_recipe_makes(tmp_path, model, pr
         assert graphs.graph(layer) == store.precision_graph(model, recipe.with_options(only=(layer,))).make(), layer
 
 
-def test_layers_alone_in_workers_give_each_graphs_outputs_and_are_cached(tmp_path, monkeypatch):
-    """Three workers on any machine: each layer's outputs are its own graph's on one ONNX Runtime thread, bit for bit;
+@pytest.mark.parametrize("model,precision,settings", [("transformer-block", "int8", {"smoothquant": 0.5, "gptq": True}),
+                                                      ("resblock", "int8", {}), ("resblock", "fp8", {"calibration": "mse"})])
+def test_layers_alone_in_workers_give_each_graphs_outputs_and_are_cached(tmp_path, monkeypatch, model, precision,
+                                                                         settings):
+    """Three workers on any machine: each layer's outputs are its own graph's on one ONNX Runtime thread, bit for bit
+    (a recipe unpickled in a worker once lost its format's identity, and with it the first convolution's Q/DQ);
     a second ranking reads them all from the cache and starts no worker."""
     monkeypatch.setattr(layers_alone, "usable_cpus", lambda: 3)
     monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)
     store = Pipeline(tmp_path / "cache").store
-    recipe = get_recipe("int8").configured({"smoothquant": 0.5, "gptq": True}).with_options(fallback_layers=())
-    layers = [node.name for node in weighted_layers(store, "transformer-block", recipe)]
+    recipe = get_recipe(precision).configured(settings).with_options(fallback_layers=())
+    layers = [node.name for node in weighted_layers(store, model, recipe)]
     assert layers_alone.worker_count(1 << 20, len(layers)) == 3
-    found = store.layers_alone_semantics("transformer-block", recipe, layers, "calibration")
-    batches = store.batches("transformer-block", "calibration")
+    found = store.layers_alone_semantics(model, recipe, layers, "calibration")
+    batches = store.batches(model, "calibration")
     for layer, outputs in zip(layers, found):
-        graph = store.precision_graph("transformer-block", recipe.with_options(only=(layer,))).make()
+        graph = store.precision_graph(model, recipe.with_options(only=(layer,))).make()
         expected = unkept_semantics(graph, batches, threads=1)
         assert outputs.keys() == expected.keys()
         assert all(np.array_equal(outputs[name], expected[name]) for name in expected), layer
     monkeypatch.setattr(layers_alone, "_in_workers", None)  # a worker started now would fail the call
-    again = store.layers_alone_semantics("transformer-block", recipe, layers, "calibration")
+    again = store.layers_alone_semantics(model, recipe, layers, "calibration")
     assert all(np.array_equal(a[name], b[name]) for a, b in zip(found, again) for name in a)

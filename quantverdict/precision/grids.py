@@ -32,9 +32,17 @@ class QuantFormat:
             return np.rint(clipped).astype(np.int8)  # rint: half to even, like QuantizeLinear
         return clipped.astype(self.np_type)
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Unpickled as this module's own format (a worker process's recipe): recipes tell formats apart by identity."""
+        return _named, (self.name,)
+
 
 INT8 = QuantFormat("int8", TensorProto.INT8, 127.0, np.int8, 13)
 FP8_E4M3 = QuantFormat("fp8", TensorProto.FLOAT8E4M3FN, 448.0, ml_dtypes.float8_e4m3fn, 19)
+
+
+def _named(name: str) -> QuantFormat:
+    return {fmt.name: fmt for fmt in (INT8, FP8_E4M3)}[name]
 
 
 def weight_scales(values: np.ndarray, axis: int | None, fmt: QuantFormat) -> np.ndarray:
