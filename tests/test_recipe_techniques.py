@@ -564,3 +564,24 @@ def test_compare_recipes_reports_the_others_when_one_quantizer_fails(tmp_path, m
                                             "element out of data bounds")
     assert not by_label["harness"].error and by_label["harness"].metrics["cosine"] > 0.99
     assert not by_label["mse"].error and by_label["mse"].coverage["quantized"] >= 3
+
+
+def test_smoothing_scales_do_not_move_with_a_powers_last_bits():
+    """Another CPU's power function (numpy's AVX-512 kernels, not glibc's) differs in its last bits: a scale computed
+    through exp·log instead of pow stands in for it. Rounded, the scales written into the weights agree except where a
+    value lies within those bits of a 10-bit step (then they differ by that one step), so one lock is one graph."""
+    from quantverdict.precision.calibrate import RANGE_BITS, portable
+    from quantverdict.precision.smoothquant import SCALE_LIMITS, smoothing_scale
+
+    rng = np.random.default_rng(0)
+    x_amax, w_amax = np.exp(rng.uniform(-4, 6, 20000)), np.exp(rng.uniform(-6, 1, 20000))
+    for alpha in (0.5, 0.8):
+        exact = np.power(x_amax, alpha) / np.power(w_amax, 1 - alpha)
+        other = np.exp(alpha * np.log(x_amax) - (1 - alpha) * np.log(w_amax))
+        assert not np.array_equal(other, exact)  # the stand-in does move the last bits
+        mine, yours = (portable(np.clip(value, *SCALE_LIMITS)) for value in (exact, other))
+        differ = mine != yours
+        assert differ.mean() < 1e-3
+        step = np.ldexp(1.0, np.frexp(mine)[1] - RANGE_BITS)
+        assert np.allclose(np.abs(mine - yours)[differ], step[differ])
+        assert np.array_equal(smoothing_scale(x_amax, w_amax, alpha), mine.astype(np.float32))

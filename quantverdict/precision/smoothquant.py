@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quantverdict.precision.base import ChannelRanges
+from quantverdict.precision.calibrate import portable
 from quantverdict.precision.graph import int_attribute, topological_sort, use_counts
 
 SCALE_LIMITS = (1e-4, 1e4)
@@ -40,6 +41,15 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[tuple[onnx.NodeProto, s
     return dict(groups)
 
 
+def smoothing_scale(x_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np.ndarray:
+    """``s_j = amax(x_j)^α / amax(W_j)^(1−α)``, rounded up to :data:`~quantverdict.precision.calibrate.RANGE_BITS` significant bits (:func:`portable`):
+    a power's last bits differ by CPU (numpy's AVX-512 kernels are not the C library's), and ``s`` is written into the
+    weights, so unrounded it gave an AVX-512 Xeon a graph of its own for a lock made on an AVX2 EPYC."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.power(x_amax, alpha) / np.power(w_amax, 1.0 - alpha)
+    return portable(np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).clip(*SCALE_LIMITS)).astype(np.float32)
+
+
 def smooth(model: onnx.ModelProto, channel_amax: ChannelRanges, alpha: float) -> onnx.ModelProto:
     """``model`` with every smoothable activation divided by its per-channel ``s`` and its
     consumers' weights multiplied by it (``channel_amax`` supplies the activations' ranges)."""
@@ -55,9 +65,7 @@ def smooth(model: onnx.ModelProto, channel_amax: ChannelRanges, alpha: float) ->
         x_amax = ranges[tensor]
         if x_amax.shape != w_amax.shape:
             continue  # the activation's last axis is not the weights' input channels
-        with np.errstate(divide="ignore", invalid="ignore"):
-            scale = np.power(x_amax, alpha) / np.power(w_amax, 1.0 - alpha)
-        scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).clip(*SCALE_LIMITS).astype(np.float32)
+        scale = smoothing_scale(x_amax, w_amax, alpha)
         smoothed = f"{tensor}_smoothed"
         inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32), f"{tensor}_smooth_inverse_scale")
         graph.initializer.append(inverse)
