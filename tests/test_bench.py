@@ -43,13 +43,20 @@ def test_bench_without_a_gpu_says_so():
     assert proc.stderr.strip() == "error: bench measures the GPU lane and needs a CUDA GPU; none found"
 
 
+def _outside_xdist() -> dict[str, str]:
+    """This environment without pytest-xdist's worker variables: a pytest started from an xdist worker inherits
+    them, and pytest-benchmark then disables every benchmark (and writes an empty --benchmark-json)."""
+    import os
+
+    return {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}
+
+
 def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
     """`--benchmark-autosave` twice, then `--benchmark-compare-fail=median:300%` passes; a run slowed
     by QUANTVERDICT_BENCH_SLOWDOWN_MS fails it. The planted 20 ms is ~400x the call (about 45 us here), so
     a 4x threshold detects it while a shared 2-core runner's noise (beyond 1.5x between runs twice
     in about 60 reruns, failing the 50% threshold this test had) cannot trip it: this proves pytest-benchmark's
     comparison path; judging small changes is compare-timings' job (Mann-Whitney over every round)."""
-    import os
 
     root = Path(__file__).resolve().parent.parent
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "benchmark",
@@ -57,7 +64,7 @@ def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
             f"--benchmark-storage=file://{tmp_path}"]
 
     def run(*extra: str, slowdown: str = "0") -> subprocess.CompletedProcess:
-        env = {**os.environ, "QUANTVERDICT_BENCH_SLOWDOWN_MS": slowdown}
+        env = {**_outside_xdist(), "QUANTVERDICT_BENCH_SLOWDOWN_MS": slowdown}
         return subprocess.run([*base, *extra], capture_output=True, text=True, cwd=root, env=env, timeout=600)
 
     for _ in range(2):
@@ -108,14 +115,13 @@ def test_warm_up_continues_until_two_windows_agree():
 def test_compare_timings_needs_both_a_ratio_and_significance(tmp_path):
     """Real saved runs: a clean rerun is 'same', a run slowed by 20 ms a round is 'regressed'."""
     import json
-    import os
 
     root = Path(__file__).resolve().parent.parent
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "benchmark",
             "tests/test_benchmarks.py", "-k", "inference and cnn-fp32-onnxruntime-b1", "--benchmark-save-data"]
 
     def save(name: str, slowdown: str) -> Path:
-        env = {**os.environ, "QUANTVERDICT_BENCH_SLOWDOWN_MS": slowdown}
+        env = {**_outside_xdist(), "QUANTVERDICT_BENCH_SLOWDOWN_MS": slowdown}
         out = tmp_path / f"{name}.json"
         proc = subprocess.run([*base, f"--benchmark-json={out}"], capture_output=True, text=True, cwd=root, env=env,
                               timeout=600)

@@ -128,7 +128,7 @@ def test_recurrent_layers_are_counted_and_an_int8_verdict_is_not_given_for_them(
     coverage = result.metrics["coverage"]
     assert coverage["kinds"] == {kind: [0, 2], "Gemm": [1, 1]}
     assert result.status == "skipped", result.message
-    assert f"runs 1 of 3 weighted layers of 'seq' in INT8" in result.message and f"2 {kind} in float" in result.message
+    assert "runs 1 of 3 weighted layers of 'seq' in INT8" in result.message and f"2 {kind} in float" in result.message
     assert all(reason.startswith("no kernel:") for reason in coverage["kept"].values())
 
 

@@ -1,6 +1,5 @@
 """Quantized GEMMs executed for real on the GPU (torch._scaled_mm FP8, torch._int_mm INT8): each
 layer computes its Q/DQ semantics, and the transformer models' INT8/FP8 cases run and pass."""
-import numpy as np
 import pytest
 
 from quantverdict.capabilities import GPU, Capabilities, detect

@@ -152,15 +152,16 @@ def harness_overhead(module: Any, shape: tuple[int, ...], rounds: int = 5) -> di
             "agreement_low": min(agreement), "agreement_high": max(agreement), "runner_with_copies_ms": with_copies}
 
 
-def resnet_lane(module: Any, batches: list[int], precisions: list[str], peak_tflops: float,
-                compile: bool = False) -> list[dict[str, Any]]:
-    """Per precision and batch: eager and CUDA-graph time (channels_last), a hand loop's time beside
-    them, and the ratio to FP32 from graph replay, measured interleaved (with its spread)."""
+def lane(module: Any, sample: tuple[int, ...], batches: list[int], precisions: list[str], peak_tflops: float,
+         compile: bool = False) -> list[dict[str, Any]]:
+    """Per precision and batch of inputs shaped ``sample`` (one input's shape without its batch axis): eager and
+    CUDA-graph time (channels_last for images), a hand loop's time beside them, and the ratio to FP32 from graph
+    replay, measured interleaved (with its spread)."""
     import torch
 
     rows = []
     for batch in batches:
-        shape = (batch, 3, 224, 224)
+        shape = (batch, *sample)
         flops = model_flops(module.float().cuda(), torch.rand(shape, device="cuda"))
         for precision in precisions:
             timing = torch_cuda_timing(module, precision, shape, compile=compile)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -33,9 +33,6 @@ from onnx import numpy_helper
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
 from quantverdict.precision.hessian import Inputs, measured
-
-if TYPE_CHECKING:
-    import torch
 
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)

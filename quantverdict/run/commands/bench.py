@@ -29,11 +29,16 @@ def run(args: argparse.Namespace) -> int:
     caps = detect()
     if caps.gpu is None:
         raise HarnessError("bench measures the GPU lane and needs a CUDA GPU; none found")
-    module = common.pipeline(args).store.module(args.model)
+    store = common.pipeline(args).store
+    inputs = store.spec(args.model).inputs
+    if len(inputs) != 1 or not inputs[0].dtype.startswith("float"):
+        raise HarnessError(f"bench times models of one float input; {args.model!r} has "
+                           f"{', '.join(f'{item.name} ({item.dtype})' for item in inputs)}")
+    module, sample = store.module(args.model), tuple(inputs[0].shape[1:])  # the declared shape, each batch size
     figures: dict = {"gpu": caps.to_dict()["gpu"], "model": args.model,
-                     "lane": gpu_lane.resnet_lane(module, [int(b) for b in args.batches], args.precisions,
-                                                  args.peak_tflops, args.compile),
-                     "overhead": {b: gpu_lane.harness_overhead(module, (int(b), 3, 224, 224)) for b in args.batches}}
+                     "lane": gpu_lane.lane(module, sample, [int(b) for b in args.batches], args.precisions,
+                                           args.peak_tflops, args.compile),
+                     "overhead": {b: gpu_lane.harness_overhead(module, (int(b), *sample)) for b in args.batches}}
     print(f"{'batch':>5} {'prec':<5} {'ms':>8} {'hand ms':>8} {'hand/ours (min–max)':>20} {'graph ms':>8} {'img/s':>9} "
           f"{'×fp32 graph (min–max)':>22} {'TFLOP/s':>8} {'of peak':>8}   (channels_last{', compiled' if args.compile else ''})")
     for row in figures["lane"]:
