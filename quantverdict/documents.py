@@ -142,10 +142,16 @@ def error_lines(errors: Iterable[Mapping[str, Any]], schema: Any, document: Any,
 
 
 def dotted(loc: Iterable[Any]) -> str:
-    """``('models', 0, 'inputs', 1, 'range')`` as ``models[0].inputs[1].range``."""
+    """``('models', 0, 'inputs', 1, 'range')`` as ``models[0].inputs[1].range``; a name that is empty or holds
+    characters that do not print (a line break splits the one-line message) as ``['\\x85']``."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not (isinstance(part, str) and part.isprintable() and part):
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
     return out
 
 

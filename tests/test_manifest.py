@@ -179,3 +179,18 @@ def test_near_valid_yaml_files_are_read_or_refused_in_one_line_never_crash_a_rea
                 assert lines and all(name in line for line in lines), str(exc)
 
         check()
+
+
+def test_a_field_name_that_breaks_lines_is_quoted_in_its_one_line_message(tmp_path):
+    """A key holding U+0085 (a line break to Python's splitlines) or nothing at all is named quoted, so the message
+    stays one line per problem (the fuzz test's Hypothesis on the GPU host found it)."""
+    import yaml
+
+    from quantverdict.report.gate import load_policy
+
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump({"defaults": {"\x85": 0, "": 1}}))
+    with pytest.raises(HarnessError) as raised:
+        load_policy(path)
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"{path}: defaults[") for line in lines), lines
