@@ -77,3 +77,27 @@ def test_layers_alone_in_workers_give_each_graphs_outputs_and_are_cached(tmp_pat
     monkeypatch.setattr(layers_alone, "_in_workers", None)  # a worker started now would fail the call
     again = store.layers_alone_semantics(model, recipe, layers, "calibration")
     assert all(np.array_equal(a[name], b[name]) for a, b in zip(found, again) for name in a)
+
+
+def test_a_tied_weight_gets_a_copy_per_quantized_layer_that_onnx_runtime_fuses(tmp_path, monkeypatch):
+    """Each quantized layer of a tied weight reads its own stored copy, scale and DequantizeLinear (a shared one made
+    ONNX Runtime's x64 U8S8 rewrite fail: "Attempt to replace the existing tensor"), the integer-kernel session
+    (optimisations on, session.x64quantprecision=1) loads the graph, and the case passes on any CPU with that setting."""
+    import onnxruntime
+
+    from quantverdict.run.cases import Case
+
+    monkeypatch.setenv("QUANTVERDICT_ORT_X64_QUANT_PRECISION", "1")
+    pipeline = Pipeline(tmp_path / "cache", manifest=_tied_weights(tmp_path))
+    store = pipeline.store
+    path = store.precision_onnx("tied", get_recipe("int8").configured({"gptq": True}))
+    graph = onnx.load(str(path)).graph
+    weights = {node.name: node.input[1] for node in graph.node if node.op_type in ("MatMul", "Gemm")}
+    assert weights["first"] != weights["second"] and all(name.endswith("_dequantized") for name in weights.values())
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.x64quantprecision", "1")
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    batch = store.batches("tied", "calibration")[0]
+    assert np.isfinite(session.run(["logits"], dict(batch))[0]).all()
+    result = pipeline.run(Case("tied", "int8", "onnxruntime"))
+    assert result.status == "passed", result.message

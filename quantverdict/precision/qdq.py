@@ -234,18 +234,17 @@ class QDQ(Recipe):
         new_nodes: list[onnx.NodeProto] = []
         for tensor, at in readers.items():
             new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], at)
-        quantized_weights: dict[str, str] = {}
+        copies: dict[str, int] = {}  # a tied weight: its own stored copy, scale and DQ per quantized layer
         for node, _ in plan:
-            if node.op_type not in QDQ_OPS:
+            name = node.input[1] if node.op_type in QDQ_OPS else ""
+            if name not in weights:
                 continue
-            name = node.input[1]
-            if name in weights and name not in quantized_weights:
-                quantized_weights[name] = f"{name}_dequantized"
-                new_nodes.append(self._weight_dq(graph, weights[name], weight_axis(node, len(weights[name].dims))))
-            if name in quantized_weights:
-                node.input[1] = quantized_weights[name]
+            base = name if name not in copies else f"{name}_{copies[name]}"
+            copies[name] = copies.get(name, 0) + 1
+            new_nodes.append(self._weight_dq(graph, weights[name], weight_axis(node, len(weights[name].dims)), base))
+            node.input[1] = f"{base}_dequantized"
         still_read = {name for node in graph.node for name in node.input}  # a tied weight a float layer reads too
-        for name in set(quantized_weights) - still_read:
+        for name in set(copies) - still_read:
             graph.initializer.remove(weights[name])
         graph.node.extend(new_nodes)
         topological_sort(graph)
@@ -273,12 +272,16 @@ class QDQ(Recipe):
                              [names["dequantized"]], name=f"{tensor}_DequantizeLinear"),
         ]
 
-    def _weight_dq(self, graph: onnx.GraphProto, weight: onnx.TensorProto, axis: int | None) -> onnx.NodeProto:
+    def _weight_dq(self, graph: onnx.GraphProto, weight: onnx.TensorProto, axis: int | None,
+                   base: str) -> onnx.NodeProto:
+        """``weight`` stored quantized as ``<base>_quantized`` with its scale and a DequantizeLinear giving
+        ``<base>_dequantized``: one per quantized layer, even of one tied weight (ONNX Runtime's x64 U8S8 rewrite
+        fails on a DequantizeLinear or a zero point two fused layers share: "Attempt to replace the existing
+        tensor"), so GPTQ also rounds each copy for its own layer."""
         values = numpy_helper.to_array(weight).astype(np.float32)
         scales = weight_scales(values, axis, self.fmt)
         quantized = self.fmt.quantize(values / scales)
         scale = scales if axis is None else scales.reshape(-1)
-        base = weight.name
         graph.initializer.extend([
             numpy_helper.from_array(quantized, f"{base}_quantized"),
             numpy_helper.from_array(scale, f"{base}_scale"),
