@@ -218,3 +218,27 @@ def test_ranking_layers_for_fallback_keeps_their_evaluations_not_their_graphs(tm
     assert len(evaluations) >= len(weighted_layers(store, "resblock", recipe))
     assert choose_fallback(Pipeline(cache).store, "resblock", recipe) == kept
     assert sorted(p.name for p in (cache / "semantics").rglob("*") if p.is_file()) == evaluations  # read, not made
+
+
+def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_would_take(repo, qv_pipeline):
+    """Bounds no recipe meets (no error at all on the held-out samples): past max_fallback the search tries the choice
+    with more layers in FP32 (up to half of dw's, each share keeping more than the one before), chooses none of them,
+    and says so; a bound the choice meets tries nothing more."""
+    from quantverdict.judge.recipe_search import Candidate, beyond_note
+
+    manifest = repo / "tight.yaml"
+    manifest.write_text(MANIFEST.replace("    task: classification\n",
+                                         "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1))
+    store = Pipeline(qv_pipeline.cache.root, manifest=manifest).store
+    search = store.recipes.search("dw", "int8")
+    assert search is not None and search.complete and "fallback" not in search.chosen
+    layers = len(weighted_layers(store, "dw", get_recipe("int8").for_target("emulated")))
+    kept = [int(c.settings["fallback"] * layers) for c in search.beyond]  # each share keeps more layers
+    assert search.beyond[-1].settings["fallback"] == 0.5 and kept[0] >= 1 and kept == sorted(set(kept))
+    assert all(c.passed is False and c.settings.items() >= {k: v for k, v in search.chosen.items()
+                                                             if k != "fallback"}.items() for c in search.beyond)
+    assert "so does keeping 50% of the weighted layers in FP32; max_fallback is 10%" in search.note
+    easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
+    assert easy is not None and not easy.beyond
+    met = [Candidate({"fallback": 0.2}, 20.0, False), Candidate({"fallback": 0.3}, 31.5, True)]
+    assert beyond_note(met, 0.1).endswith("30% of the weighted layers in FP32 meets them (31.50 dB); max_fallback is 10%")

@@ -56,6 +56,7 @@ Progress = Callable[[str], None]  # told one line as a search starts and as each
 CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "percentile"}, {"calibration": "mse"}]
 MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
 ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
+BEYOND = (0.2, 0.3, 0.5)  # fallback shares tried past max_fallback where the choice misses the case's bounds
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class SearchResult:
     note: str = ""
     incumbent: Candidate | None = None  # settings judged beside the candidates (a lock's), on the same samples
     beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
+    beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers in FP32 than max_fallback
 
     @property
     def complete(self) -> bool:
@@ -115,7 +117,7 @@ class SearchResult:
         incumbent = data.get("incumbent")
         return cls(data["chosen"], [Candidate(**c) for c in data["candidates"]], data["held_out_samples"],
                    data["folds"], data["not_tried"], data["note"], None if incumbent is None else Candidate(**incumbent),
-                   data.get("beats_incumbent"))
+                   data.get("beats_incumbent"), [Candidate(**c) for c in data.get("beyond", [])])
 
 
 def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -229,9 +231,36 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         raise CalibrationError(f"recipe auto for {model!r}: every candidate failed; the first: "
                                f"{result.candidates[0].error}")
     result.chosen = dict(best[0].settings)
+    if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
+        count, shares = len(weighted_layers(folds[0], model, base)), []
+        for share in BEYOND:  # each one keeping more layers than the share before
+            if math.floor(share * count) > math.floor((shares or [auto.max_fallback])[-1] * count):
+                shares.append(share)
+        most += len(shares)
+        for share in shares:
+            if time.monotonic() - start + slowest > auto.budget_s:
+                break
+            result.beyond.append(attempt({**result.chosen, "fallback": share})[0])
+            if result.beyond[-1].passed:
+                break
+        result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, auto.max_fallback)]))
+        report(f"recipe search {model} {base.name}: {result.note}")
     if result.incumbent is not None:
         result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(best[1], kept))
     return result
+
+
+def beyond_note(beyond: Sequence[Candidate], max_fallback: float) -> str:
+    """What the case's bounds need on held-out calibration samples, in layers kept in FP32, against what the user
+    allows (``max_fallback``)."""
+    met = next((candidate for candidate in beyond if candidate.passed), None)
+    allowed = f"max_fallback is {max_fallback:.0%}"
+    if met is not None:
+        return (f"the choice misses the case's bounds on held-out calibration samples; {met.settings['fallback']:.0%} "
+                f"of the weighted layers in FP32 meets them ({met.score:.2f} dB); {allowed}")
+    tried = max((candidate.settings["fallback"] for candidate in beyond), default=max_fallback)
+    return (f"the choice misses the case's bounds on held-out calibration samples, and so does keeping {tried:.0%} of "
+            f"the weighted layers in FP32; {allowed}")
 
 
 def describe(settings: Mapping[str, Any]) -> str:
