@@ -585,3 +585,20 @@ def test_smoothing_scales_do_not_move_with_a_powers_last_bits():
         step = np.ldexp(1.0, np.frexp(mine)[1] - RANGE_BITS)
         assert np.allclose(np.abs(mine - yours)[differ], step[differ])
         assert np.array_equal(smoothing_scale(x_amax, w_amax, alpha), mine.astype(np.float32))
+
+
+@pytest.mark.parametrize("rows, columns, groups", [(48, 40, 1), (1, 9, 8)])
+def test_gptq_rounds_layers_of_one_shape_together_as_it_rounds_each_alone(rows, columns, groups):
+    """Layers of one shape are rounded in one pass over their columns (a transformer repeats a few shapes dozens of
+    times): the grid values are those of each layer rounded alone, bit for bit, in INT8 and in E4M3."""
+    from quantverdict.precision.gptq import _gptq
+    from quantverdict.precision.grids import FP8_E4M3
+
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(size=(groups, rows, columns)) * 40 for _ in range(4)]
+    inputs = [rng.normal(size=(groups, 2 * columns, columns)) * rng.uniform(0.01, 3, columns) for _ in range(4)]
+    hessians = [np.einsum("gni,gnj->gij", x, x) for x in inputs]
+    for quantize in (INT8.quantize, FP8_E4M3.quantize):
+        together = np.split(_gptq(np.concatenate(weights), np.concatenate(hessians), quantize), len(weights))
+        for weight, hessian, grid in zip(weights, hessians, together):
+            assert np.array_equal(grid, _gptq(weight, hessian, quantize))

@@ -37,6 +37,7 @@ from quantverdict.precision.hessian import Inputs, measured
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
 MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2 GiB)
+STACK_BYTES = 1 << 28  # H of the layers of one shape rounded in one pass (256 MiB; a larger one alone)
 
 
 @dataclass
@@ -92,24 +93,58 @@ def _writer(init: onnx.TensorProto, encode: Callable[[np.ndarray], np.ndarray]) 
 
 def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch],
            quantize: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Every usable layer's weight re-rounded: layers of one shape in one pass over their columns (as groups of one
+    weight: the loop over columns is Python's, and a transformer repeats a few shapes dozens of times); the same
+    arithmetic per layer as rounding each alone."""
     if not layers:
         return
     _measure_hessians(fp32, layers, batches)
-    import torch
-
+    by_shape: dict[tuple[int, ...], list[tuple[_Layer, np.ndarray]]] = {}
     for layer in layers:
         assert layer.hessian is not None
         scaled = layer.rows(layer.weight.astype(np.float64) / layer.scale)
-        try:
-            if layer.vectors < scaled.shape[-1]:  # H = XᵀX has rank at most the number of vectors
-                raise ValueError(f"{layer.vectors} calibration input vectors for {scaled.shape[-1]} inputs make H "
-                                 "singular (give it more calibration data)")
-            if not np.isfinite(layer.hessian).all():
-                raise ValueError(f"its calibration inputs ({layer.node.input[0]!r}) are not finite")
-            grid = _gptq(scaled, layer.hessian, quantize)
-        except (ValueError, torch.linalg.LinAlgError) as error:  # H unusable: nearest rounding stays
-            _keep_nearest(layer.node, str(error), stacklevel=3)
-            continue
+        if layer.vectors < scaled.shape[-1]:  # H = XᵀX has rank at most the number of vectors
+            _keep_nearest(layer.node, f"{layer.vectors} calibration input vectors for {scaled.shape[-1]} inputs make "
+                                      "H singular (give it more calibration data)", stacklevel=3)
+        elif not np.isfinite(layer.hessian).all():
+            _keep_nearest(layer.node, f"its calibration inputs ({layer.node.input[0]!r}) are not finite", stacklevel=3)
+        else:
+            by_shape.setdefault(scaled.shape[1:], []).append((layer, scaled))
+    for same in by_shape.values():
+        for stack in _stacks(same):
+            _round_stack(stack, quantize)
+
+
+def _stacks(same: list[tuple[_Layer, np.ndarray]]) -> list[list[tuple[_Layer, np.ndarray]]]:
+    """Layers of one shape in stacks whose H take at most :data:`STACK_BYTES` together (one at least)."""
+    stacks: list[list[tuple[_Layer, np.ndarray]]] = [[]]
+    size = 0
+    for layer, scaled in same:
+        assert layer.hessian is not None
+        if stacks[-1] and size + layer.hessian.nbytes > STACK_BYTES:
+            stacks.append([])
+            size = 0
+        stacks[-1].append((layer, scaled))
+        size += layer.hessian.nbytes
+    return stacks
+
+
+def _round_stack(stack: list[tuple[_Layer, np.ndarray]], quantize: Callable[[np.ndarray], np.ndarray]) -> None:
+    """GPTQ over ``stack``'s layers at once; where one's H is unusable, each alone, so that one is named."""
+    import torch
+
+    try:
+        grids = np.split(_gptq(np.concatenate([scaled for _, scaled in stack]),
+                               np.concatenate([layer.hessian for layer, _ in stack]), quantize),
+                         np.cumsum([scaled.shape[0] for _, scaled in stack])[:-1])
+    except torch.linalg.LinAlgError as error:
+        if len(stack) == 1:
+            _keep_nearest(stack[0][0].node, str(error), stacklevel=4)
+            return
+        for one in stack:
+            _round_stack([one], quantize)
+        return
+    for (layer, _), grid in zip(stack, grids):
         layer.store(layer.back(grid))
 
 
