@@ -47,7 +47,7 @@ def _float8_in(path: str, sha256: str) -> bool:
 class OnnxRuntimeRunner(Runner):
     name = "onnxruntime"
 
-    def __init__(self, path: Path, providers: list[str], optimize: bool, config: dict[str, str] | None = None,
+    def __init__(self, path: Path | bytes, providers: list[str], optimize: bool, config: dict[str, str] | None = None,
                  threads: int = 0):
         self.path, self.providers, self.optimize, self.config = path, providers, optimize, config or {}
         self.threads = threads  # intra-op threads; 0: ONNX Runtime's default (one per physical core)
@@ -62,7 +62,8 @@ class OnnxRuntimeRunner(Runner):
         for key, value in self.config.items():
             options.add_session_config_entry(key, value)
         options.intra_op_num_threads = self.threads
-        self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers)
+        graph = self.path if isinstance(self.path, bytes) else str(self.path)  # bytes: a graph made only to run
+        self.session = onnxruntime.InferenceSession(graph, options, providers=self.providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def label(self) -> str:

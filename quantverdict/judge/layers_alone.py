@@ -23,7 +23,7 @@ import numpy as np
 
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.errors import HarnessError
-from quantverdict.judge.semantics import unkept_semantics
+from quantverdict.judge.semantics import evaluator, unkept_semantics
 from quantverdict.models.spec import Batch
 from quantverdict.precision.single_layer import LayerGraphs
 
@@ -53,9 +53,9 @@ def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch],
     count = worker_count(graphs.prepared.ByteSize(), len(layers))
     with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar:
         if count == 1:
-            found = {}
+            found, evaluated_by = {}, evaluator(graphs.prepared)
             for layer in layers:
-                found[layer] = unkept_semantics(graphs.graph(layer), batches, threads=1)
+                found[layer] = unkept_semantics(graphs.graph(layer), batches, 1, evaluated_by)
                 bar.update()
             return found
         with tempfile.TemporaryDirectory(prefix="quantverdict-layers-") as folder:
@@ -97,10 +97,11 @@ def main(folder: Path, index: int, count: int, parent: int) -> None:
     """A worker: every ``count``-th layer from the ``index``-th, each written as ``<number>.out``; it stops where its
     parent is gone (an interrupted run)."""
     graphs, layers, batches = pickle.loads((folder / "work.pkl").read_bytes())
+    evaluated_by = evaluator(graphs.prepared)  # Q/DQ pairs add no integer operator: each layer's graph is read alike
     for number in range(index, len(layers), count):
         if os.getppid() != parent:
             return
-        outputs = unkept_semantics(graphs.graph(layers[number]), batches, threads=1)
+        outputs = unkept_semantics(graphs.graph(layers[number]), batches, 1, evaluated_by)
         atomic_write_bytes(folder / f"{number}.out", pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL))
 
 
