@@ -10,6 +10,7 @@ from quantverdict.errors import CalibrationError
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 from quantverdict.precision import get_recipe
+from quantverdict.precision import calibrate
 from quantverdict.precision.calibrate import FORWARD_PASSES
 from quantverdict.precision.calibrators import METHODS, Calibrator, Histogram
 from quantverdict.judge.semantics import evaluate_semantics
@@ -86,7 +87,8 @@ def _pipeline_with_fresh_cache(tmp_path: Path, manifest: Path | None = None) -> 
 
 
 @pytest.mark.int8
-def test_cache_hit_runs_no_forward_pass_and_gives_identical_bytes(tmp_path):
+def test_cache_hit_runs_no_forward_pass_and_gives_identical_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibrate, "_HISTOGRAMS", {})  # nothing collected earlier in this process
     pipeline = _pipeline_with_fresh_cache(tmp_path)
     recipe = get_recipe("int8")
     graph_name = onnx.load(str(pipeline.store.fp32_onnx("cnn"))).graph.name
@@ -271,3 +273,36 @@ def test_fp8_mse_weighs_e4m3_rounding_not_int8_steps():
     options = QDQOptions(calibrator=Calibrator("mse"))
     assert QDQ(FP8_E4M3, options).calibrator.params == {"method": "mse", "grid": "e4m3"}
     assert QDQ(INT8, options).calibrator.params == {"method": "mse"}
+
+
+def test_calibrators_share_one_pass_over_a_graph_and_give_what_each_collects_alone(tmp_path, monkeypatch):
+    """max, percentile and MSE on one graph and batch set read one set of histograms (a search tries all three on every
+    fold): one forward pass per batch in all, and each method's ranges those of its own pass."""
+    from quantverdict.cache import Cache
+
+    pipeline = _pipeline_with_fresh_cache(tmp_path)
+    model_bytes = pipeline.store.fp32_onnx("cnn").read_bytes()
+    model = onnx.load_from_string(model_bytes)
+    tensors = get_recipe("int8").tensors_to_calibrate(model)
+    batches = pipeline.store.calibration_batches("cnn")
+    methods = [Calibrator("max"), Calibrator("percentile"), Calibrator("mse")]
+    monkeypatch.setattr(calibrate, "_HISTOGRAMS", {})
+    before = FORWARD_PASSES[model.graph.name]
+    shared = [calibrate.calibrate(Cache(tmp_path / "shared"), model_bytes, tensors, batches, m) for m in methods]
+    assert FORWARD_PASSES[model.graph.name] - before == len(batches)
+    alone = []
+    for method in methods:
+        monkeypatch.setattr(calibrate, "_HISTOGRAMS", {})
+        alone.append(calibrate.calibrate(Cache(tmp_path / f"alone-{method.method}"), model_bytes, tensors, batches,
+                                         method))
+    assert shared == alone and shared[0] != shared[1]
+
+
+def test_a_histogram_of_overflowed_activations_bins_the_finite_ones_and_keeps_the_infinite_max():
+    """Every calibrator reads the same histograms, so one with an infinite activation must still bin the rest
+    (numpy refuses an infinite range): its max stays infinite, which names the overflow downstream."""
+    hist = Histogram()
+    hist.add(np.array([1.0, -3.0, np.inf, np.nan], np.float32))
+    hist.add(np.array([np.inf], np.float32))
+    assert hist.max == np.inf and hist.limit == 3.0 and hist.counts.sum() == 2
+    assert Calibrator("percentile", percentile=50).amax(hist) <= 3.0

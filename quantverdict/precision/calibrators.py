@@ -47,6 +47,11 @@ class Histogram:
         self.max = max(self.max, batch_max)
         if len(self.counts) == 0:
             return
+        if not np.isfinite(batch_max):  # an overflowed activation: its max says so; the bins hold the finite values
+            magnitudes = magnitudes[np.isfinite(magnitudes)]
+            if magnitudes.size == 0:
+                return
+            batch_max = float(magnitudes.max())
         if batch_max > self.limit:
             self._grow(batch_max)
         if self.limit == 0.0:
