@@ -101,3 +101,13 @@ def test_a_tied_weight_gets_a_copy_per_quantized_layer_that_onnx_runtime_fuses(t
     assert np.isfinite(session.run(["logits"], dict(batch))[0]).all()
     result = pipeline.run(Case("tied", "int8", "onnxruntime"))
     assert result.status == "passed", result.message
+
+
+def test_the_cpus_are_shared_among_pytest_xdist_workers(monkeypatch):
+    """Under ``pytest -n N`` each of the N processes may rank layers at once: each starts workers for its share of
+    the CPUs, at least one, whatever the variable holds."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    alone = layers_alone.usable_cpus()
+    for peers, share in [("2", max(1, alone // 2)), (str(alone * 4), 1), ("", alone), ("two", alone)]:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", peers)
+        assert layers_alone.usable_cpus() == share

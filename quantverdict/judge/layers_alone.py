@@ -32,7 +32,11 @@ Outputs = dict[str, np.ndarray]
 
 
 def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """This process's CPUs, shared with the other processes of a pytest-xdist run, which may each start workers
+    (``pytest -n 16`` on 16 cores started 16 workers each: 256 processes on 16 cores)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    peers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    return max(1, cpus // max(1, int(peers) if peers.isdigit() else 1))
 
 
 def worker_count(graph_bytes: int, layers: int) -> int:
