@@ -7,6 +7,8 @@ evaluating every n-th layer with ONNX Runtime on one thread. One thread everywhe
 that a 2-core and a 64-core runner compute the same bits (ONNX Runtime splits a kernel's work by its threads) and
 choose the same layers. Workers are fresh interpreters (``python -m``), not forks: a fork of a process holding ONNX
 Runtime's and PyTorch's thread pools can hang, and a spawned multiprocessing pool imports the user's main script again.
+Each layer's graph is evaluated from where it differs from the prepared graph (:mod:`quantverdict.judge.downstream`),
+in groups that share one pass of the prepared graph per batch.
 """
 from __future__ import annotations
 
@@ -17,17 +19,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.errors import HarnessError
-from quantverdict.judge.semantics import evaluator, unkept_semantics
+from quantverdict.export.compat import serialized
+from quantverdict.judge.downstream import Group, Reference
+from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
 from quantverdict.models.spec import Batch
 from quantverdict.precision.single_layer import LayerGraphs
 
 LAYERS_PER_WORKER = 4  # a worker's start (an interpreter, the prepared graph read) pays for itself over this many
+GROUP_BYTES = 1 << 30  # the downstream graphs a worker holds sessions of at once, sharing one prepared graph's pass
 Outputs = dict[str, np.ndarray]
 
 
@@ -39,40 +44,80 @@ def usable_cpus() -> int:
     return max(1, cpus // max(1, int(peers) if peers.isdigit() else 1))
 
 
+def _free_memory() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on this platform
+        return None
+
+
 def worker_count(graph_bytes: int, layers: int) -> int:
     """How many workers evaluate ``layers`` graphs of about ``graph_bytes`` each: one per usable CPU, no more than
     every :data:`LAYERS_PER_WORKER` layers pay for, nor than the memory free holds (four graphs each)."""
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not on this platform: the CPUs decide
-        free = None
+    free = _free_memory()
     by_memory = usable_cpus() if free is None else free // (4 * max(graph_bytes, 1))
     return max(1, min(usable_cpus(), layers // LAYERS_PER_WORKER, by_memory))
+
+
+def group_bytes(workers: int, graph_bytes: int) -> int:
+    """How many bytes of downstream graphs each of ``workers`` holds at once: :data:`GROUP_BYTES`, less where half
+    the free memory shared among them is less, never under one graph."""
+    free = _free_memory()
+    return max(graph_bytes, min(GROUP_BYTES, GROUP_BYTES if free is None else free // (2 * workers)))
 
 
 def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch], label: str) -> dict[str, Outputs]:
     """Each of ``layers`` quantized alone, its graph's outputs on ``batches``; ``label`` names the progress bar."""
     from tqdm import tqdm
 
-    count = worker_count(graphs.prepared.ByteSize(), len(layers))
+    size = graphs.prepared.ByteSize()
+    count = worker_count(size, len(layers))
     with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar:
         if count == 1:
-            found, evaluated_by = {}, evaluator(graphs.prepared)
-            for layer in layers:
-                found[layer] = unkept_semantics(graphs.graph(layer), batches, 1, evaluated_by)
+            found: dict[str, Outputs] = {}
+
+            def done(number: int, outputs: Outputs) -> None:
+                found[layers[number]] = outputs
                 bar.update()
+
+            evaluate(graphs, list(layers), range(len(layers)), batches, group_bytes(1, size), done)
             return found
         with tempfile.TemporaryDirectory(prefix="quantverdict-layers-") as folder:
-            return _in_workers(Path(folder), graphs, list(layers), batches, count, bar.update)
+            return _in_workers(Path(folder), graphs, list(layers), batches, count, group_bytes(count, size),
+                               bar.update)
 
 
-def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], count: int,
+def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], batches: list[Batch], budget: int,
+             done: Callable[[int, Outputs], object], going: Callable[[], bool] = lambda: True) -> None:
+    """The ``numbers``-th of ``layers``, each quantized alone and evaluated on one thread, ``done(number, outputs)``
+    for each: from the cut where the prepared graph is evaluated as written, in groups of ``budget`` bytes; whole
+    where it is evaluated in exact integer arithmetic (its integer operators) or the cut does not apply."""
+    evaluated_by = evaluator(graphs.prepared)  # Q/DQ pairs add no integer operator: each layer's graph is read alike
+    reference = Reference(graphs.prepared) if evaluated_by == AS_WRITTEN else None
+    group = Group()
+    for number in numbers:
+        if not going():
+            return
+        model = graphs.model(layers[number])
+        part = reference.part(model) if reference is not None else None
+        if part is None:
+            done(number, unkept_semantics(serialized(model), batches, 1, evaluated_by))
+            continue
+        group.parts.append((number, part))
+        if reference is not None and group.size >= budget:
+            group.evaluate(reference, batches, done)
+    if reference is not None and group.parts:
+        group.evaluate(reference, batches, done)
+
+
+def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], count: int, budget: int,
                 advance: Callable[[int], object]) -> dict[str, Outputs]:
     (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches), protocol=pickle.HIGHEST_PROTOCOL))
     package = str(Path(__file__).resolve().parents[2])  # this quantverdict, wherever the worker's path points
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
     logs = [open(folder / f"worker{index}.log", "wb") for index in range(count)]
-    workers = [subprocess.Popen([sys.executable, "-m", __name__, str(folder), str(index), str(count), str(os.getpid())],
+    workers = [subprocess.Popen([sys.executable, "-m", __name__, str(folder), str(index), str(count), str(budget),
+                                 str(os.getpid())],
                                 stdout=subprocess.DEVNULL, stderr=log, env=env) for index, log in enumerate(logs)]
     try:
         done = 0
@@ -97,17 +142,16 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
             log.close()
 
 
-def main(folder: Path, index: int, count: int, parent: int) -> None:
+def main(folder: Path, index: int, count: int, budget: int, parent: int) -> None:
     """A worker: every ``count``-th layer from the ``index``-th, each written as ``<number>.out``; it stops where its
     parent is gone (an interrupted run)."""
     graphs, layers, batches = pickle.loads((folder / "work.pkl").read_bytes())
-    evaluated_by = evaluator(graphs.prepared)  # Q/DQ pairs add no integer operator: each layer's graph is read alike
-    for number in range(index, len(layers), count):
-        if os.getppid() != parent:
-            return
-        outputs = unkept_semantics(graphs.graph(layers[number]), batches, 1, evaluated_by)
+
+    def done(number: int, outputs: Outputs) -> None:
         atomic_write_bytes(folder / f"{number}.out", pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL))
+
+    evaluate(graphs, layers, range(index, len(layers), count), batches, budget, done, lambda: os.getppid() == parent)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

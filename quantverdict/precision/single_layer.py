@@ -54,6 +54,10 @@ class LayerGraphs:
 
     def graph(self, layer: str) -> bytes:
         """The serialized graph of the recipe with ``only=(layer,)``."""
+        return serialized(self.model(layer))
+
+    def model(self, layer: str) -> onnx.ModelProto:
+        """The graph of the recipe with ``only=(layer,)``."""
         alone = self.recipe.with_options(only=(layer,))
         made = onnx.ModelProto()
         made.CopyFrom(self.prepared)
@@ -64,4 +68,4 @@ class LayerGraphs:
             for init in made.graph.initializer:
                 if init.name in self.rounded:
                     init.CopyFrom(self.rounded[init.name])
-        return serialized(made)
+        return made

@@ -1,0 +1,140 @@
+"""Graphs that differ from one reference graph in a few nodes, each evaluated from where it differs.
+
+Each layer quantized alone (fallback's ranking, sensitivity) is the prepared FP32 graph with that layer's Q/DQ pairs
+and rounded weight. Every node upstream of the difference computes on a batch what the reference computes, so a
+layer's graph is evaluated from the cut: one forward pass of the reference gives the values of the tensors the
+changed part reads (for a group of layers at once), then only the nodes downstream of the difference run. Bit for bit
+what the whole graph gives (a test holds it): a node's outputs are a function of its inputs and kernel, on one
+thread, with no graph optimisation (constant folding would make a cut tensor a constant in one graph only). On a
+transformer a layer's downstream is half the network on average.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+from quantverdict.models.spec import Batch
+
+Outputs = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Downstream:
+    """The nodes of a graph from where it differs from its reference on, serialized as a graph of their own."""
+
+    graph: bytes | None  # None where no output of the graph is downstream of the difference
+    reads: tuple[str, ...]  # its inputs: the graph's own inputs it reads and the reference's tensors at the cut
+    made: tuple[str, ...]  # the graph's outputs it makes
+    outputs: tuple[str, ...]  # every output of the graph, in order (those not made are the reference's)
+
+
+class Reference:
+    """The graph every part differs from: what :meth:`part` compares with, and the values :func:`evaluate` reads."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.nodes = {node.SerializeToString(deterministic=True) for node in model.graph.node}
+        self.initializers = {init.name: init for init in model.graph.initializer}
+        self.inputs = tuple(item.name for item in model.graph.input)
+        self.types = _tensor_types(model)
+
+    def part(self, changed: onnx.ModelProto) -> Downstream | None:
+        """``changed``'s nodes downstream of its difference from the reference; None where that reading does not hold
+        (a node with a subgraph reads tensors its inputs do not name; other graph inputs; an output not a node's;
+        a value that is no tensor, or local functions)."""
+        graph = changed.graph
+        outputs = tuple(item.name for item in graph.output)
+        made_by_nodes = {name for node in graph.node for name in node.output}
+        if (changed.functions or tuple(item.name for item in graph.input) != self.inputs
+                or not made_by_nodes.issuperset(outputs)
+                or any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                       for node in graph.node for attribute in node.attribute)):
+            return None
+        ours = {init.name: init for init in graph.initializer}
+        moved = {name for name, init in ours.items() if self.initializers.get(name) != init}  # a message's ==: memcmp
+        dirty: set[str] = set()
+        kept: list[onnx.NodeProto] = []
+        for node in graph.node:  # topologically sorted, as ONNX requires
+            if any(name in moved or name in dirty for name in node.input) or \
+                    node.SerializeToString(deterministic=True) not in self.nodes:
+                dirty.update(node.output)
+                kept.append(node)
+        needed = [name for node in kept for name in node.input if name and name not in dirty]
+        reads = tuple(dict.fromkeys(name for name in needed if name not in ours))
+        made = tuple(name for name in outputs if name in dirty)
+        if any(name not in self.types for name in reads):
+            return None
+        if not made:
+            return Downstream(None, (), (), outputs)
+        used = set(needed)
+        model = helper.make_model(helper.make_graph(
+            kept, "downstream", [helper.make_tensor_value_info(name, self.types[name], None) for name in reads],
+            [onnx.ValueInfoProto(name=name) for name in made], [init for name, init in ours.items() if name in used]),
+            opset_imports=changed.opset_import)
+        model.ir_version = changed.ir_version
+        return Downstream(model.SerializeToString(), reads, made, outputs)
+
+    def runner(self, names: list[str]) -> OnnxRuntimeRunner:
+        """A runner of the reference whose outputs are its tensors ``names`` (none of them a graph input)."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        del model.graph.output[:]
+        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
+        return OnnxRuntimeRunner(model.SerializeToString(), ["CPUExecutionProvider"], optimize=False, threads=1)
+
+
+@dataclass
+class Group:
+    """Parts evaluated together: one reference pass per batch for all of them."""
+
+    parts: list[tuple[int, Downstream]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return sum(len(part.graph or b"") for _, part in self.parts)
+
+    def evaluate(self, reference: Reference, batches: list[Batch], done: Callable[[int, Outputs], object]) -> None:
+        """Each part's outputs over ``batches`` on one ONNX Runtime thread, ``done(index, outputs)`` for each: batch by
+        batch, the reference's pass then every part's, so that one batch's values at the cuts are held at a time."""
+        names = list(dict.fromkeys(name for _, part in self.parts for name in (*part.reads, *part.outputs)
+                                   if name not in reference.inputs))
+        found: list[list[dict[str, np.ndarray]]] = [[] for _ in self.parts]
+        with ExitStack() as stack:
+            ours = [stack.enter_context(OnnxRuntimeRunner(part.graph, ["CPUExecutionProvider"], optimize=False,
+                                                          threads=1)) if part.graph is not None else None
+                    for _, part in self.parts]
+            theirs = stack.enter_context(reference.runner(names)) if names else None
+            for batch in batches:
+                values = {**dict(batch), **(theirs.infer(batch) if theirs is not None else {})}
+                for held, (_, part), runner in zip(found, self.parts, ours):
+                    made = runner.infer({name: values[name] for name in part.reads}) if runner is not None else {}
+                    held.append({name: made[name] if name in made else values[name] for name in part.outputs})
+        for (index, part), held in zip(self.parts, found):
+            done(index, {name: np.concatenate([outputs[name] for outputs in held]) for name in part.outputs})
+        self.parts.clear()
+
+
+def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Each tensor's element type as ONNX Runtime infers it (every node output marked an output: no pass is run)."""
+    import onnxruntime
+
+    marked = onnx.ModelProto()
+    marked.CopyFrom(model)
+    del marked.graph.output[:]
+    names = list(dict.fromkeys(name for node in model.graph.node for name in node.output if name))
+    marked.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(marked.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    types = {item.name: item.type.tensor_type.elem_type for item in model.graph.input}
+    for item in session.get_outputs():
+        if item.type.startswith("tensor(") and hasattr(TensorProto, item.type[7:-1].upper()):
+            types[item.name] = getattr(TensorProto, item.type[7:-1].upper())
+    return types

@@ -1,0 +1,72 @@
+"""Each layer quantized alone is evaluated from where its graph differs from the prepared graph: the outputs are the
+whole graph's bit for bit, on the built-in networks and on graphs torch's exporters wrote (a torchvision network, a
+transformer encoder layer through the dynamo exporter), in groups of any size, and the part evaluated is smaller
+than the graph."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from exporters import torch_export
+from quantverdict.judge import layers_alone
+from quantverdict.judge.downstream import Reference
+from quantverdict.judge.semantics import unkept_semantics
+from quantverdict.judge.sensitivity import weighted_layers
+from quantverdict.precision import get_recipe
+from quantverdict.run.pipeline import Pipeline
+
+pytestmark = [pytest.mark.int8, pytest.mark.filterwarnings("ignore:GPTQ")]
+
+
+def _foreign(folder: Path, name: str) -> Path:
+    """A graph torch wrote, declared in a manifest: torchvision's MobileNetV3-small (random weights, TorchScript
+    exporter, opset 13) or a transformer encoder layer (dynamo exporter)."""
+    import torch
+
+    torch.manual_seed(0)
+    path = folder / f"{name}.onnx"
+    if name == "mobilenet":
+        import torchvision
+
+        module = torchvision.models.mobilenet_v3_small(num_classes=10)
+        onnx.save(torch_export(module, (torch.zeros(2, 3, 64, 64),), ["x"], ["y"], 13), str(path))
+        inputs = "[{name: x, shape: [2, 3, 64, 64]}]"
+    else:
+        pytest.importorskip("onnxscript", reason="torch's dynamo ONNX exporter needs onnxscript")
+        module = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+        program = torch.onnx.export(module, (torch.zeros(2, 8, 32),), dynamo=True, input_names=["x"],
+                                    output_names=["y"])
+        program.save(str(path), external_data=False)
+        inputs = "[{name: x, shape: [2, 8, 32]}]"
+    (folder / "models.yaml").write_text(f"models:\n  - name: {name}\n    onnx: {path.name}\n    inputs: {inputs}\n"
+                                        "    outputs: [y]\n    task: regression\n    calibration: synthetic\n")
+    return folder / "models.yaml"
+
+
+CASES = [("transformer-block", {"smoothquant": 0.5, "gptq": True}), ("resblock", {"gptq": True}),
+         ("mobilenet", {"gptq": True}), ("encoder-layer", {"calibration": "percentile"})]
+
+
+@pytest.mark.parametrize("model,settings", CASES, ids=[case[0] for case in CASES])
+def test_each_layer_from_its_cut_gives_the_whole_graphs_outputs(tmp_path, model, settings):
+    manifest = _foreign(tmp_path, model) if model in ("mobilenet", "encoder-layer") else None
+    store = Pipeline(tmp_path / "cache", manifest=manifest).store
+    recipe = get_recipe("int8").configured(settings).with_options(fallback_layers=())
+    layers = [node.name for node in weighted_layers(store, model, recipe)]
+    graphs = store.precision_graph(model, recipe).layer_graphs()
+    batches = store.batches(model, "calibration")
+    reference = Reference(graphs.prepared)
+    parts = [reference.part(graphs.model(layer)) for layer in layers]
+    assert all(part is not None and part.graph is not None for part in parts), layers
+    whole = len(graphs.prepared.graph.node)
+    sizes = [len(onnx.load_from_string(part.graph).graph.node) for part in parts]
+    assert sizes[-1] < whole and sum(sizes) < whole * len(layers), (sizes, whole)
+    for budget in (1, 1 << 30):  # a group per layer; one group for all
+        found: dict[int, dict[str, np.ndarray]] = {}
+        layers_alone.evaluate(graphs, layers, range(len(layers)), batches, budget, found.__setitem__)
+        assert sorted(found) == list(range(len(layers)))
+        for number, layer in enumerate(layers):
+            expected = unkept_semantics(graphs.graph(layer), batches, threads=1)
+            assert found[number].keys() == expected.keys()
+            assert all(np.array_equal(found[number][name], expected[name]) for name in expected), (layer, budget)
