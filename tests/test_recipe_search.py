@@ -242,3 +242,16 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     assert easy is not None and not easy.beyond
     met = [Candidate({"fallback": 0.2}, 20.0, False), Candidate({"fallback": 0.3}, 31.5, True)]
     assert beyond_note(met, 0.1).endswith("30% of the weighted layers in FP32 meets them (31.50 dB); max_fallback is 10%")
+
+
+def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
+    """A candidate that keeps layers in FP32 ranks every layer alone: the estimate times it as those did, and says
+    where none has run yet rather than pricing it as a calibrator's."""
+    from quantverdict.judge.recipe_search import Candidate, time_left
+
+    timed = [Candidate({"calibration": "max"}, seconds=4.0), Candidate({"calibration": "mse"}, seconds=6.0)]
+    upcoming = [{"calibration": "mse", "smoothquant": 0.8}, {"fallback": 0.1}, {"fallback": 0.1, "gptq": True}]
+    assert time_left(upcoming, timed) == "about 5 s left, and 2 candidates that rank layers, not timed yet"
+    timed.append(Candidate({"fallback": 0.1}, seconds=40.0))
+    assert time_left(upcoming, timed) == "about 85 s left"
+    assert time_left([], timed) == "about 0 s left"

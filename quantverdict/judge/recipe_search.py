@@ -174,7 +174,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     report(f"recipe search {model} {base.name}: at most {most} candidates, each calibrated and judged on "
            f"{len(folds)} folds of {result.held_out_samples} calibration samples")
 
-    def attempt(settings: dict[str, Any]) -> tuple[Candidate, np.ndarray | None]:
+    def attempt(settings: dict[str, Any], upcoming: list[dict[str, Any]]) -> tuple[Candidate, np.ndarray | None]:
         nonlocal slowest
         begun = time.perf_counter()
         candidate, samples = Candidate(settings), None
@@ -197,20 +197,20 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         done[0] += 1
         leader = max([c.score for c in result.candidates if c.score is not None] +
                      ([candidate.score] if candidate.score is not None else []), default=None)
-        left = (most - done[0]) * (time.monotonic() - start) / done[0]
         report(f"recipe search {model} {base.name}: {done[0]}/{most} {describe(settings)}: "
                f"{candidate.error or f'{candidate.score:.2f} dB'} in {candidate.seconds:.0f} s; best so far "
-               f"{'-' if leader is None else f'{leader:.2f} dB'}; about {left:.0f} s left")
+               f"{'-' if leader is None else f'{leader:.2f} dB'}; "
+               f"{time_left(upcoming, [*result.candidates, candidate])}")
         return candidate, samples
 
     done = [0]
     kept = None
     if incumbent is not None:
-        result.incumbent, kept = attempt(dict(incumbent))
+        result.incumbent, kept = attempt(dict(incumbent), [option for stage in planned for option in stage])
     seen: list[dict[str, Any]] = []  # settings tried or left untried: a later stage may name them again
-    for stage in planned:
+    for number, stage in enumerate(planned):
         stage_best = best
-        for option in stage:  # each alternative on top of the previous stages' best
+        for index, option in enumerate(stage):  # each alternative on top of the previous stages' best
             settings = {**(best[0].settings if best else {}), **option}
             if settings in seen:
                 continue
@@ -218,7 +218,8 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             if (stage_best or best) is not None and time.monotonic() - start + slowest > auto.budget_s:
                 result.not_tried.append(settings)
                 continue
-            candidate, samples = attempt(settings)
+            later = [*stage[index + 1:], *(each for after in planned[number + 1:] for each in after)]
+            candidate, samples = attempt(settings, [{**settings, **each} for each in later])
             result.candidates.append(candidate)
             if samples is not None and better(samples, stage_best[1] if stage_best else None):
                 stage_best = candidate, samples
@@ -240,7 +241,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         for share in shares:
             if time.monotonic() - start + slowest > auto.budget_s:
                 break
-            result.beyond.append(attempt({**result.chosen, "fallback": share})[0])
+            result.beyond.append(attempt({**result.chosen, "fallback": share}, [])[0])
             if result.beyond[-1].passed:
                 break
         result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, auto.max_fallback)]))
@@ -248,6 +249,20 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if result.incumbent is not None:
         result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(best[1], kept))
     return result
+
+
+def time_left(upcoming: Sequence[Mapping[str, Any]], timed: Sequence[Candidate]) -> str:
+    """About how long ``upcoming`` candidates take, each timed as the mean of those ``timed`` of its kind: one that
+    keeps layers in FP32 ranks every layer quantized alone and costs several others."""
+    def ranks(settings: Mapping[str, Any]) -> bool:
+        return bool(settings.get("fallback"))
+
+    means = {kind: float(np.mean(seconds)) for kind in (False, True)
+             if (seconds := [c.seconds for c in timed if ranks(c.settings) == kind])}
+    untimed = [settings for settings in upcoming if ranks(settings) not in means]
+    left = sum(means[ranks(settings)] for settings in upcoming if ranks(settings) in means)
+    return f"about {left:.0f} s left" + (f", and {len(untimed)} candidates that rank layers, not timed yet" if untimed
+                                         else "")
 
 
 def beyond_note(beyond: Sequence[Candidate], max_fallback: float) -> str:
