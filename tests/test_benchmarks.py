@@ -150,3 +150,58 @@ def test_layers_alone_time(benchmark, qv_pipeline, monkeypatch, cpus):
     found = benchmark.pedantic(layers_alone.each_alone, (graphs, layers, batches, "benchmark"), rounds=2)
     first = layers_alone.each_alone(graphs, layers[:1], batches, "benchmark")
     assert found.keys() == set(layers) and np.array_equal(found[layers[0]]["logits"], first[layers[0]]["logits"])
+
+
+ENCODER = """\
+import torch
+
+from quantverdict.models.nets import BertEncoder
+
+
+def encoder():
+    torch.manual_seed(0)
+    return BertEncoder(vocab=30522, dim=384, layers=2, heads=12, hidden=1536).eval()
+"""
+ENCODER_MANIFEST = """\
+models:
+  - name: encoder
+    build: benchnets:encoder
+    inputs:
+      - {name: input_ids, shape: [16, 48], dtype: int64, range: [1000, 30000]}
+      - {name: attention_mask, shape: [16, 48], dtype: int64, range: [1, 2]}
+    outputs: [embedding]
+    task: embedding
+    calibration: synthetic
+    build_files: []
+"""
+
+
+def test_text_encoder_search_time_on_two_cpus_and_on_all(benchmark, tmp_path, monkeypatch):
+    """A text encoder's whole INT8 recipe search (MiniLM-L6's width, two of its six layers, seeded weights) with
+    the layers-alone workers of two CPUs, then of every usable CPU, each from an empty cache, side by side in one
+    run: the search uses the cores a runner has, and both choose the same recipe and the same float layers."""
+    import time
+
+    from quantverdict.judge import layers_alone
+    from quantverdict.run.pipeline import Pipeline
+
+    (tmp_path / "benchnets.py").write_text(ENCODER)
+    (tmp_path / "models.yaml").write_text(ENCODER_MANIFEST)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    every = layers_alone.usable_cpus()
+
+    def search(cpus: int, cache: str) -> tuple[float, object]:
+        monkeypatch.setattr(layers_alone, "usable_cpus", lambda: cpus)
+        start = time.perf_counter()
+        store = Pipeline(tmp_path / cache, manifest=tmp_path / "models.yaml").store
+        found = store.recipes.search("encoder", "int8")
+        layers = store.recipes.recipe("encoder", "int8", "emulated").options.fallback_layers
+        return time.perf_counter() - start, (found.chosen, layers)
+
+    def both() -> dict[str, float]:  # once: a second round would read the caches
+        (two, chose), (all_, same) = search(min(2, every), "cache-two"), search(every, "cache-all")
+        assert chose == same, (chose, same)
+        return {"two_cpus_s": round(two, 2), "all_cpus_s": round(all_, 2), "cpus": every}
+
+    benchmark.group = "recipe search text encoder"
+    benchmark.extra_info.update(benchmark.pedantic(both, rounds=1, iterations=1))
