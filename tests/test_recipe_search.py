@@ -247,11 +247,15 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
 def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     """A candidate that keeps layers in FP32 ranks every layer alone: the estimate times it as those did, and says
     where none has run yet rather than pricing it as a calibrator's."""
-    from quantverdict.judge.recipe_search import Candidate, time_left
+    from quantverdict.judge.recipe_search import Candidate, time_left, upcoming
 
     timed = [Candidate({"calibration": "max"}, seconds=4.0), Candidate({"calibration": "mse"}, seconds=6.0)]
-    upcoming = [{"calibration": "mse", "smoothquant": 0.8}, {"fallback": 0.1}, {"fallback": 0.1, "gptq": True}]
-    assert time_left(upcoming, timed) == "about 5 s left, and 2 candidates that rank layers, not timed yet"
+    plan = [{"calibration": "mse", "smoothquant": 0.8}, {"fallback": 0.1}, {"fallback": 0.1, "gptq": True}]
+    assert time_left(plan, timed) == "about 5 s left, and 2 candidates that rank layers, not timed yet"
     timed.append(Candidate({"fallback": 0.1}, seconds=40.0))
-    assert time_left(upcoming, timed) == "about 85 s left"
+    assert time_left(plan, timed) == "about 85 s left"
     assert time_left([], timed) == "about 0 s left"
+    later = upcoming({"calibration": "mse"}, [{"smoothquant": 0.8}, {"fallback": 0.1}, {"gptq": True},
+                                              {"calibration": "max"}])
+    assert [bool(each.get("fallback")) for each in later] == [False, True, True, True]
+    assert time_left(later, timed[:2]) == "about 5 s left, and 3 candidates that rank layers, not timed yet"

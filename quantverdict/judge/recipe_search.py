@@ -218,8 +218,8 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             if (stage_best or best) is not None and time.monotonic() - start + slowest > auto.budget_s:
                 result.not_tried.append(settings)
                 continue
-            later = [*stage[index + 1:], *(each for after in planned[number + 1:] for each in after)]
-            candidate, samples = attempt(settings, [{**settings, **each} for each in later])
+            candidate, samples = attempt(settings, upcoming(settings, [*stage[index + 1:], *(
+                each for after in planned[number + 1:] for each in after)]))
             result.candidates.append(candidate)
             if samples is not None and better(samples, stage_best[1] if stage_best else None):
                 stage_best = candidate, samples
@@ -251,6 +251,17 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     return result
 
 
+def upcoming(settings: Mapping[str, Any], options: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The candidates ``options`` would make after ``settings``, as far as their cost goes: a share kept in FP32
+    once tried is assumed kept by the stages after it (it usually wins: it removes the most noise)."""
+    carried, out = dict(settings), []
+    for option in options:
+        out.append({**carried, **option})
+        if option.get("fallback"):
+            carried["fallback"] = option["fallback"]
+    return out
+
+
 def time_left(upcoming: Sequence[Mapping[str, Any]], timed: Sequence[Candidate]) -> str:
     """About how long ``upcoming`` candidates take, each timed as the mean of those ``timed`` of its kind: one that
     keeps layers in FP32 ranks every layer quantized alone and costs several others."""
@@ -261,8 +272,8 @@ def time_left(upcoming: Sequence[Mapping[str, Any]], timed: Sequence[Candidate])
              if (seconds := [c.seconds for c in timed if ranks(c.settings) == kind])}
     untimed = [settings for settings in upcoming if ranks(settings) not in means]
     left = sum(means[ranks(settings)] for settings in upcoming if ranks(settings) in means)
-    return f"about {left:.0f} s left" + (f", and {len(untimed)} candidates that rank layers, not timed yet" if untimed
-                                         else "")
+    count = f"{len(untimed)} candidate{'s' if len(untimed) > 1 else ''}"
+    return f"about {left:.0f} s left" + (f", and {count} that rank layers, not timed yet" if untimed else "")
 
 
 def beyond_note(beyond: Sequence[Candidate], max_fallback: float) -> str:
