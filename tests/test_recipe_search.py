@@ -247,7 +247,8 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
 def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     """A candidate that keeps layers in FP32 ranks every layer alone: the estimate times it as those did, and says
     where none has run yet rather than pricing it as a calibrator's."""
-    from quantverdict.judge.recipe_search import Candidate, time_left, upcoming
+    from quantverdict.judge.recipe_search import Candidate
+    from quantverdict.judge.search_progress import time_left, upcoming
 
     timed = [Candidate({"calibration": "max"}, seconds=4.0), Candidate({"calibration": "mse"}, seconds=6.0)]
     plan = [{"calibration": "mse", "smoothquant": 0.8}, {"fallback": 0.1}, {"fallback": 0.1, "gptq": True}]
@@ -259,3 +260,34 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
                                               {"calibration": "max"}])
     assert [bool(each.get("fallback")) for each in later] == [False, True, True, True]
     assert time_left(later, timed[:2]) == "about 5 s left, and 3 candidates that rank layers, not timed yet"
+
+
+def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypatch, tmp_path):
+    """The best candidate judged at each share of layers kept in FP32 (none, max_fallback, and the shares past it the
+    search tried because the bounds were missed), by share, each naming its settings; the record that holds it reads
+    under the schema, and the page shows it as a chart and a table."""
+    from quantverdict.report.load import load_record
+    from quantverdict.run.cli import main
+
+    (repo / "tight.yaml").write_text(MANIFEST.replace(
+        "    task: classification\n", "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1))
+    monkeypatch.chdir(repo)
+    code = main(["run", "--manifest", "tight.yaml", "--models", "dw", "--precisions", "int8", "--backends",
+                 "onnxruntime", "--cache-dir", str(tmp_path / "cache"), "--report-dir", "reports"])
+    assert code == 1  # no recipe meets a bound of no error at all
+    record_path = next((repo / "reports").glob("*.json"))
+    search = load_record(record_path)["cases"][0]["metrics"]["recipe"]["search"]
+    points, layers = search["tradeoff"], search["layers"]
+    shares = {c["settings"].get("fallback") or 0.0 for c in search["candidates"] + search["beyond"]}
+    assert [point["share"] for point in points] == sorted(shares) and len(points) >= 3 and points[0]["share"] == 0
+    assert [point["layers_in_float"] for point in points] == [int(point["share"] * layers) for point in points]
+    assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none in FP32
+    scored = {json.dumps(c["settings"], sort_keys=True): c["score"] for c in search["candidates"] + search["beyond"]}
+    for point in points:  # the best of its share
+        same = [score for settings, score in scored.items() if (json.loads(settings).get("fallback") or 0.0)
+                == point["share"] and score is not None]
+        assert point["score_db"] == max(same) and point["passed"] is False
+    assert main(["report", str(record_path), "--out-dir", str(tmp_path / "page")]) == 0
+    page = (tmp_path / "page" / f"{record_path.stem}.html").read_text()
+    assert "Recipe search: layers kept in FP32 against held-out accuracy" in page
+    assert 'alt="recipe search trade-off" src="data:image/png;base64,' in page and "<td>dw</td><td>int8</td><td>50%" in page

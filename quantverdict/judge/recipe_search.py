@@ -41,6 +41,7 @@ import numpy as np
 from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
+from quantverdict.judge.search_progress import describe, time_left, upcoming
 from quantverdict.judge.sensitivity import error_energy, fallback_per_part, per_sample, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision.qdq import QDQ
@@ -103,21 +104,35 @@ class SearchResult:
     incumbent: Candidate | None = None  # settings judged beside the candidates (a lock's), on the same samples
     beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
     beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers in FP32 than max_fallback
+    layers: int = 0  # the weighted layers a share of them keeps in FP32 is counted of
 
     @property
     def complete(self) -> bool:
         """Every candidate was tried: the choice any runner makes."""
         return not self.not_tried
 
+    def tradeoff(self) -> list[dict[str, Any]]:
+        """What the search found for each share of the layers kept in FP32: the best candidate it judged with that
+        share (none: 0), its held-out SNR and whether it met the case's bounds, by share; no candidate is judged for
+        this, so the others' settings may differ between points (each point names them)."""
+        best: dict[float, Candidate] = {}
+        for candidate in [*self.candidates, *self.beyond]:
+            share = float(candidate.settings.get("fallback") or 0.0)
+            if candidate.score is not None and (share not in best or candidate.score > best[share].score):
+                best[share] = candidate
+        return [{"share": share, "layers_in_float": math.floor(share * self.layers), "score_db": candidate.score,
+                 "passed": candidate.passed, "settings": candidate.settings,
+                 "chosen": candidate.settings == self.chosen} for share, candidate in sorted(best.items())]
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "complete": self.complete}
+        return {**asdict(self), "complete": self.complete, "tradeoff": self.tradeoff()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SearchResult":
         incumbent = data.get("incumbent")
         return cls(data["chosen"], [Candidate(**c) for c in data["candidates"]], data["held_out_samples"],
                    data["folds"], data["not_tried"], data["note"], None if incumbent is None else Candidate(**incumbent),
-                   data.get("beats_incumbent"), [Candidate(**c) for c in data.get("beyond", [])])
+                   data.get("beats_incumbent"), [Candidate(**c) for c in data.get("beyond", [])], data.get("layers", 0))
 
 
 def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -165,10 +180,11 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     output = spec.outputs[0]
     references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
                   for name in spec.outputs}
-    result = SearchResult(chosen={}, held_out_samples=len(references[output]), folds=len(folds))
+    result = SearchResult(chosen={}, held_out_samples=len(references[output]), folds=len(folds),
+                          layers=len(weighted_layers(folds[0], model, base)))
     start, slowest = time.monotonic(), 0.0
     best: tuple[Candidate, np.ndarray] | None = None
-    planned = stages(auto, len(weighted_layers(folds[0], model, base)))
+    planned = stages(auto, result.layers)
     report = progress or (lambda line: LOG.info("%s", line))
     most = sum(map(len, planned)) + (incumbent is not None)
     report(f"recipe search {model} {base.name}: at most {most} candidates, each calibrated and judged on "
@@ -233,7 +249,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
                                f"{result.candidates[0].error}")
     result.chosen = dict(best[0].settings)
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
-        count, shares = len(weighted_layers(folds[0], model, base)), []
+        count, shares = result.layers, []
         for share in BEYOND:  # each one keeping more layers than the share before
             if math.floor(share * count) > math.floor((shares or [auto.max_fallback])[-1] * count):
                 shares.append(share)
@@ -251,31 +267,6 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     return result
 
 
-def upcoming(settings: Mapping[str, Any], options: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The candidates ``options`` would make after ``settings``, as far as their cost goes: a share kept in FP32
-    once tried is assumed kept by the stages after it (it usually wins: it removes the most noise)."""
-    carried, out = dict(settings), []
-    for option in options:
-        out.append({**carried, **option})
-        if option.get("fallback"):
-            carried["fallback"] = option["fallback"]
-    return out
-
-
-def time_left(upcoming: Sequence[Mapping[str, Any]], timed: Sequence[Candidate]) -> str:
-    """About how long ``upcoming`` candidates take, each timed as the mean of those ``timed`` of its kind: one that
-    keeps layers in FP32 ranks every layer quantized alone and costs several others."""
-    def ranks(settings: Mapping[str, Any]) -> bool:
-        return bool(settings.get("fallback"))
-
-    means = {kind: float(np.mean(seconds)) for kind in (False, True)
-             if (seconds := [c.seconds for c in timed if ranks(c.settings) == kind])}
-    untimed = [settings for settings in upcoming if ranks(settings) not in means]
-    left = sum(means[ranks(settings)] for settings in upcoming if ranks(settings) in means)
-    count = f"{len(untimed)} candidate{'s' if len(untimed) > 1 else ''}"
-    return f"about {left:.0f} s left" + (f", and {count} that rank layers, not timed yet" if untimed else "")
-
-
 def beyond_note(beyond: Sequence[Candidate], max_fallback: float) -> str:
     """What the case's bounds need on held-out calibration samples, in layers kept in FP32, against what the user
     allows (``max_fallback``)."""
@@ -287,8 +278,3 @@ def beyond_note(beyond: Sequence[Candidate], max_fallback: float) -> str:
     tried = max((candidate.settings["fallback"] for candidate in beyond), default=max_fallback)
     return (f"the choice misses the case's bounds on held-out calibration samples, and so does keeping {tried:.0%} of "
             f"the weighted layers in FP32; {allowed}")
-
-
-def describe(settings: Mapping[str, Any]) -> str:
-    """``calibration=percentile smoothquant=0.5`` for a progress line."""
-    return " ".join(f"{key}={value}" for key, value in settings.items()) or "defaults"

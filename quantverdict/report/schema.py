@@ -65,9 +65,25 @@ class Verdict(_Open):
     task: Task | None = None
 
 
+class TradeoffPoint(_Open):
+    share: float
+    layers_in_float: int
+    score_db: float
+    passed: bool | None = None
+    settings: dict[str, str | float | int | bool | None] = {}
+    chosen: bool = False
+
+
+class Search(_Open):
+    """What ``recipe: auto`` found (every candidate is kept as written; the page reads the trade-off)."""
+
+    tradeoff: list[TradeoffPoint] = []
+
+
 class RecipeVerdict(Verdict):
     passed: bool | None = None
     coverage: Coverage | None = None
+    search: Search | None = None
 
 
 class OutputFidelity(_Open):

@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from quantverdict.report.load import history, load_record
     from quantverdict.report.record import HISTORY_DB
     from quantverdict.report.render import html_page, markdown
+    from quantverdict.report.search_page import tradeoff_section
 
     from quantverdict.report.record import check_writable
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     text = markdown(record)
     atomic_write_bytes(out / f"{args.record.stem}.md", text.encode())
     db = getattr(args, "history_db", None) or args.record.parent / HISTORY_DB
-    sections = []
+    sections = [tradeoff_section(record)]
     if db.is_file():
         from quantverdict.report.history import judge_history, load_policies
         from quantverdict.report.history_page import history_section

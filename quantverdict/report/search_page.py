@@ -1,0 +1,60 @@
+"""What ``recipe: auto`` found, for people: for each searched model and precision, the held-out SNR of the best
+candidate at each share of the weighted layers kept in FP32, and whether it met the case's bounds (a table and a
+chart). A deployment team reads there what a stricter target would cost in float layers before asking for it."""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from quantverdict.report.render import figure
+
+
+def _searched(record: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Each (model, precision)'s trade-off, once (every backend of a case reads the same search)."""
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for case in record["cases"]:
+        search = ((case.get("metrics") or {}).get("recipe") or {}).get("search") or {}
+        if search.get("tradeoff"):
+            found.setdefault((case["model"], case["precision"]), search["tradeoff"])
+    return found
+
+
+def _settings(settings: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in settings.items()) or "defaults"
+
+
+def tradeoff_section(record: dict[str, Any]) -> str:
+    """The page's section on the searches' trade-offs; empty where no case's recipe was searched in this run."""
+    searched = _searched(record)
+    if not searched:
+        return ""
+
+    def draw(ax: Any) -> bool:
+        for (model, precision), points in searched.items():
+            shares = [100 * point["share"] for point in points]
+            line = ax.plot(shares, [point["score_db"] for point in points], label=f"{model} {precision}")
+            for point, share in zip(points, shares):
+                ax.plot([share], [point["score_db"]], marker="o" if point["passed"] else "x",
+                        markersize=11 if point["chosen"] else 7, color=line[0].get_color(),
+                        fillstyle="full" if point["chosen"] else "none", linestyle="none")
+        ax.set_xlabel("weighted layers kept in FP32 (%)")
+        ax.set_ylabel("held-out output SNR (dB)")
+        ax.legend(fontsize=8)
+        return True
+
+    rows = "".join(
+        f"<tr><td>{html.escape(model)}</td><td>{html.escape(precision)}</td><td>{point['share']:.0%}</td>"
+        f"<td>{point['layers_in_float']}</td><td>{point['score_db']:.2f}</td>"
+        f"<td>{'met' if point['passed'] else 'missed' if point['passed'] is False else '–'}</td>"
+        f"<td>{'chosen' if point['chosen'] else ''}</td>"
+        f"<td style='text-align:left'>{html.escape(_settings(point['settings']))}</td></tr>"
+        for (model, precision), points in searched.items() for point in points)
+    png = figure(draw, width=7, height=3.2)
+    chart = f'<img alt="recipe search trade-off" src="data:image/png;base64,{png}">' if png else ""
+    return ("<h2>Recipe search: layers kept in FP32 against held-out accuracy</h2>"
+            '<p class="legend">For each share of the weighted layers kept in FP32, the best candidate the search '
+            "judged with it, on calibration samples its calibration did not see: output SNR against FP32 and "
+            "whether the case's bounds held (chart: o met, x missed; larger: chosen). The search judges no "
+            "candidate for this table, so the other settings may differ between rows.</p>"
+            f"{chart}<table><tr><th>model</th><th>precision</th><th>share in FP32</th><th>layers</th>"
+            f"<th>SNR dB</th><th>bounds</th><th></th><th>settings</th></tr>{rows}</table>")
