@@ -233,15 +233,38 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     search = store.recipes.search("dw", "int8")
     assert search is not None and search.complete and "fallback" not in search.chosen
     layers = len(weighted_layers(store, "dw", get_recipe("int8").for_target("emulated")))
-    kept = [int(c.settings["fallback"] * layers) for c in search.beyond]  # each share keeps more layers
-    assert search.beyond[-1].settings["fallback"] == 0.5 and kept[0] >= 1 and kept == sorted(set(kept))
+    assert [int(c.settings["fallback"] * layers) for c in search.beyond] == [layers // 2]  # half missed: no fewer tried
     assert all(c.passed is False and c.settings.items() >= {k: v for k, v in search.chosen.items()
                                                              if k != "fallback"}.items() for c in search.beyond)
-    assert "so does keeping 50% of the weighted layers in FP32; max_fallback is 10%" in search.note
+    assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP32 ({layers // 2 / layers:.0%}); "
+            "max_fallback is 10%") in search.note
     easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
     assert easy is not None and not easy.beyond
-    met = [Candidate({"fallback": 0.2}, 20.0, False), Candidate({"fallback": 0.3}, 31.5, True)]
-    assert beyond_note(met, 0.1).endswith("30% of the weighted layers in FP32 meets them (31.50 dB); max_fallback is 10%")
+    met = [Candidate({"fallback": 0.35}, 31.5, True), Candidate({"fallback": 0.25}, 20.0, False)]
+    assert beyond_note(met, 10, 0.1).endswith(
+        "3 of the 10 weighted layers in FP32 (30%) meet them (31.50 dB), the fewest found; max_fallback is 10%")
+
+
+def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection():
+    """Half the layers first (where that misses, nothing fewer is tried), then bisection down to the fewest that meet
+    the bounds, each count tried once, as a share whose floor keeps exactly that many; none past the user's share."""
+    from quantverdict.judge.recipe_search import Candidate, fewest_in_float
+
+    def judged(needs: int, tried: list[int]):
+        def judge(share: float) -> Candidate:
+            tried.append(int(share * 48))
+            return Candidate({"fallback": share}, 0.0, tried[-1] >= needs)
+        return judge
+
+    for needs, expected in [(13, [24, 14, 9, 11, 12, 13]), (5, [24, 14, 9, 6, 5]), (25, [24]), (24, [24, 14, 19, 21,
+                                                                                                       22, 23])]:
+        tried: list[int] = []
+        found = fewest_in_float(judged(needs, tried), 48, 0.1, lambda: True)
+        assert tried == expected, needs
+        met = [int(c.settings["fallback"] * 48) for c in found if c.passed]
+        assert (min(met) if met else None) == (needs if needs <= 24 else None)
+    assert fewest_in_float(judged(1, []), 4, 0.5, lambda: True) == []  # the user's share is already half
+    assert fewest_in_float(judged(1, []), 48, 0.1, lambda: False) == []  # the wall-time stop
 
 
 def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
@@ -278,14 +301,14 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     record_path = next((repo / "reports").glob("*.json"))
     search = load_record(record_path)["cases"][0]["metrics"]["recipe"]["search"]
     points, layers = search["tradeoff"], search["layers"]
-    shares = {c["settings"].get("fallback") or 0.0 for c in search["candidates"] + search["beyond"]}
-    assert [point["share"] for point in points] == sorted(shares) and len(points) >= 3 and points[0]["share"] == 0
-    assert [point["layers_in_float"] for point in points] == [int(point["share"] * layers) for point in points]
+    counts = {int((c["settings"].get("fallback") or 0.0) * layers) for c in search["candidates"] + search["beyond"]}
+    assert [point["layers_in_float"] for point in points] == sorted(counts) and len(points) >= 2
+    assert [point["share"] for point in points] == [round(point["layers_in_float"] / layers, 4) for point in points]
     assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none in FP32
     scored = {json.dumps(c["settings"], sort_keys=True): c["score"] for c in search["candidates"] + search["beyond"]}
     for point in points:  # the best of its share
-        same = [score for settings, score in scored.items() if (json.loads(settings).get("fallback") or 0.0)
-                == point["share"] and score is not None]
+        same = [score for settings, score in scored.items() if int((json.loads(settings).get("fallback") or 0.0)
+                                                                       * layers) == point["layers_in_float"]]
         assert point["score_db"] == max(same) and point["passed"] is False
     assert main(["report", str(record_path), "--out-dir", str(tmp_path / "page")]) == 0
     page = (tmp_path / "page" / f"{record_path.stem}.html").read_text()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -42,6 +42,7 @@ from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
 from quantverdict.judge.search_progress import describe, time_left, upcoming
+from quantverdict.judge.search_result import Candidate, SearchResult
 from quantverdict.judge.sensitivity import error_energy, fallback_per_part, per_sample, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision.qdq import QDQ
@@ -57,7 +58,7 @@ Progress = Callable[[str], None]  # told one line as a search starts and as each
 CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "percentile"}, {"calibration": "mse"}]
 MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
 ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
-BEYOND = (0.2, 0.3, 0.5)  # fallback shares tried past max_fallback where the choice misses the case's bounds
+BEYOND = 0.5  # the largest share of layers in FP32 tried past max_fallback where the choice misses the case's bounds
 
 
 @dataclass(frozen=True)
@@ -82,57 +83,6 @@ def auto_settings(settings: Mapping[str, Any]) -> AutoSettings | None:
     if budget < 0 or not 0 <= share < 1:
         raise CalibrationError(f"recipe auto: budget_s {budget} must be ≥ 0 and max_fallback {share} in [0, 1)")
     return AutoSettings(budget, share)
-
-
-@dataclass
-class Candidate:
-    settings: dict[str, Any]
-    score: float | None = None  # mean per-sample output SNR (dB) on the held-out samples; higher is better
-    passed: bool | None = None  # within the precision's tolerance on the held-out samples
-    seconds: float = 0.0
-    error: str | None = None  # a technique this graph refuses (its message), not a failed search
-
-
-@dataclass
-class SearchResult:
-    chosen: dict[str, Any]
-    candidates: list[Candidate] = field(default_factory=list)
-    held_out_samples: int = 0  # every calibration sample, each judged by recipes calibrated without it
-    folds: int = 0
-    not_tried: list[dict[str, Any]] = field(default_factory=list)  # left when the wall-time stop came
-    note: str = ""
-    incumbent: Candidate | None = None  # settings judged beside the candidates (a lock's), on the same samples
-    beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
-    beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers in FP32 than max_fallback
-    layers: int = 0  # the weighted layers a share of them keeps in FP32 is counted of
-
-    @property
-    def complete(self) -> bool:
-        """Every candidate was tried: the choice any runner makes."""
-        return not self.not_tried
-
-    def tradeoff(self) -> list[dict[str, Any]]:
-        """What the search found for each share of the layers kept in FP32: the best candidate it judged with that
-        share (none: 0), its held-out SNR and whether it met the case's bounds, by share; no candidate is judged for
-        this, so the others' settings may differ between points (each point names them)."""
-        best: dict[float, Candidate] = {}
-        for candidate in [*self.candidates, *self.beyond]:
-            share = float(candidate.settings.get("fallback") or 0.0)
-            if candidate.score is not None and (share not in best or candidate.score > best[share].score):
-                best[share] = candidate
-        return [{"share": share, "layers_in_float": math.floor(share * self.layers), "score_db": candidate.score,
-                 "passed": candidate.passed, "settings": candidate.settings,
-                 "chosen": candidate.settings == self.chosen} for share, candidate in sorted(best.items())]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "complete": self.complete, "tradeoff": self.tradeoff()}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SearchResult":
-        incumbent = data.get("incumbent")
-        return cls(data["chosen"], [Candidate(**c) for c in data["candidates"]], data["held_out_samples"],
-                   data["folds"], data["not_tried"], data["note"], None if incumbent is None else Candidate(**incumbent),
-                   data.get("beats_incumbent"), [Candidate(**c) for c in data.get("beyond", [])], data.get("layers", 0))
 
 
 def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -249,32 +199,55 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
                                f"{result.candidates[0].error}")
     result.chosen = dict(best[0].settings)
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
-        count, shares = result.layers, []
-        for share in BEYOND:  # each one keeping more layers than the share before
-            if math.floor(share * count) > math.floor((shares or [auto.max_fallback])[-1] * count):
-                shares.append(share)
-        most += len(shares)
-        for share in shares:
-            if time.monotonic() - start + slowest > auto.budget_s:
-                break
-            result.beyond.append(attempt({**result.chosen, "fallback": share}, [])[0])
-            if result.beyond[-1].passed:
-                break
-        result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, auto.max_fallback)]))
+        low, high = beyond_counts(result.layers, auto.max_fallback)
+        most += (high > low) + max(0, high - low - 1).bit_length()
+        result.beyond = fewest_in_float(lambda share: attempt({**result.chosen, "fallback": share}, [])[0],
+                                        result.layers, auto.max_fallback,
+                                        lambda: time.monotonic() - start + slowest <= auto.budget_s)
+        result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, result.layers,
+                                                                      auto.max_fallback)]))
         report(f"recipe search {model} {base.name}: {result.note}")
     if result.incumbent is not None:
         result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(best[1], kept))
     return result
 
 
-def beyond_note(beyond: Sequence[Candidate], max_fallback: float) -> str:
+def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallback: float,
+                    in_time: Callable[[], bool]) -> list[Candidate]:
+    """Past ``max_fallback``, the fewest of ``layers`` kept in FP32 that meet the case's bounds on the held-out samples,
+    each count judged by ``judge(share)``: :data:`BEYOND` of them first (where that misses, so does every fewer, as far
+    as more layers in FP32 never do worse), then by bisection between the user's share and the fewest known to meet.
+    The layers' ranking is the choice's own, read from the cache after the first: each try costs its folds."""
+    low, high = beyond_counts(layers, max_fallback)
+    tried: list[Candidate] = []
+    while high > low + (1 if tried else 0) and in_time():
+        count = (low + high) // 2 if tried else high
+        tried.append(judge(round((count + 0.5) / layers, 4)))  # a share whose floor keeps ``count`` layers
+        if not tried[-1].passed and count == high:
+            break
+        low, high = (low, count) if tried[-1].passed else (count, high)
+    return tried
+
+
+def beyond_counts(layers: int, max_fallback: float) -> tuple[int, int]:
+    """The layers in FP32 the user allows, and the most :func:`fewest_in_float` tries."""
+    return math.floor(max_fallback * layers), math.floor(BEYOND * layers)
+
+
+def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -> str:
     """What the case's bounds need on held-out calibration samples, in layers kept in FP32, against what the user
     allows (``max_fallback``)."""
-    met = next((candidate for candidate in beyond if candidate.passed), None)
+    def kept(candidate: Candidate) -> str:
+        count = math.floor(candidate.settings["fallback"] * layers)
+        return f"{count} of the {layers} weighted layers in FP32 ({count / layers:.0%})"
+
+    met = [candidate for candidate in beyond if candidate.passed]
     allowed = f"max_fallback is {max_fallback:.0%}"
-    if met is not None:
-        return (f"the choice misses the case's bounds on held-out calibration samples; {met.settings['fallback']:.0%} "
-                f"of the weighted layers in FP32 meets them ({met.score:.2f} dB); {allowed}")
-    tried = max((candidate.settings["fallback"] for candidate in beyond), default=max_fallback)
-    return (f"the choice misses the case's bounds on held-out calibration samples, and so does keeping {tried:.0%} of "
-            f"the weighted layers in FP32; {allowed}")
+    if met:
+        fewest = min(met, key=lambda candidate: candidate.settings["fallback"])
+        return (f"the choice misses the case's bounds on held-out calibration samples; {kept(fewest)} meet them "
+                f"({fewest.score:.2f} dB), the fewest found; {allowed}")
+    if not beyond:
+        return f"the choice misses the case's bounds on held-out calibration samples; {allowed}"
+    return (f"the choice misses the case's bounds on held-out calibration samples, and so does keeping "
+            f"{kept(max(beyond, key=lambda candidate: candidate.settings['fallback']))}; {allowed}")
