@@ -70,3 +70,26 @@ def test_each_layer_from_its_cut_gives_the_whole_graphs_outputs(tmp_path, model,
             expected = unkept_semantics(graphs.graph(layer), batches, threads=1)
             assert found[number].keys() == expected.keys()
             assert all(np.array_equal(found[number][name], expected[name]) for name in expected), (layer, budget)
+
+
+def test_a_part_onnx_runtime_does_not_load_is_evaluated_whole(tmp_path):
+    """A part ONNX Runtime refuses (here: bytes that are no graph) goes back to be evaluated whole; the others of its
+    group are evaluated from their cut as before."""
+    import dataclasses
+
+    from quantverdict.judge.downstream import Group
+
+    store = Pipeline(tmp_path / "cache").store
+    recipe = get_recipe("int8").with_options(fallback_layers=())
+    layers = [node.name for node in weighted_layers(store, "resblock", recipe)]
+    graphs, batches = store.precision_graph("resblock", recipe).layer_graphs(), store.batches("resblock", "calibration")
+    reference = Reference(graphs.prepared)
+    good, bad = reference.part(graphs.model(layers[0])), reference.part(graphs.model(layers[1]))
+    assert good is not None and bad is not None
+    found: dict[int, dict[str, np.ndarray]] = {}
+    whole: list[int] = []
+    Group([(0, good), (1, dataclasses.replace(bad, graph=b"no graph"))]).evaluate(reference, batches,
+                                                                                found.__setitem__, whole.append)
+    assert whole == [1] and list(found) == [0]
+    expected = unkept_semantics(graphs.graph(layers[0]), batches, threads=1)
+    assert all(np.array_equal(found[0][name], expected[name]) for name in expected)

@@ -99,23 +99,30 @@ class Group:
     def size(self) -> int:
         return sum(len(part.graph or b"") for _, part in self.parts)
 
-    def evaluate(self, reference: Reference, batches: list[Batch], done: Callable[[int, Outputs], object]) -> None:
+    def evaluate(self, reference: Reference, batches: list[Batch], done: Callable[[int, Outputs], object],
+                 whole: Callable[[int], object]) -> None:
         """Each part's outputs over ``batches`` on one ONNX Runtime thread, ``done(index, outputs)`` for each: batch by
-        batch, the reference's pass then every part's, so that one batch's values at the cuts are held at a time."""
-        names = list(dict.fromkeys(name for _, part in self.parts for name in (*part.reads, *part.outputs)
-                                   if name not in reference.inputs))
-        found: list[list[dict[str, np.ndarray]]] = [[] for _ in self.parts]
+        batch, the reference's pass then every part's, so that one batch's values at the cuts are held at a time. A
+        part ONNX Runtime does not load (its inputs' shapes unknown to a kernel that wants them) is ``whole(index)``'s
+        to evaluate: the whole graph, which raises what it raises."""
+        loaded: list[tuple[int, Downstream, OnnxRuntimeRunner | None]] = []
         with ExitStack() as stack:
-            ours = [stack.enter_context(OnnxRuntimeRunner(part.graph, ["CPUExecutionProvider"], optimize=False,
-                                                          threads=1)) if part.graph is not None else None
-                    for _, part in self.parts]
+            for index, part in self.parts:
+                try:
+                    loaded.append((index, part, None if part.graph is None else stack.enter_context(
+                        OnnxRuntimeRunner(part.graph, ["CPUExecutionProvider"], optimize=False, threads=1))))
+                except Exception:  # noqa: BLE001 - ONNX Runtime's load errors share no base class but Exception
+                    whole(index)
+            names = list(dict.fromkeys(name for _, part, _ in loaded for name in (*part.reads, *part.outputs)
+                                       if name not in reference.inputs))
+            found: list[list[dict[str, np.ndarray]]] = [[] for _ in loaded]
             theirs = stack.enter_context(reference.runner(names)) if names else None
             for batch in batches:
                 values = {**dict(batch), **(theirs.infer(batch) if theirs is not None else {})}
-                for held, (_, part), runner in zip(found, self.parts, ours):
+                for held, (_, part, runner) in zip(found, loaded):
                     made = runner.infer({name: values[name] for name in part.reads}) if runner is not None else {}
                     held.append({name: made[name] if name in made else values[name] for name in part.outputs})
-        for (index, part), held in zip(self.parts, found):
+        for (index, part, _), held in zip(loaded, found):
             done(index, {name: np.concatenate([outputs[name] for outputs in held]) for name in part.outputs})
         self.parts.clear()
 
@@ -132,8 +139,11 @@ def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(marked.SerializeToString(), options, providers=["CPUExecutionProvider"])
     types = {item.name: item.type.tensor_type.elem_type for item in model.graph.input}
+    try:
+        session = onnxruntime.InferenceSession(marked.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - no type known past the inputs: every part is evaluated whole (Reference.part)
+        return types
     for item in session.get_outputs():
         if item.type.startswith("tensor(") and hasattr(TensorProto, item.type[7:-1].upper()):
             types[item.name] = getattr(TensorProto, item.type[7:-1].upper())

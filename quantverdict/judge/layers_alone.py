@@ -95,6 +95,10 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
     evaluated_by = evaluator(graphs.prepared)  # Q/DQ pairs add no integer operator: each layer's graph is read alike
     reference = Reference(graphs.prepared) if evaluated_by == AS_WRITTEN else None
     group = Group()
+
+    def whole(number: int) -> None:
+        done(number, unkept_semantics(graphs.graph(layers[number]), batches, 1, evaluated_by))
+
     for number in numbers:
         if not going():
             return
@@ -105,9 +109,9 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
             continue
         group.parts.append((number, part))
         if reference is not None and group.size >= budget:
-            group.evaluate(reference, batches, done)
+            group.evaluate(reference, batches, done, whole)
     if reference is not None and group.parts:
-        group.evaluate(reference, batches, done)
+        group.evaluate(reference, batches, done, whole)
 
 
 def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], count: int, budget: int,
