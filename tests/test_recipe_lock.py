@@ -43,6 +43,7 @@ def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as
     assert search is not None and search.complete and entry["settings"] == search.chosen
     assert [c["settings"] for c in entry["search"]["candidates"]] == [c.settings for c in search.candidates]
     assert entry["search"]["held_out_samples"] == 16 and entry["chosen_by"]["runner_class"]
+    assert "note" not in entry["search"] and "beyond" not in entry["search"]  # the choice meets the bounds
     assert len(entry["graph_sha256"]) == 64 and len(entry["calibration_data"]) == 64
     assert list(entry) == ["settings", "float_layers", "graph_sha256", "calibration_data", "qdq_sha256", "chosen_by",
                            "search"]
@@ -215,3 +216,16 @@ def test_the_same_recipe_builds_the_same_qdq_bytes_under_another_cpus_kernels(tm
                                              capture_output=True, text=True, timeout=1200, check=True).stdout)
                    for prefix, cache in (([], "native"), (["qemu-x86_64", "-cpu", "Nehalem"], "emulated")))
     assert len(here) == 10 and here == there
+
+
+def test_a_lock_whose_choice_misses_the_bounds_says_what_they_would_take(repo):
+    """Bounds no recipe meets: the lock keeps the search's note (the layers in FP32 tried past max_fallback, and that
+    they missed too) and those tries, read back as written: the reviewer sees what a stricter target costs."""
+    (repo / "models.yaml").write_text(MANIFEST.replace(
+        "    task: classification\n", "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1))
+    assert _lock(repo) == 0
+    text = (repo / "quantverdict.lock").read_text()
+    search = yaml.safe_load(text)["recipes"]["dw"]["int8"]["search"]
+    assert search["note"].startswith("the choice misses the case's bounds on held-out calibration samples")
+    assert search["beyond"] and all(c["passed"] is False and c["settings"]["fallback"] > 0.1 for c in search["beyond"])
+    assert RecipeLock.read(repo / "quantverdict.lock").text() == text

@@ -44,6 +44,8 @@ class Search(_Closed):
     folds: int
     held_out_samples: int
     candidates: list[Evidence]
+    note: str | None = None  # what the case's bounds need where the choice misses them (or the wall-time stop)
+    beyond: list[Evidence] = []  # the choice with more layers in FP32 than the user allows, tried for that note
 
 
 class LockedRecipe(_Closed):
@@ -120,7 +122,9 @@ def _readable(entry: LockedRecipe) -> dict[str, Any]:
     """An entry as it is written: its fields and each candidate's in their reading order, settings and versions
     sorted by name."""
     document = entry.model_dump(exclude_none=True)
-    for part in (document, *document["search"]["candidates"]):
+    if not document["search"]["beyond"]:
+        del document["search"]["beyond"]
+    for part in (document, *document["search"]["candidates"], *document["search"].get("beyond", [])):
         part["settings"] = dict(sorted(part["settings"].items()))
     document["chosen_by"] = dict(sorted(document["chosen_by"].items()))
     return document

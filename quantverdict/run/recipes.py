@@ -151,7 +151,9 @@ class Recipes:
                        "runner_class": store.caps.runner_class},
             search=Search(folds=searched.folds, held_out_samples=searched.held_out_samples,
                           candidates=[Evidence(settings=c.settings, score_db=c.score, passed=c.passed, error=c.error)
-                                      for c in searched.candidates]))
+                                      for c in searched.candidates], note=searched.note or None,
+                          beyond=[Evidence(settings=c.settings, score_db=c.score, passed=c.passed, error=c.error)
+                                  for c in searched.beyond]))
 
     def with_fallback(self, model: str, recipe: Recipe) -> Recipe:
         """``recipe`` with the layers its accuracy-aware fallback keeps in FP32: the lock's, else the most sensitive
