@@ -1,6 +1,7 @@
 """``recipe: auto``: a manifest model's INT8/FP8 settings chosen by a search on held-out calibration data, within a
 fixed amount of work, cached, and recorded with every candidate's score."""
 import json
+import math
 import textwrap
 from pathlib import Path
 
@@ -242,7 +243,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     assert easy is not None and not easy.beyond
     met = [Candidate({"fallback": 0.35}, 31.5, True), Candidate({"fallback": 0.25}, 20.0, False)]
     assert beyond_note(met, 10, 0.1).endswith(
-        "3 of the 10 weighted layers in FP32 (30%) meet them (31.50 dB), the fewest found; max_fallback is 10%")
+        "keeping 3 of the 10 weighted layers in FP32 (30%) meets them (31.50 dB), the fewest found; max_fallback is 10%")
 
 
 def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection():
@@ -264,6 +265,11 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
         met = [int(c.settings["fallback"] * 48) for c in found if c.passed]
         assert (min(met) if met else None) == (needs if needs <= 24 else None)
     assert fewest_in_float(judged(1, []), 4, 0.5, lambda: True) == []  # the user's share is already half
+    from quantverdict.judge.recipe_search import share_of
+    for layers in range(1, 400):
+        shares = [share_of(count, layers) for count in range(layers + 1)]
+        assert [math.floor(share * layers) for share in shares] == list(range(layers + 1)), layers
+        assert all(share - count / layers < 2e-4 for count, share in enumerate(shares)), layers
     assert fewest_in_float(judged(1, []), 48, 0.1, lambda: False) == []  # the wall-time stop
 
 
