@@ -317,6 +317,8 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
                                                                        * layers) == point["layers_in_float"]]
         assert point["score_db"] == max(same) and point["passed"] is False
     assert main(["report", str(record_path), "--out-dir", str(tmp_path / "page")]) == 0
+    summary = (tmp_path / "page" / f"{record_path.stem}.md").read_text()
+    assert "## Recipe searches\n\n- dw int8: the choice misses the case's bounds on held-out calibration samples" in summary
     page = (tmp_path / "page" / f"{record_path.stem}.html").read_text()
     assert "Recipe search: layers kept in FP32 against held-out accuracy" in page
     assert 'alt="recipe search trade-off" src="data:image/png;base64,' in page and "<td>dw</td><td>int8</td><td>50%" in page

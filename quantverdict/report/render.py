@@ -18,9 +18,6 @@ from quantverdict.report.load import case_margin, primary_metrics
 from quantverdict.report.rows import SUMMARY_HEADER, number, rows, speedups, summary_cells
 
 
-
-
-
 def markdown(record: dict[str, Any]) -> str:
     env = record["environment"]
     gpu = env.get("gpu") or {}
@@ -38,6 +35,10 @@ def markdown(record: dict[str, Any]) -> str:
     if failures:
         lines += ["", "## Failures", ""] + [f"- {_cell(c['id'])}: {_cell((c['message'] or '-').splitlines()[-1])}"
                                            for c in failures]
+    notes = {f"{c['model']} {c['precision']}": search["note"] for c in record["cases"]
+             if (search := ((c.get("metrics") or {}).get("recipe") or {}).get("search") or {}).get("note")}
+    if notes:  # what the case's bounds would take where a searched recipe misses them
+        lines += ["", "## Recipe searches", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in notes.items()]
     reasons = Counter(c["message"] for c in record["cases"] if c["status"] == "skipped")
     if reasons:
         lines += ["", "## Skipped", ""] + [f"- {n} × {_cell(reason)}" for reason, n in reasons.most_common()]

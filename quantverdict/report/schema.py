@@ -78,6 +78,7 @@ class Search(_Open):
     """What ``recipe: auto`` found (every candidate is kept as written; the page reads the trade-off)."""
 
     tradeoff: list[TradeoffPoint] = []
+    note: str = ""
 
 
 class RecipeVerdict(Verdict):
