@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from quantverdict.errors import ResolutionWarning
-from quantverdict.judge.compare import Comparison, compare, task_accuracy
+from quantverdict.judge.compare import Check, Comparison, compare, task_accuracy
 from quantverdict.judge.intervals import proportion_interval
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 
@@ -153,3 +153,16 @@ def test_an_embedding_is_judged_by_cosine_worst_sample_and_ranking_not_a_logits_
     broken[:3] = rng.normal(size=(3, 384)) / np.sqrt(384)  # three samples lost
     with pytest.raises(AssertionError, match="row_cosine_min"):
         judge.check(reference, broken, "int8", name="encoder", task="embedding")
+
+
+@pytest.mark.parametrize("observed,bound,higher,said", [
+    (0.9999994, 0.9999995, True, "cosine = 0.999999, must be ≥ 0.9999995"),  # was "must be ≥ 1"
+    (0.96999991, 0.97, True, "cosine = 0.9699999, must be ≥ 0.97"),  # was "0.97, must be ≥ 0.97"
+    (0.95, 0.97, True, "cosine = 0.95, must be ≥ 0.97"),
+    (0.123456789, 0.1, False, "cosine = 0.123457, must be ≤ 0.1"),
+    (float("nan"), 0.9, True, "cosine = nan, must be ≥ 0.9")])
+def test_a_failed_check_shows_its_value_on_its_side_of_the_bound_and_the_bound_as_written(observed, bound, higher,
+                                                                                          said):
+    check = Check("y", "cosine", observed, bound, higher)
+    assert not check.passed and check.describe() == f"y: {said}"
+
