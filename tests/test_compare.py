@@ -166,3 +166,11 @@ def test_a_failed_check_shows_its_value_on_its_side_of_the_bound_and_the_bound_a
     check = Check("y", "cosine", observed, bound, higher)
     assert not check.passed and check.describe() == f"y: {said}"
 
+
+
+def test_the_first_diverging_layer_reads_its_cosine_beside_a_bound_as_written():
+    """The first diverging layer's line had the same rounding: 'cosine 1.000000 < 1' for a bound of 0.9999999."""
+    from quantverdict.judge.diagnose import _similarity
+
+    diverged, details = _similarity(np.array([1.0, 0.0]), np.array([1.0, 1e-3]), 0.9999999)
+    assert diverged and details["summary"] == "cosine 0.9999995 < 0.9999999"

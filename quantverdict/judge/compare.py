@@ -40,17 +40,17 @@ class Check:
 
     def describe(self) -> str:
         relation = "≥" if self.higher_is_better else "≤"
-        observed, bound = _beside(self.observed, self.bound), _exact(self.bound)
+        observed, bound = shown_beside(self.observed, self.bound), shown_bound(self.bound)
         return f"{self.output}: {self.metric} = {observed}, must be {relation} {bound}"
 
 
-def _exact(bound: float) -> str:
+def shown_bound(bound: float) -> str:
     """A bound as the user wrote it: 0.9999995 is not shown as 1."""
     text = f"{bound:g}"
     return text if float(text) == bound else repr(bound)
 
 
-def _beside(value: float, bound: float) -> str:
+def shown_beside(value: float, bound: float) -> str:
     """``value`` in six significant digits, or as many more as keep it on its side of ``bound`` (0.9699999 against
     0.97 is not shown as 0.97)."""
     if not np.isfinite(value):

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from quantverdict.backends.onnxrt_divergence import run_exposing
-from quantverdict.judge.compare import cosine
+from quantverdict.judge.compare import cosine, shown_beside, shown_bound
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import float_tensors
 
@@ -43,8 +43,8 @@ def _similarity(r: np.ndarray, c: np.ndarray, min_cosine: float) -> tuple[bool, 
     norm_r, norm_c = float(np.linalg.norm(r)), float(np.linalg.norm(c))
     if norm_r > 0 and norm_c > 0:
         similarity = cosine(r, c)
-        return not similarity >= min_cosine, {"cosine": similarity,
-                                              "summary": f"cosine {similarity:.6f} < {min_cosine:g}"}
+        summary = f"cosine {shown_beside(similarity, min_cosine)} < {shown_bound(min_cosine)}"
+        return not similarity >= min_cosine, {"cosine": similarity, "summary": summary}
     error = float(np.linalg.norm(c - r)) / max(norm_r, norm_c, 1e-300)
     allowed = float(np.sqrt(2 * (1 - min_cosine)))
     side = "FP32" if norm_r == 0 else "the candidate"
