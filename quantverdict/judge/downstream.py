@@ -35,7 +35,7 @@ class Downstream:
 
 
 class Reference:
-    """The graph every part differs from: what :meth:`part` compares with, and the values :func:`evaluate` reads."""
+    """The graph every part differs from: what :meth:`part` compares with, and the values :meth:`Group.evaluate` reads."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model
