@@ -35,7 +35,8 @@ class Downstream:
 
 
 class Reference:
-    """The graph every part differs from: what :meth:`part` compares with, and the values :meth:`Group.evaluate` reads."""
+    """The graph every part differs from: what :meth:`part` compares with, and whose values
+    :meth:`Group.evaluate` reads at each cut."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model
