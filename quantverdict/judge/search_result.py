@@ -36,8 +36,8 @@ class SearchResult:
 
     def tradeoff(self) -> list[dict[str, Any]]:
         """What the search found for each count of the layers kept in FP32: the best candidate it judged with that
-        many (none: 0), their share, its held-out SNR and whether it met the case's bounds, by share; no candidate is judged for
-        this, so the others' settings may differ between points (each point names them)."""
+        many (none: 0), their share, its held-out SNR and whether it met the case's bounds, by count; no candidate
+        is judged for this, so the other settings may differ between points (each point names them)."""
         best: dict[int, Candidate] = {}
         for candidate in [*self.candidates, *self.beyond]:
             count = math.floor(float(candidate.settings.get("fallback") or 0.0) * self.layers)
@@ -55,4 +55,5 @@ class SearchResult:
         incumbent = data.get("incumbent")
         return cls(data["chosen"], [Candidate(**c) for c in data["candidates"]], data["held_out_samples"],
                    data["folds"], data["not_tried"], data["note"], None if incumbent is None else Candidate(**incumbent),
-                   data.get("beats_incumbent"), [Candidate(**c) for c in data.get("beyond", [])], data.get("layers", 0))
+                   data.get("beats_incumbent"), [Candidate(**c) for c in data.get("beyond", [])],
+                   data.get("layers", 0))
