@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from quantverdict.judge.search_progress import describe
 from quantverdict.report.render import figure
 
 
@@ -17,10 +18,6 @@ def _searched(record: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, An
         if search.get("tradeoff"):
             found.setdefault((case["model"], case["precision"]), search["tradeoff"])
     return found
-
-
-def _settings(settings: dict[str, Any]) -> str:
-    return " ".join(f"{key}={value}" for key, value in settings.items()) or "defaults"
 
 
 def tradeoff_section(record: dict[str, Any]) -> str:
@@ -47,7 +44,7 @@ def tradeoff_section(record: dict[str, Any]) -> str:
         f"<td>{point['layers_in_float']}</td><td>{point['score_db']:.2f}</td>"
         f"<td>{'met' if point['passed'] else 'missed' if point['passed'] is False else '–'}</td>"
         f"<td>{'chosen' if point['chosen'] else ''}</td>"
-        f"<td style='text-align:left'>{html.escape(_settings(point['settings']))}</td></tr>"
+        f"<td style='text-align:left'>{html.escape(describe(point['settings']))}</td></tr>"
         for (model, precision), points in searched.items() for point in points)
     png = figure(draw, width=7, height=3.2)
     chart = f'<img alt="recipe search trade-off" src="data:image/png;base64,{png}">' if png else ""
