@@ -83,11 +83,7 @@ class Reference:
 
     def runner(self, names: list[str]) -> OnnxRuntimeRunner:
         """A runner of the reference whose outputs are its tensors ``names`` (none of them a graph input)."""
-        model = onnx.ModelProto()
-        model.CopyFrom(self.model)
-        del model.graph.output[:]
-        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
-        return OnnxRuntimeRunner(model.SerializeToString(), ["CPUExecutionProvider"], optimize=False, threads=1)
+        return _as_written(_outputs_marked(self.model, names))
 
 
 @dataclass
@@ -111,7 +107,7 @@ class Group:
             for index, part in self.parts:
                 try:
                     loaded.append((index, part, None if part.graph is None else stack.enter_context(
-                        OnnxRuntimeRunner(part.graph, ["CPUExecutionProvider"], optimize=False, threads=1))))
+                        _as_written(part.graph))))
                 except Exception:  # noqa: BLE001 - ONNX Runtime's load errors share no base class but Exception
                     whole(index)
             names = list(dict.fromkeys(name for _, part, _ in loaded for name in (*part.reads, *part.outputs)
@@ -128,24 +124,30 @@ class Group:
         self.parts.clear()
 
 
-def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Each tensor's element type as ONNX Runtime infers it (every node output marked an output: no pass is run)."""
-    import onnxruntime
+def _as_written(graph: bytes) -> OnnxRuntimeRunner:
+    """A runner of ``graph`` as written, on one thread."""
+    return OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=False, threads=1)
 
+
+def _outputs_marked(model: onnx.ModelProto, names: list[str]) -> bytes:
+    """``model`` with its tensors ``names`` as its outputs (no types: ONNX Runtime infers them)."""
     marked = onnx.ModelProto()
     marked.CopyFrom(model)
     del marked.graph.output[:]
-    names = list(dict.fromkeys(name for node in model.graph.node for name in node.output if name))
     marked.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    return marked.SerializeToString()
+
+
+def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Each tensor's element type as ONNX Runtime infers it (every node output marked an output: no pass is run)."""
     types = {item.name: item.type.tensor_type.elem_type for item in model.graph.input}
+    names = list(dict.fromkeys(name for node in model.graph.node for name in node.output if name))
     try:
-        session = onnxruntime.InferenceSession(marked.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        with _as_written(_outputs_marked(model, names)) as runner:
+            outputs = runner.session.get_outputs()
     except Exception:  # noqa: BLE001 - no type known past the inputs: every part is evaluated whole (Reference.part)
         return types
-    for item in session.get_outputs():
+    for item in outputs:
         if item.type.startswith("tensor(") and hasattr(TensorProto, item.type[7:-1].upper()):
             types[item.name] = getattr(TensorProto, item.type[7:-1].upper())
     return types
