@@ -43,7 +43,8 @@ from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare
 from quantverdict.judge.search_progress import describe, time_left, upcoming
 from quantverdict.judge.search_result import Candidate, SearchResult
-from quantverdict.judge.sensitivity import error_energy, fallback_per_part, per_sample, weighted_layers
+from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, layers_kept, per_sample,
+                                            weighted_layers)
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision.qdq import QDQ
 
@@ -114,7 +115,7 @@ def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
     (noise powers add: halving a third of it gains 0.8 dB; the same, once the rest is gone, 3 dB). The calibrators
     are tried once more at the end, with the other choices made: which range is best (clipping noise against
     rounding noise) depends on which layers stay quantized and how much their weights' rounding adds."""
-    fallback = [[{"fallback": auto.max_fallback}]] if math.floor(auto.max_fallback * layers) > 0 else []
+    fallback = [[{"fallback": auto.max_fallback}]] if layers_kept(auto.max_fallback, layers) > 0 else []
     return [CALIBRATORS, MIGRATION, *fallback, ROUNDING, CALIBRATORS]
 
 
@@ -233,21 +234,21 @@ def share_of(count: int, layers: int) -> float:
     """The share of ``layers`` that keeps ``count`` of them in FP32 (fallback floors share × layers), in four
     decimals, within two steps of count / layers: 2 of 4 is 0.5, 13 of 48 is 0.2709."""
     share = math.ceil(count / layers * 10_000) / 10_000
-    while math.floor(share * layers) < count:
+    while layers_kept(share, layers) < count:
         share += 1e-4
     return share
 
 
 def beyond_counts(layers: int, max_fallback: float) -> tuple[int, int]:
     """The layers in FP32 the user allows, and the most :func:`fewest_in_float` tries."""
-    return math.floor(max_fallback * layers), math.floor(BEYOND * layers)
+    return layers_kept(max_fallback, layers), layers_kept(BEYOND, layers)
 
 
 def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -> str:
     """What the case's bounds need on held-out calibration samples, in layers kept in FP32, against what the user
     allows (``max_fallback``)."""
     def kept(candidate: Candidate) -> str:
-        count = math.floor(candidate.settings["fallback"] * layers)
+        count = layers_kept(candidate.settings["fallback"], layers)
         return f"{count} of the {layers} weighted layers in FP32 ({count / layers:.0%})"
 
     met = [candidate for candidate in beyond if candidate.passed]

@@ -2,9 +2,10 @@
 cache, the run record and the lock file keep them, with the trade-off between layers in FP32 and accuracy."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
+
+from quantverdict.judge.sensitivity import layers_kept
 
 
 @dataclass
@@ -40,7 +41,7 @@ class SearchResult:
         is judged for this, so the other settings may differ between points (each point names them)."""
         best: dict[int, Candidate] = {}
         for candidate in [*self.candidates, *self.beyond]:
-            count = math.floor(float(candidate.settings.get("fallback") or 0.0) * self.layers)
+            count = layers_kept(candidate.settings.get("fallback"), self.layers)
             if candidate.score is not None and (count not in best or candidate.score > best[count].score):
                 best[count] = candidate
         return [{"share": round(count / max(self.layers, 1), 4), "layers_in_float": count, "score_db": candidate.score,

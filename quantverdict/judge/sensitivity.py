@@ -100,6 +100,11 @@ def choose_fallback(store: Workbench, model: str, recipe: QDQ) -> list[str]:
     return fallback_per_part(store, model, recipe, [np.zeros(0, np.int64)])[0]
 
 
+def layers_kept(share: float | None, layers: int) -> int:
+    """How many of ``layers`` a fallback share keeps in FP32: the floor of their product (0.1 of 48 keeps 4)."""
+    return math.floor(float(share or 0.0) * layers)
+
+
 def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Sequence[np.ndarray]) -> list[list[str]]:
     """For each part of the calibration set ``held_out`` (sample indices), the layers :func:`choose_fallback`
     keeps in FP32 when ranked on the rest of the set, so that a recipe search judges fallback on samples that did
@@ -108,7 +113,7 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Seque
     a held-out sample still moves a single layer's range, not the ranking's errors)."""
     base = recipe.with_options(fallback_layers=())
     layers = weighted_layers(store, model, base)
-    budget = math.floor((recipe.options.fallback or 0.0) * len(layers))
+    budget = layers_kept(recipe.options.fallback, len(layers))
     if budget == 0:
         return [[] for _ in held_out]
     output = store.spec(model).outputs[0]
