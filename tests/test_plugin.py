@@ -80,6 +80,25 @@ def test_a_failing_calibration_callable_is_named_with_its_trace(user_repo):
     assert case["status"] == "error" and 'line 19, in broken_calibration' in case["trace"]
 
 
+def test_a_case_expected_to_miss_its_bound_xfails_but_one_that_crashes_still_fails(user_repo):
+    """``xfail(raises=CaseFailed)`` is how a repository declares a known miss: it covers a verdict, never a crash."""
+    user_repo.makeconftest("""
+        import pytest
+        from quantverdict.run.pytest_plugin import CaseFailed
+
+        def pytest_collection_modifyitems(items):
+            for item in items:
+                item.add_marker(pytest.mark.xfail(strict=True, raises=CaseFailed, reason="known miss"))
+    """)
+    strict = MANIFEST + "    tolerances: {int8: {min_cosine: 0.99999999}}\n"
+    (user_repo.path / "models.yaml").write_text(strict)
+    missed = _run(user_repo, "-m", "int8 and onnxruntime")
+    assert missed.ret == 0 and missed.parseoutcomes()["xfailed"] == 1, missed.stdout.str()[-2000:]
+    (user_repo.path / "models.yaml").write_text(strict.replace("nets:calibration", "nets:broken_calibration"))
+    crashed = _run(user_repo, "-m", "int8 and onnxruntime")
+    assert crashed.ret == 1 and crashed.parseoutcomes()["failed"] == 1, crashed.stdout.str()[-2000:]
+
+
 def test_the_quantverdict_fixture_judges_a_users_own_outputs(user_repo):
     user_repo.makepyfile(test_engine="""
         import numpy as np

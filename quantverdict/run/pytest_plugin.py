@@ -171,8 +171,16 @@ class ManifestFile(pytest.File):
             yield item
 
 
-class CaseFailed(Exception):
+class CaseNotPassed(Exception):
     """A case that failed or errored; its message is the whole report (no traceback of the harness)."""
+
+
+class CaseFailed(CaseNotPassed):
+    """A verdict: the case ran and missed a bound (``xfail(raises=CaseFailed)`` expects a miss, never a crash)."""
+
+
+class CaseErrored(CaseNotPassed):
+    """The case could not be judged: a build, an export or the user's own code failed."""
 
 
 class CaseItem(pytest.Item):
@@ -186,10 +194,11 @@ class CaseItem(pytest.Item):
         if result.status == "skipped":  # reported at the case's item, not at this line
             raise pytest.skip.Exception(result.message, _use_item_location=True)
         if result.status != "passed":
-            raise CaseFailed(result.message or f"{self.case.id}: {result.status}")
+            error = CaseFailed if result.status == "failed" else CaseErrored
+            raise error(result.message or f"{self.case.id}: {result.status}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        if isinstance(excinfo.value, CaseFailed):
+        if isinstance(excinfo.value, CaseNotPassed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 

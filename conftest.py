@@ -1,0 +1,23 @@
+"""This repository's own manifest (fixtures/models.yaml) as its tests judge it, however pytest is invoked
+(``pytest``, ``pytest fixtures/models.yaml``, ``pytest -m fp8``)."""
+import pytest
+
+# The [zoo] extra's trained networks in formats that cost them more than their bounds allow, measured (2-core AMD
+# EPYC, AVX-512 VNNI). The harness must keep failing them with a verdict (a miss, never a crash): strict, so a
+# recipe that starts meeting the bound shows as XPASS and this list is revised.
+_E4M3 = ("E4M3 rounds all but one of the 180 quantized activations coarser than INT8 (`python -m quantverdict "
+         "formats`): top-1 agreement .942-.950 of 0.97 with a tenth of the layers in FP32")
+_E2M1 = "E2M1 with 16-value blocks on depthwise ImageNet CNNs: logits' cosine 0.58-0.72 of 0.9 (block 0 diverges first)"
+ZOO_FORMAT_COSTS = {("efficientnet-lite1", "fp8"): _E4M3, ("efficientnet-lite2", "fp8"): _E4M3,
+                    ("efficientnet-lite0", "fp4"): _E2M1, ("efficientnet-lite1", "fp4"): _E2M1,
+                    ("efficientnet-lite2", "fp4"): _E2M1}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from quantverdict.run.pytest_plugin import CaseFailed
+
+    for item in items:
+        case = getattr(item, "case", None)
+        reason = case and ZOO_FORMAT_COSTS.get((case.model, case.precision))
+        if reason:
+            item.add_marker(pytest.mark.xfail(strict=True, raises=CaseFailed, reason=f"the format's cost: {reason}"))
