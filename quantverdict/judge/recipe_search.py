@@ -151,7 +151,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             recipes = ([recipe.with_options(fallback_layers=tuple(kept))
                         for kept in fallback_per_part(whole, model, recipe, held_out)]
                        if recipe.fallback_pending else [recipe] * len(folds))
-            outputs = [fold.graph_semantics(model, fold.precision_onnx(model, fold_recipe), "evaluation")
+            outputs = [fold.recipe_semantics(model, fold_recipe, "evaluation")  # a fold's graph is not kept
                        for fold, fold_recipe in zip(folds, recipes)]
             pooled = {name: np.concatenate([out[name] for out in outputs]) for name in spec.outputs}
             samples = sample_snr_db(references[output], pooled[output])
