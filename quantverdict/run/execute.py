@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from quantverdict import freed_memory
 from quantverdict.backends import Artifacts, Backend, Runner, infer_all
 from quantverdict.capabilities import Capabilities
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
@@ -77,7 +78,8 @@ class CaseExecutor:
     def run(self, case: Case) -> CaseResult:
         """Run one case; bad input becomes an ``error`` result whose message names the problem."""
         try:
-            return self._run(case)
+            with freed_memory.kept():
+                return self._run(case)
         except UnsupportedError as exc:
             if self.store.models.get(case.model).declared_unsupported(case.backend, exc.ops):
                 return CaseResult(case, "skipped", f"{', '.join(exc.ops)} declared unsupported on {case.backend} "

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
 from quantverdict.judge.recipe_search import AutoSettings, Progress, SearchResult, search
@@ -96,7 +97,8 @@ def search_recipe(store: ArtifactStore, model: str, precision: str, auto: AutoSe
         numbers = range(folds(whole[model]))
         views = [HeldOutStore(store, fold, whole) for fold in numbers]
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
-        return search(store, views, held_out, model, base, tolerance, auto, incumbent, progress).to_dict()
+        with freed_memory.kept():
+            return search(store, views, held_out, model, base, tolerance, auto, incumbent, progress).to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
                                                    {"model": model, "precision": precision}))
