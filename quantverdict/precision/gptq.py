@@ -19,12 +19,19 @@ MatMul with a constant 2-D weight are rounded this way; any other quantized laye
 does one with more than ``MAX_COLUMNS`` inputs per output, or with fewer calibration input vectors than
 inputs (H singular: GPTQ would fit the calibration set, not the layer); a warning names it. H is measured
 once per FP32 graph and calibration set, for every layer (:mod:`quantverdict.precision.hessian`).
+
+A layer's rounding is a function of H, its weight, its scales and the grid alone, not of the activations' ranges:
+recipes that differ only in their calibrator round every weight alike, so each layer's grid values are kept for the
+process (``ROUNDED_BYTES``), as H is. A search tries three calibrators with GPTQ on every fold: MiniLM-L6's INT8
+search rounded 16 times, 5 of them distinct.
 """
 from __future__ import annotations
 
+import hashlib
 import warnings
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 import onnx
@@ -38,6 +45,8 @@ DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
 MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2 GiB)
 STACK_BYTES = 1 << 28  # H of the layers of one shape rounded in one pass (256 MiB; a larger one alone)
+ROUNDED_BYTES = 1 << 30  # grid values kept, by FP32 graph and calibration set, layer, scales and grid (float32: exact)
+_ROUNDED: "OrderedDict[Hashable, np.ndarray]" = OrderedDict()
 
 
 @dataclass
@@ -98,10 +107,16 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
     arithmetic per layer as rounding each alone."""
     if not layers:
         return
-    _measure_hessians(fp32, layers, batches)
+    graph = _measure_hessians(fp32, layers, batches)
     by_shape: dict[tuple[int, ...], list[tuple[_Layer, np.ndarray]]] = {}
     for layer in layers:
         assert layer.hessian is not None
+        key = (graph, layer.node.output[0], hashlib.sha256(layer.scale.tobytes()).hexdigest(), quantize)
+        if key in _ROUNDED:
+            _ROUNDED.move_to_end(key)
+            layer.store(_ROUNDED[key].astype(np.float64))
+            continue
+        layer = replace(layer, store=_kept(layer.store, key))
         scaled = layer.rows(layer.weight.astype(np.float64) / layer.scale)
         if layer.vectors < scaled.shape[-1]:  # H = XᵀX has rank at most the number of vectors
             _keep_nearest(layer.node, f"{layer.vectors} calibration input vectors for {scaled.shape[-1]} inputs make "
@@ -113,6 +128,16 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
     for same in by_shape.values():
         for stack in _stacks(same):
             _round_stack(stack, quantize)
+
+
+def _kept(store: Callable[[np.ndarray], None], key: Hashable) -> Callable[[np.ndarray], None]:
+    """``store``, keeping the grid values it is given under ``key`` (the least recently used go past ROUNDED_BYTES)."""
+    def kept(grid: np.ndarray) -> None:
+        _ROUNDED[key] = grid.astype(np.float32)
+        while len(_ROUNDED) > 1 and sum(each.nbytes for each in _ROUNDED.values()) > ROUNDED_BYTES:
+            _ROUNDED.popitem(last=False)
+        store(grid)
+    return kept
 
 
 def _stacks(same: list[tuple[_Layer, np.ndarray]]) -> list[list[tuple[_Layer, np.ndarray]]]:
@@ -219,11 +244,13 @@ def _auto_pad(node: onnx.NodeProto) -> str:
     return next((a.s.decode() for a in node.attribute if a.name == "auto_pad"), "NOTSET")
 
 
-def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequence[Batch]) -> None:
-    """Each layer's H and vector count (:func:`quantverdict.precision.hessian.measured`)."""
-    sums = measured(fp32, [layer.inputs for layer in layers], batches, lambda: _roundable(fp32))
+def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequence[Batch]) -> str:
+    """Each layer's H and vector count (:func:`quantverdict.precision.hessian.measured`); the content hash of ``fp32``
+    and ``batches`` they are of."""
+    graph, sums = measured(fp32, [layer.inputs for layer in layers], batches, lambda: _roundable(fp32))
     for layer in layers:
         layer.hessian, layer.vectors = sums[layer.inputs.key]
+    return graph
 
 
 def _roundable(fp32: onnx.ModelProto) -> list[Inputs]:

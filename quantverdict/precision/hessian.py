@@ -53,10 +53,10 @@ class Inputs:
 
 
 def measured(fp32: onnx.ModelProto, asked: Sequence[Inputs], batches: Sequence[Batch],
-             every: Callable[[], list[Inputs]]) -> dict[tuple, Moments]:
+             every: Callable[[], list[Inputs]]) -> tuple[str, dict[tuple, Moments]]:
     """H and vector count of each layer ``asked`` for (by :attr:`Inputs.key`), from those kept for ``fp32`` and
     ``batches``; where one is missing, ``every()`` layer is measured in one pass (those asked for alone where all
-    would take more than ``MEASURED_BYTES``)."""
+    would take more than ``MEASURED_BYTES``). First, the content hash of ``fp32`` and ``batches`` they are of."""
     model = fp32.SerializeToString()
     key = content_hash(model, list(batches))
     kept = _MEASURED.pop(key, {})
@@ -70,7 +70,7 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[Inputs], batches: Sequence[B
     out = {inputs.key: kept[inputs.key] for inputs in asked}
     while len(_MEASURED) > 1 and sum(h.nbytes for sums in _MEASURED.values() for h, _ in sums.values()) > MEASURED_BYTES:
         _MEASURED.popitem(last=False)  # the least recently used pair's
-    return out
+    return key, out
 
 
 def _second_moment_sums(model: bytes, layers: list[Inputs],
