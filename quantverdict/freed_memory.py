@@ -18,12 +18,15 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-# glibc's mallopt parameters (malloc.h) and the values set
+# glibc's mallopt parameters (malloc.h), the values set while the work runs, and after it: glibc's own once its
+# threshold has risen to its most (a block below 32 MiB from the heap, free heap above twice that returned)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 KEPT = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 8 << 30, M_TOP_PAD: 256 << 20}
+AFTER = {M_TRIM_THRESHOLD: 64 << 20, M_TOP_PAD: 128 << 10}
 # The same for processes the harness starts (glibc reads them at start; other C libraries ignore them)
 WORKER_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(KEPT[M_MMAP_THRESHOLD]),
                       "MALLOC_TRIM_THRESHOLD_": str(KEPT[M_TRIM_THRESHOLD]), "MALLOC_TOP_PAD_": str(KEPT[M_TOP_PAD])}
+_depth = [0]  # kept() within kept() (a search within a case) sets and restores once
 
 
 @functools.cache
@@ -38,19 +41,20 @@ def _glibc() -> ctypes.CDLL | None:
         else None
 
 
-@functools.cache
-def _set() -> bool:
-    libc = _glibc()
-    return libc is not None and all(libc.mallopt(parameter, value) == 1 for parameter, value in KEPT.items())
-
-
 @contextmanager
 def kept() -> Iterator[None]:
-    """Within: freed memory is reused rather than returned and faulted in again. After: the free heap is returned."""
-    _set()
+    """Within: freed memory is reused rather than returned and faulted in again. After: the free heap is returned,
+    and what is freed later (the user's own code in the same process) is returned as glibc would."""
+    libc = _glibc()
+    if libc is not None and _depth[0] == 0:
+        for parameter, value in KEPT.items():
+            libc.mallopt(parameter, value)
+    _depth[0] += 1
     try:
         yield
     finally:
-        libc = _glibc()
-        if libc is not None:
+        _depth[0] -= 1
+        if libc is not None and _depth[0] == 0:
+            for parameter, value in AFTER.items():
+                libc.mallopt(parameter, value)
             libc.malloc_trim(0)

@@ -35,3 +35,26 @@ def test_within_the_work_a_second_round_of_buffers_reuses_the_first_ones_pages()
 
     kept = faults("kept")
     assert kept < PAGES / 100, f"{kept} page faults for {PAGES} pages used again (glibc's own policy: {faults('')})"
+
+
+GIVEN_BACK = """
+import numpy as np
+from quantverdict import freed_memory
+
+def resident_mib():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 2**20
+
+with freed_memory.kept():
+    arrays = [np.ones(2 << 20) for _ in range(16)]  # 256 MiB, freed within the work: kept for reuse
+    del arrays
+    kept = resident_mib()
+print(kept, resident_mib())
+"""
+
+
+@pytest.mark.skipif(freed_memory._glibc() is None, reason="freed memory is kept only under glibc (Linux)")
+def test_what_the_work_kept_is_given_back_when_it_ends():
+    out = subprocess.run([sys.executable, "-c", GIVEN_BACK], capture_output=True, text=True, check=True).stdout
+    kept, after = map(float, out.split())
+    assert kept - after > 200, f"resident {kept:.0f} MiB within the work, {after:.0f} MiB after it"
