@@ -119,7 +119,8 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
                 advance: Callable[[int], object]) -> dict[str, Outputs]:
     (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches), protocol=pickle.HIGHEST_PROTOCOL))
     package = str(Path(__file__).resolve().parents[2])  # this quantverdict, wherever the worker's path points
-    env = {**os.environ, **freed_memory.WORKER_ENVIRONMENT, "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **freed_memory.WORKER_ENVIRONMENT,
+           "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
     logs = [open(folder / f"worker{index}.log", "wb") for index in range(count)]
     workers = [subprocess.Popen([sys.executable, "-m", __name__, str(folder), str(index), str(count), str(budget),
                                  str(os.getpid())],
