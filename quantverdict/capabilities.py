@@ -236,3 +236,11 @@ def gpu_count() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, where the OS says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

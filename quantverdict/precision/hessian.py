@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import onnx
 
+from quantverdict.capabilities import physical_memory
 from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch
 from quantverdict.precision.calibrate import tensor_values
@@ -25,7 +26,10 @@ if TYPE_CHECKING:
     import torch
 
 UNFOLDED_VALUES = 1 << 25  # values of unfolded input held at once (256 MB in float64)
-MEASURED_BYTES = 1 << 30  # H kept over all (FP32 graph, calibration set) pairs; a graph's all measured at once if they fit
+# H kept over all (FP32 graph, calibration set) pairs, a graph's all measured at once if they fit: an eighth of the
+# machine's memory, at most 4 GiB. A search's folds and its whole set are five pairs: a T5-small-sized encoder's take
+# 1.2 GB, and at 1 GiB each was measured again for every candidate (35 s of its 284 s INT8 lock on 2 cores).
+MEASURED_BYTES = min(1 << 32, (physical_memory() or 1 << 33) // 8)
 Moments = tuple[np.ndarray, int]  # H ([groups, columns, columns]) and the input vectors summed into it, per group
 _MEASURED: "OrderedDict[str, dict[tuple, Moments]]" = OrderedDict()
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from quantverdict import freed_memory
 from quantverdict.backends import Artifacts, Backend, Runner, infer_all
-from quantverdict.capabilities import Capabilities
+from quantverdict.capabilities import Capabilities, physical_memory
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
 from quantverdict.hashing import file_sha256
@@ -36,16 +36,6 @@ from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 
-
-
-def physical_memory() -> int | None:
-    """This machine's memory in bytes, where the OS says."""
-    import os
-
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
