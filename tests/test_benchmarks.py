@@ -198,8 +198,6 @@ def test_text_encoder_search_time_on_two_cpus_and_on_all(benchmark, tmp_path, mo
     run: the search uses the cores a runner has, and both choose the same recipe and the same float layers."""
     import time
 
-    from collections import OrderedDict
-
     from quantverdict.judge import layers_alone
     from quantverdict.precision import gptq, hessian
     from quantverdict.run.pipeline import Pipeline
@@ -211,8 +209,8 @@ def test_text_encoder_search_time_on_two_cpus_and_on_all(benchmark, tmp_path, mo
 
     def search(cpus: int, cache: str) -> tuple[float, object]:
         monkeypatch.setattr(layers_alone, "usable_cpus", lambda: cpus)
-        monkeypatch.setattr(gptq, "_ROUNDED", OrderedDict())  # nor what the process keeps: H, rounded weights
-        monkeypatch.setattr(hessian, "_MEASURED", OrderedDict())
+        gptq._ROUNDED.clear()  # nor what the process keeps: H, rounded weights
+        hessian._MEASURED.clear()
         start = time.perf_counter()
         store = Pipeline(tmp_path / cache, manifest=tmp_path / "models.yaml").store
         found = store.recipes.search("encoder", "int8")

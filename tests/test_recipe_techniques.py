@@ -608,11 +608,9 @@ def test_gptq_rounds_layers_of_one_shape_together_as_it_rounds_each_alone(rows, 
 def test_recipes_that_differ_only_in_their_calibrator_round_each_weight_once(token_model, monkeypatch):
     """GPTQ's rounding is a function of H, the weight, its scales and the grid, not of activation ranges: a second
     calibrator's recipe takes the first one's grid values (no rounding runs), the same bytes a fresh rounding writes."""
-    from collections import OrderedDict
-
     from quantverdict.precision import gptq
 
-    monkeypatch.setattr(gptq, "_ROUNDED", OrderedDict())
+    gptq._ROUNDED.clear()
     calls = []
     monkeypatch.setattr(gptq, "_gptq", lambda *args, rounding=gptq._gptq: calls.append(1) or rounding(*args))
     store, base = token_model.store, get_recipe("int8").for_target("emulated")
@@ -626,6 +624,6 @@ def test_recipes_that_differ_only_in_their_calibrator_round_each_weight_once(tok
     rounded = len(calls)
     kept = weights("percentile")
     assert rounded > 0 and len(calls) == rounded and first.keys() == kept.keys()
-    monkeypatch.setattr(gptq, "_ROUNDED", OrderedDict())
+    gptq._ROUNDED.clear()
     fresh = weights("percentile")
     assert len(calls) == 2 * rounded and all(np.array_equal(kept[name], fresh[name]) for name in fresh)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Callable, Hashable, Sequence
 
@@ -40,13 +39,14 @@ from onnx import numpy_helper
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
 from quantverdict.precision.hessian import Inputs, measured
+from quantverdict.precision.kept_bytes import KeptBytes
 
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
 MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2 GiB)
 STACK_BYTES = 1 << 28  # H of the layers of one shape rounded in one pass (256 MiB; a larger one alone)
 ROUNDED_BYTES = 1 << 30  # grid values kept, by FP32 graph and calibration set, layer, scales and grid (float32: exact)
-_ROUNDED: "OrderedDict[Hashable, np.ndarray]" = OrderedDict()
+_ROUNDED: KeptBytes[np.ndarray] = KeptBytes(ROUNDED_BYTES, lambda grid: grid.nbytes)
 
 
 @dataclass
@@ -112,9 +112,9 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
     for layer in layers:
         assert layer.hessian is not None
         key = (graph, layer.node.output[0], hashlib.sha256(layer.scale.tobytes()).hexdigest(), quantize)
-        if key in _ROUNDED:
-            _ROUNDED.move_to_end(key)
-            layer.store(_ROUNDED[key].astype(np.float64))
+        rounded = _ROUNDED.get(key)
+        if rounded is not None:
+            layer.store(rounded.astype(np.float64))
             continue
         layer = replace(layer, store=_kept(layer.store, key))
         scaled = layer.rows(layer.weight.astype(np.float64) / layer.scale)
@@ -131,11 +131,9 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
 
 
 def _kept(store: Callable[[np.ndarray], None], key: Hashable) -> Callable[[np.ndarray], None]:
-    """``store``, keeping the grid values it is given under ``key`` (the least recently used go past ROUNDED_BYTES)."""
+    """``store``, keeping the grid values it is given under ``key``."""
     def kept(grid: np.ndarray) -> None:
-        _ROUNDED[key] = grid.astype(np.float32)
-        while len(_ROUNDED) > 1 and sum(each.nbytes for each in _ROUNDED.values()) > ROUNDED_BYTES:
-            _ROUNDED.popitem(last=False)
+        _ROUNDED.put(key, grid.astype(np.float32))
         store(grid)
     return kept
 

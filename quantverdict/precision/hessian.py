@@ -9,7 +9,6 @@ weights; 4 in float64).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -21,6 +20,7 @@ from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch
 from quantverdict.precision.calibrate import tensor_values
 from quantverdict.precision.graph import ints_attribute
+from quantverdict.precision.kept_bytes import KeptBytes
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,8 @@ UNFOLDED_VALUES = 1 << 25  # values of unfolded input held at once (256 MB in fl
 # 1.2 GB, and at 1 GiB each was measured again for every candidate (35 s of its 284 s INT8 lock on 2 cores).
 MEASURED_BYTES = min(1 << 32, (physical_memory() or 1 << 33) // 8)
 Moments = tuple[np.ndarray, int]  # H ([groups, columns, columns]) and the input vectors summed into it, per group
-_MEASURED: "OrderedDict[str, dict[tuple, Moments]]" = OrderedDict()
+_MEASURED: KeptBytes[dict[tuple, Moments]] = KeptBytes(MEASURED_BYTES,
+                                                       lambda sums: sum(h.nbytes for h, _ in sums.values()))
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,10 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[Inputs], batches: Sequence[B
     would take more than ``MEASURED_BYTES``). First, the content hash of ``fp32`` and ``batches`` they are of."""
     model = fp32.SerializeToString()
     key = content_hash(model, list(batches))
-    kept = _MEASURED.pop(key, {})
-    _MEASURED[key] = kept  # most recently used last
+    kept = _MEASURED.get(key)
+    if kept is None:
+        kept = {}
+        _MEASURED.put(key, kept)
     missing = {inputs.key: inputs for inputs in asked if inputs.key not in kept}
     if missing:
         others = {inputs.key: inputs for inputs in every() if inputs.key not in kept}
@@ -72,8 +75,7 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[Inputs], batches: Sequence[B
             missing = {**others, **missing}
         kept.update(_second_moment_sums(model, list(missing.values()), batches))
     out = {inputs.key: kept[inputs.key] for inputs in asked}
-    while len(_MEASURED) > 1 and sum(h.nbytes for sums in _MEASURED.values() for h, _ in sums.values()) > MEASURED_BYTES:
-        _MEASURED.popitem(last=False)  # the least recently used pair's
+    _MEASURED.trim()  # the least recently used pairs' go
     return key, out
 
 
