@@ -191,6 +191,41 @@ def test_fallback_is_ranked_for_each_fold_without_the_samples_it_is_judged_on(re
 
 
 @pytest.mark.int8
+def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(repo, monkeypatch):
+    """Fallback ranks the layers with their weights rounded to nearest: a candidate that adds GPTQ to one already
+    ranked reads that ranking, so a search evaluates each layer quantized alone once per calibration and
+    preparation, and the chosen recipe keeps the layers its own settings rank."""
+    from quantverdict.judge.sensitivity import choose_fallback
+    from quantverdict.run import artifacts
+
+    (repo / "models.yaml").write_text(MANIFEST.replace("build_files: []\n  - name: block",
+                                                       "build_files: []\n    recipe: {int8: {auto: true, max_fallback: "
+                                                       "0.4}}\n  - name: block", 1))
+    evaluated: list[str] = []
+    each_alone = artifacts.each_alone
+
+    def counted(graphs, layers, batches, label):
+        evaluated.extend(layers)
+        return each_alone(graphs, layers, batches, label)
+
+    monkeypatch.setattr(artifacts, "each_alone", counted)
+    store = Pipeline(repo / "cache", manifest=repo / "models.yaml").store  # nothing evaluated yet
+    search = store.recipes.search("dw", "int8")
+    assert search is not None and search.complete
+    with_fallback = [c.settings for c in search.candidates if c.settings.get("fallback")]
+    assert any(settings.get("gptq") for settings in with_fallback)
+    rankings = {json.dumps({k: v for k, v in settings.items() if k != "gptq"}, sort_keys=True)
+                for settings in with_fallback}
+    layers = weighted_layers(store, "dw", get_recipe("int8").for_target("emulated"))
+    assert len(evaluated) == len(rankings) * len(layers) < len(with_fallback) * len(layers)
+    recipe = store.recipes.recipe("dw", "int8", "emulated")
+    if search.chosen.get("fallback"):
+        unrounded = get_recipe("int8").for_target("emulated").configured({**search.chosen, "gptq": False})
+        assert list(recipe.options.fallback_layers) == choose_fallback(store, "dw", unrounded)
+    assert len(evaluated) == len(rankings) * len(layers)  # the chosen recipe's ranking read, not made
+
+
+@pytest.mark.int8
 def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, qv_pipeline, tmp_path, monkeypatch):
     """A manifest model's default recipe is ``auto``: compare-recipes' harness row is what its run uses, the
     search's choice, not a failure on the setting ``auto``."""
@@ -274,21 +309,23 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
 
 
 def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
-    """A candidate that keeps layers in FP32 ranks every layer alone: the estimate times it as those did, and says
-    where none has run yet rather than pricing it as a calibrator's."""
+    """A candidate that keeps layers in FP32 with a calibration and preparation not ranked before ranks every layer
+    alone: the estimate times it as those did, says where none has run yet rather than pricing it as a
+    calibrator's, and prices one that only adds GPTQ to a ranked one as the others."""
     from quantverdict.judge.recipe_search import Candidate
     from quantverdict.judge.search_progress import time_left, upcoming
 
     timed = [Candidate({"calibration": "max"}, seconds=4.0), Candidate({"calibration": "mse"}, seconds=6.0)]
     plan = [{"calibration": "mse", "smoothquant": 0.8}, {"fallback": 0.1}, {"fallback": 0.1, "gptq": True}]
-    assert time_left(plan, timed) == "about 5 s left, and 2 candidates that rank layers, not timed yet"
+    assert time_left(plan, timed) == "about 10 s left, and 1 candidate that ranks layers, not timed yet"
     timed.append(Candidate({"fallback": 0.1}, seconds=40.0))
-    assert time_left(plan, timed) == "about 85 s left"
+    assert time_left(plan, timed) == "about 15 s left"  # ranked already: they read its ranking
+    assert time_left([{"calibration": "max", "fallback": 0.1}], timed) == "about 40 s left"
     assert time_left([], timed) == "about 0 s left"
     later = upcoming({"calibration": "mse"}, [{"smoothquant": 0.8}, {"fallback": 0.1}, {"gptq": True},
                                               {"calibration": "max"}])
     assert [bool(each.get("fallback")) for each in later] == [False, True, True, True]
-    assert time_left(later, timed[:2]) == "about 5 s left, and 3 candidates that rank layers, not timed yet"
+    assert time_left(later, timed[:2]) == "about 10 s left, and 2 candidates that rank layers, not timed yet"
 
 
 def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypatch, tmp_path):

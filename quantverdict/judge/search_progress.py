@@ -27,16 +27,22 @@ def upcoming(settings: Mapping[str, Any], options: Sequence[Mapping[str, Any]]) 
 
 def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
     """About how long the candidates ``plan`` take, each timed as the mean of those ``timed`` of its kind: one that
-    keeps layers in FP32 ranks every layer quantized alone and costs several others."""
-    def ranks(settings: Mapping[str, Any]) -> bool:
-        return bool(settings.get("fallback"))
-
+    keeps layers in FP32 with a calibration and preparation no candidate before it ranked layers for ranks every
+    layer quantized alone and costs several others (:func:`quantverdict.judge.sensitivity.fallback_per_part`)."""
+    ranked: list[dict[str, Any]] = []
+    kinds = []
+    for settings in [*(c.settings for c in timed), *plan]:
+        by = {key: value for key, value in settings.items() if key not in ("fallback", "gptq")}
+        kinds.append(bool(settings.get("fallback")) and by not in ranked)
+        ranked += [by] if kinds[-1] else []
     means = {kind: float(np.mean(seconds)) for kind in (False, True)
-             if (seconds := [c.seconds for c in timed if ranks(c.settings) == kind])}
-    untimed = [settings for settings in plan if ranks(settings) not in means]
-    left = sum(means[ranks(settings)] for settings in plan if ranks(settings) in means)
-    count = f"{len(untimed)} candidate{'s' if len(untimed) > 1 else ''}"
-    return f"about {left:.0f} s left" + (f", and {count} that rank layers, not timed yet" if untimed else "")
+             if (seconds := [c.seconds for c, ranks in zip(timed, kinds) if ranks == kind])}
+    ahead = kinds[len(timed):]
+    said = f"about {sum(means[kind] for kind in ahead if kind in means):.0f} s left"
+    untimed = ahead.count(True) if True not in means else 0
+    if untimed:
+        said += f", and {untimed} candidate{'s' if untimed > 1 else ''} that rank{'' if untimed > 1 else 's'} layers, not timed yet"
+    return said
 
 
 def describe(settings: Mapping[str, Any]) -> str:
