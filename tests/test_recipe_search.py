@@ -226,6 +226,43 @@ def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(
 
 
 @pytest.mark.int8
+def test_the_search_judges_the_cases_task_metric_bounds_a_worst_samples_among_them(repo):
+    """A bound on a task metric (here the worst held-out sample's cosine, as an embedding's worst sentence) is one of
+    the case's bounds the search judges each candidate by, with no labels (the calibration set has none): a bound no
+    candidate meets leaves each one failed, and the search then says what more layers in FP32 would take."""
+    (repo / "worst.py").write_text(textwrap.dedent("""\
+        import numpy as np
+
+        CALLS = []
+
+
+        def worst(reference, candidate, labels):
+            CALLS.append(labels)
+            r, c = (np.asarray(d["logits"], np.float64) for d in (reference, candidate))
+            rows = np.sum(r * c, 1) / np.linalg.norm(r, axis=1) / np.linalg.norm(c, axis=1)
+            return {"worst_sample_cosine": float(rows.min())}
+        """))
+    (repo / "models.yaml").write_text(MANIFEST.replace(
+        "    task: classification\n", "    task: classification\n    metric: worst:worst\n"
+        "    tolerances: {int8: {task_min: {worst_sample_cosine: 1.5}}}\n", 1))
+    import worst
+
+    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
+    assert search is not None and search.candidates and all(c.passed is False for c in search.candidates)
+    assert worst.CALLS and all(labels is None for labels in worst.CALLS)
+    assert search.note.startswith("the choice misses the case's bounds on held-out calibration samples")
+
+
+def test_a_candidate_that_meets_the_cases_bounds_beats_one_that_misses_them_whatever_its_snr():
+    rng = np.random.default_rng(0)
+    than = rng.normal(40.0, 1.0, 64)
+    assert better(than + 0.01, than, meets=True, than_meets=False)  # no SNR gain to speak of: the bounds decide
+    assert not better(than + 5.0, than, meets=False, than_meets=True)  # a higher mean that misses a bound
+    assert better(than + 5.0, than, meets=True, than_meets=True) and not better(than + 0.01, than, True, True)
+    assert better(than + 5.0, than, meets=None, than_meets=True)  # a candidate not judged on the bounds: SNR alone
+
+
+@pytest.mark.int8
 def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, qv_pipeline, tmp_path, monkeypatch):
     """A manifest model's default recipe is ``auto``: compare-recipes' harness row is what its run uses, the
     search's choice, not a failure on the setting ``auto``."""

@@ -3,7 +3,8 @@
 A fixed recipe is tuned for the networks it was chosen on; a network nobody tuned for gets whatever that
 recipe happens to do to it. The search here tries the techniques the harness has, in stages as Intel
 Neural Compressor's basic strategy and NNCF's accuracy control do: first the calibrator (max,
-percentile, MSE), then each stage's alternatives on top of the best so far, kept only where they help:
+percentile, MSE), then each stage's alternatives on top of the best so far, kept only where they help (the case's
+own bounds first, a worst sample's among them: :func:`better`):
 the migration of scale between activations and weights (SmoothQuant at two strengths, or equalization),
 FP32 fallback of the most sensitive layers up to the declared share (spent whole where it helps, as Model
 Optimizer's ``auto_quantize`` spends its budget), and weight rounding (GPTQ); see :func:`stages`.
@@ -40,7 +41,7 @@ import numpy as np
 
 from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
-from quantverdict.judge.compare import compare
+from quantverdict.judge.compare import compare, judge_task_metrics
 from quantverdict.judge.search_progress import describe, time_left, upcoming
 from quantverdict.judge.search_result import Candidate, SearchResult
 from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, layers_kept, per_sample,
@@ -97,12 +98,18 @@ def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     return np.clip(np.where(noise == 0, MAX_DB, np.nan_to_num(db, nan=-MAX_DB)), -MAX_DB, MAX_DB)
 
 
-def better(samples: np.ndarray, than: np.ndarray | None) -> bool:
-    """A mean per-sample gain of more than :data:`MIN_GAIN_DB` and more than :data:`GAIN_SE` standard errors of
-    the paired gains (the same samples judged twice): a candidate that only matches the simpler one before it,
-    within what another draw of samples would move, is not taken."""
+def better(samples: np.ndarray, than: np.ndarray | None, meets: bool | None = None,
+           than_meets: bool | None = None) -> bool:
+    """The case's bounds first: a candidate that meets them on the held-out samples (``meets``) where the one it is
+    compared with does not (``than_meets``) is better, and one that misses them where that one met them is not,
+    whatever their SNR (a higher mean may hide a worse worst sample that a bound names). Otherwise a mean per-sample
+    gain of more than :data:`MIN_GAIN_DB` and more than :data:`GAIN_SE` standard errors of the paired gains (the same
+    samples judged twice): a candidate that only matches the simpler one before it, within what another draw of
+    samples would move, is not taken."""
     if than is None:
         return True
+    if meets is not None and than_meets is not None and meets != than_meets:
+        return meets
     gain = samples - than
     spread = GAIN_SE * float(np.std(gain, ddof=1)) / math.sqrt(gain.size) if gain.size > 1 else 0.0
     return float(gain.mean()) > max(MIN_GAIN_DB, spread)
@@ -141,6 +148,15 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     report(f"recipe search {model} {base.name}: at most {most} candidates, each calibrated and judged on "
            f"{len(folds)} folds of {result.held_out_samples} calibration samples")
 
+    def meets_bounds(pooled: dict[str, np.ndarray]) -> bool:
+        """The case's bounds on the held-out samples: its tolerance's, and those on its task metrics (an embedding's
+        worst sentence, a detector's worst image), with no labels (the calibration set has none)."""
+        judged = compare(references, pooled, tolerance, spec.task == "classification")
+        if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
+            judge_task_metrics(spec.call("metric", references, pooled, None), tolerance, judged,
+                               spec.describe("metric"))
+        return judged.passed
+
     def attempt(settings: dict[str, Any], upcoming: list[dict[str, Any]]) -> tuple[Candidate, np.ndarray | None]:
         nonlocal slowest
         begun = time.perf_counter()
@@ -156,9 +172,10 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             pooled = {name: np.concatenate([out[name] for out in outputs]) for name in spec.outputs}
             samples = sample_snr_db(references[output], pooled[output])
             candidate.score = round(float(samples.mean()), 4)
-            candidate.passed = compare(references, pooled, tolerance, spec.task == "classification").passed
         except HarnessError as exc:  # a technique that does not apply to this graph
             candidate.error = str(exc).splitlines()[0]
+        if samples is not None:  # the user's metric is the user's code: its failure is not the technique's
+            candidate.passed = meets_bounds(pooled)
         candidate.seconds = round(time.perf_counter() - begun, 3)
         slowest = max(slowest, candidate.seconds)
         done[0] += 1
@@ -188,7 +205,8 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             candidate, samples = attempt(settings, upcoming(settings, [*stage[index + 1:], *(
                 each for after in planned[number + 1:] for each in after)]))
             result.candidates.append(candidate)
-            if samples is not None and better(samples, stage_best[1] if stage_best else None):
+            if samples is not None and better(samples, stage_best[1] if stage_best else None, candidate.passed,
+                                              stage_best[0].passed if stage_best else None):
                 stage_best = candidate, samples
         best = stage_best
     if result.not_tried:
@@ -209,7 +227,8 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
                                                                       auto.max_fallback)]))
         report(f"recipe search {model} {base.name}: {result.note}")
     if result.incumbent is not None:
-        result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(best[1], kept))
+        result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(
+            best[1], kept, best[0].passed, result.incumbent.passed))
     return result
 
 
