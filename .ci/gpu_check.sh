@@ -9,4 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
 python3 -m quantverdict env > "$OUT/env.json"
 set -o pipefail
-python3 -m pytest -q -rs -p no:cacheprovider --qv-report-dir="$OUT" --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/log" | tail -70
+# -v: each test's outcome is a line of the log as it ends, so a run cut at the device's time limit still names its
+# failures (pytest's summary comes only at the end); the tail shows the summary lines and the failures.
+python3 -m pytest -v -rfEs -p no:cacheprovider --qv-report-dir="$OUT" --junitxml="$OUT/junit.xml" "$@" 2>&1 |
+  tee "$OUT/log" | grep -E "FAILED|ERROR|XPASS|^(SKIPPED|=)" | tail -70
