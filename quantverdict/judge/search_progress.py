@@ -33,15 +33,18 @@ def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:
         by = {key: value for key, value in settings.items() if key not in ("fallback", "gptq")}
-        kinds.append(bool(settings.get("fallback")) and by not in ranked)
-        ranked += [by] if kinds[-1] else []
+        ranks = bool(settings.get("fallback")) and by not in ranked
+        kinds.append(ranks)
+        if ranks:
+            ranked.append(by)
     means = {kind: float(np.mean(seconds)) for kind in (False, True)
              if (seconds := [c.seconds for c, ranks in zip(timed, kinds) if ranks == kind])}
     ahead = kinds[len(timed):]
     said = f"about {sum(means[kind] for kind in ahead if kind in means):.0f} s left"
     untimed = ahead.count(True) if True not in means else 0
     if untimed:
-        said += f", and {untimed} candidate{'s' if untimed > 1 else ''} that rank{'' if untimed > 1 else 's'} layers, not timed yet"
+        many = untimed > 1
+        said += f", and {untimed} candidate{'s' if many else ''} that rank{'' if many else 's'} layers, not timed yet"
     return said
 
 
