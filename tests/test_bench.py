@@ -85,6 +85,30 @@ def test_each_xdist_worker_gets_its_own_gpu():
     assert pin_worker_gpu("gw3", 1) is None and pin_worker_gpu(None, 8) is None  # one GPU, or no xdist
 
 
+def test_each_xdist_worker_takes_its_share_of_the_cpus_for_torch_and_onnxruntime(pytester):
+    """``pytest -n 2``: each worker's torch and ONNX Runtime pools take half the CPUs, not one thread per core each
+    (threads spinning in each other's barriers stall both workers); a user's own OMP_NUM_THREADS is left alone."""
+    pytester.makepyfile(test_threads="""
+import os, numpy as np, onnx, torch
+from onnx import TensorProto, helper
+from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+
+def test_threads():
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    expected = int(os.environ.get("USERS_OWN", share))
+    graph = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]), opset_imports=[helper.make_opsetid("", 17)])
+    with OnnxRuntimeRunner(graph.SerializeToString(), ["CPUExecutionProvider"], optimize=False) as runner:
+        ort_threads = runner.session.get_session_options().intra_op_num_threads
+    assert (torch.get_num_threads(), ort_threads) == (expected, share)
+""")
+    assert pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider").ret == 0
+    pytester._monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    pytester._monkeypatch.setenv("USERS_OWN", "2")
+    assert pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider").ret == 0
+
+
 def test_speedup_floors_load_as_data():
     from quantverdict.perf.speedup import load_floors
 

@@ -143,7 +143,7 @@ def test_layers_alone_time(benchmark, qv_pipeline, monkeypatch, cpus):
     layers = [node.name for node in weighted_layers(store, "resnet18", recipe)]
     graphs, batches = store.precision_graph("resnet18", recipe).layer_graphs(), store.batches("resnet18", "calibration")
     if cpus == "one":
-        monkeypatch.setattr(layers_alone, "usable_cpus", lambda: 1)
+        monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: 1)
     workers = layers_alone.worker_count(graphs.prepared.ByteSize(), len(layers))
     benchmark.group = "layers alone resnet18"
     benchmark.extra_info.update(model="resnet18", layers=len(layers), workers=workers)
@@ -205,10 +205,10 @@ def test_text_encoder_search_time_on_two_cpus_and_on_all(benchmark, tmp_path, mo
     (tmp_path / "benchnets.py").write_text(ENCODER.format(arguments=ENCODERS[size]))
     (tmp_path / "models.yaml").write_text(ENCODER_MANIFEST)
     monkeypatch.syspath_prepend(str(tmp_path))
-    every = layers_alone.usable_cpus()
+    every = layers_alone.cpus_per_worker()
 
     def search(cpus: int, cache: str) -> tuple[float, object]:
-        monkeypatch.setattr(layers_alone, "usable_cpus", lambda: cpus)
+        monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: cpus)
         gptq._ROUNDED.clear()  # nor what the process keeps: H, rounded weights
         hessian._MEASURED.clear()
         start = time.perf_counter()

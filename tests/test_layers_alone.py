@@ -61,7 +61,7 @@ def test_layers_alone_in_workers_give_each_graphs_outputs_and_are_cached(tmp_pat
     """Three workers on any machine: each layer's outputs are its own graph's on one ONNX Runtime thread, bit for bit
     (a recipe unpickled in a worker once lost its format's identity, and with it the first convolution's Q/DQ);
     a second ranking reads them all from the cache and starts no worker."""
-    monkeypatch.setattr(layers_alone, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: 3)
     monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)
     store = Pipeline(tmp_path / "cache").store
     recipe = get_recipe(precision).configured(settings).with_options(fallback_layers=())
@@ -107,7 +107,7 @@ def test_the_cpus_are_shared_among_pytest_xdist_workers(monkeypatch):
     """Under ``pytest -n N`` each of the N processes may rank layers at once: each starts workers for its share of
     the CPUs, at least one, whatever the variable holds."""
     monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
-    alone = layers_alone.usable_cpus()
+    alone = layers_alone.cpus_per_worker()
     for peers, share in [("2", max(1, alone // 2)), (str(alone * 4), 1), ("", alone), ("two", alone)]:
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", peers)
-        assert layers_alone.usable_cpus() == share
+        assert layers_alone.cpus_per_worker() == share

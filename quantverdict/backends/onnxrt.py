@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto
 
 from quantverdict.backends.base import Artifacts, Backend, Diagnosis, Runner
-from quantverdict.capabilities import Capabilities, detect, package_version
+from quantverdict.capabilities import Capabilities, detect, intra_op_threads, package_version
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.models.spec import Batch, ModelSpec
 
@@ -50,7 +50,7 @@ class OnnxRuntimeRunner(Runner):
     def __init__(self, path: Path | bytes, providers: list[str], optimize: bool, config: dict[str, str] | None = None,
                  threads: int = 0):
         self.path, self.providers, self.optimize, self.config = path, providers, optimize, config or {}
-        self.threads = threads  # intra-op threads; 0: ONNX Runtime's default (one per physical core)
+        self.threads = threads  # intra-op threads; 0: the process's share (capabilities.intra_op_threads)
 
     def activate_impl(self) -> None:
         import onnxruntime
@@ -61,7 +61,7 @@ class OnnxRuntimeRunner(Runner):
             options.log_severity_level = 3
         for key, value in self.config.items():
             options.add_session_config_entry(key, value)
-        options.intra_op_num_threads = self.threads
+        options.intra_op_num_threads = self.threads or intra_op_threads()
         graph = self.path if isinstance(self.path, bytes) else str(self.path)  # bytes: a graph made only to run
         self.session = onnxruntime.InferenceSession(graph, options, providers=self.providers)
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -25,6 +25,7 @@ import numpy as np
 
 from quantverdict import freed_memory
 from quantverdict.cache import atomic_write_bytes
+from quantverdict.capabilities import cpus_per_worker
 from quantverdict.errors import HarnessError
 from quantverdict.export.compat import serialized
 from quantverdict.judge.downstream import Group, Reference
@@ -35,14 +36,6 @@ from quantverdict.precision.single_layer import LayerGraphs
 LAYERS_PER_WORKER = 4  # a worker's start (an interpreter, the prepared graph read) pays for itself over this many
 GROUP_BYTES = 1 << 30  # the downstream graphs a worker holds sessions of at once, sharing one prepared graph's pass
 Outputs = dict[str, np.ndarray]
-
-
-def usable_cpus() -> int:
-    """This process's CPUs, shared with the other processes of a pytest-xdist run, which may each start workers
-    (``pytest -n 16`` on 16 cores started 16 workers each: 256 processes on 16 cores)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    peers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
-    return max(1, cpus // max(1, int(peers) if peers.isdigit() else 1))
 
 
 def _free_memory() -> int | None:
@@ -56,8 +49,8 @@ def worker_count(graph_bytes: int, layers: int) -> int:
     """How many workers evaluate ``layers`` graphs of about ``graph_bytes`` each: one per usable CPU, no more than
     every :data:`LAYERS_PER_WORKER` layers pay for, nor than the memory free holds (four graphs each)."""
     free = _free_memory()
-    by_memory = usable_cpus() if free is None else free // (4 * max(graph_bytes, 1))
-    return max(1, min(usable_cpus(), layers // LAYERS_PER_WORKER, by_memory))
+    by_memory = cpus_per_worker() if free is None else free // (4 * max(graph_bytes, 1))
+    return max(1, min(cpus_per_worker(), layers // LAYERS_PER_WORKER, by_memory))
 
 
 def group_bytes(workers: int, graph_bytes: int) -> int:

@@ -58,9 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from quantverdict.run.interrupt import note_sigint
 
     note_sigint()  # a KeyboardInterrupt without a Ctrl-C is the user's code's error, not the end of the run
-    from quantverdict.capabilities import pin_xdist_worker_gpu
+    from quantverdict.capabilities import pin_xdist_worker_gpu, share_cpus_among_xdist_workers
 
     pin_xdist_worker_gpu()  # before anything initialises CUDA
+    share_cpus_among_xdist_workers()  # before anything starts torch's thread pool
     manifest = settings["manifest"]
     if manifest is None:
         return
