@@ -98,7 +98,8 @@ def test_threads():
     expected = int(os.environ.get("USERS_OWN", share))
     graph = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]), opset_imports=[helper.make_opsetid("", 17)])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]), opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8)
     with OnnxRuntimeRunner(graph.SerializeToString(), ["CPUExecutionProvider"], optimize=False) as runner:
         ort_threads = runner.session.get_session_options().intra_op_num_threads
     assert (torch.get_num_threads(), ort_threads) == (expected, share)
