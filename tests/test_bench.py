@@ -85,7 +85,7 @@ def test_each_xdist_worker_gets_its_own_gpu():
     assert pin_worker_gpu("gw3", 1) is None and pin_worker_gpu(None, 8) is None  # one GPU, or no xdist
 
 
-def test_each_xdist_worker_takes_its_share_of_the_cpus_for_torch_and_onnxruntime(pytester):
+def test_each_xdist_worker_takes_its_share_of_the_cpus_for_torch_and_onnxruntime(pytester, monkeypatch):
     """``pytest -n 2``: each worker's torch and ONNX Runtime pools take half the CPUs, not one thread per core each
     (threads spinning in each other's barriers stall both workers); a user's own OMP_NUM_THREADS is left alone."""
     pytester.makepyfile(test_threads="""
@@ -104,9 +104,10 @@ def test_threads():
         ort_threads = runner.session.get_session_options().intra_op_num_threads
     assert (torch.get_num_threads(), ort_threads) == (expected, share)
 """)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # this run's own share, where it runs under xdist
     assert pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider").ret == 0
-    pytester._monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    pytester._monkeypatch.setenv("USERS_OWN", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("USERS_OWN", "2")
     assert pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider").ret == 0
 
 
