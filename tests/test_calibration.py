@@ -253,6 +253,57 @@ def test_recipe_fallback_keeps_its_share_of_layers_most_sensitive_on_calibration
     assert float_weights == set(kept)
 
 
+def test_fallback_in_fp16_rounds_exactly_the_kept_layers_tensors_and_changes_nothing_else(qv_pipeline):
+    """``fallback_format: fp16``: the same layers kept as in FP32 (the ranking does not depend on the format), each
+    reading its activations and constants rounded to FP16 and its output rounded to FP16 (emulated, for the CPU), or
+    computing natively in FP16 between Casts (TensorRT's graph, typed strictly); every quantized layer is as it was,
+    and the verdict says which format the kept layers ran in. Attention's activation-by-activation products
+    included (a transformer block)."""
+    root, model = qv_pipeline.store.cache.root, "transformer-block"
+    wider = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp16"}})
+    recipe = wider.store.recipe(model, "int8", "emulated")
+    plain = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5}}).store.recipe(model, "int8", "emulated")
+    kept = recipe.options.fallback_layers
+    assert kept and kept == plain.options.fallback_layers
+    emulated, fp32_kept = (onnx.load(str(wider.store.precision_onnx(model, r))) for r in (recipe, plain))
+    producer = {out: node for node in emulated.graph.node for out in node.output}
+    readers = {name: [node for node in emulated.graph.node if name in node.input] for name in producer}
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in emulated.graph.initializer}
+
+    def rounded_in(name):  # made by a Cast to FLOAT of a Cast to FLOAT16
+        cast = producer.get(name)
+        return (cast is not None and cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT
+                and producer[cast.input[0]].op_type == "Cast"
+                and producer[cast.input[0]].attribute[0].i == onnx.TensorProto.FLOAT16)
+
+    for node in (n for n in emulated.graph.node if n.name in kept):
+        for name in filter(None, node.input):
+            assert (np.array_equal(constants[name], constants[name].astype(np.float16).astype(np.float32))
+                    if name in constants else rounded_in(name)), (node.name, name)
+        (reader,) = readers[node.output[0]]
+        assert reader.op_type == "Cast" and reader.attribute[0].i == onnx.TensorProto.FLOAT16
+    quantized = [{(n.name, tuple(n.input)) for n in g.graph.node if n.name not in kept} for g in (emulated, fp32_kept)]
+    assert quantized[1] <= quantized[0]  # the rest of the graph is the FP32 fallback's, and what is added is Casts
+    assert {n.op_type for n in emulated.graph.node if (n.name, tuple(n.input)) in quantized[0] - quantized[1]} == {"Cast"}
+    native = onnx.load(str(wider.store.precision_onnx(model, wider.store.recipe(model, "int8", "native"))))
+    onnx.checker.check_model(native, full_check=True)  # strict types: an FP16 layer reads FP16 only
+    inferred = onnx.shape_inference.infer_shapes(native, strict_mode=True)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    types.update({init.name: init.data_type for init in inferred.graph.initializer})
+    for node in (n for n in native.graph.node if n.name in kept):
+        assert {types[name] for name in [*filter(None, node.input), *node.output]} == {onnx.TensorProto.FLOAT16}
+    result = wider.run(Case(model, "int8", "onnxruntime"))
+    reasons = result.metrics["coverage"]["kept"]
+    assert set(reasons) == set(kept) and all(r.startswith("fallback: in FP16") for r in reasons.values())
+    assert result.metrics["recipe"]["settings"]["fallback_format"] == "fp16"
+    assert "fallback_format" not in plain.params()  # FP32 fallback's graphs keep the keys they had
+
+
+def test_fallback_format_is_fp32_or_fp16():
+    with pytest.raises(CalibrationError, match="fallback_format 'fp8': expected one of fp32, fp16"):
+        get_recipe("int8").configured({"fallback_format": "fp8"})
+
+
 def test_fallback_share_must_be_a_fraction():
     with pytest.raises(CalibrationError, match="fallback 10: expected a share of the layers between 0 and 1"):
         get_recipe("int8").configured({"fallback": 10})

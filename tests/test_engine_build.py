@@ -76,3 +76,14 @@ def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, qv_pipel
     assert spec.declared_unsupported("tensorrt_rtx", info.value.ops)
     assert not spec.declared_unsupported("tensorrt", info.value.ops)  # declared for one backend only
     assert not qv_pipeline.models.get("mobilenetv3").declared_unsupported("tensorrt_rtx", info.value.ops)
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("model", ["resblock", "transformer-block"])
+def test_int8_with_its_fallback_layers_in_fp16_builds_for_sm89(model, qv_pipeline):
+    """TensorRT builds the Q/DQ graph whose fallback layers compute in FP16 (strongly typed: the graph says so)."""
+    pipeline = Pipeline(qv_pipeline.cache.root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp16"}})
+    artifacts = pipeline.store.for_case(model, "int8", "tensorrt_rtx")
+    assert artifacts.recipe.options.native and artifacts.recipe.options.fallback_layers
+    engine = pipeline.backend("tensorrt_rtx").build(artifacts, SM89)
+    assert engine.stat().st_size > 10_000

@@ -8,10 +8,10 @@ Optimizer places it (``build_non_residual_input_map``): an Add one of whose inpu
 convolution (through the ops TensorRT fuses into it) takes that input in the convolution's epilogue,
 and TensorRT fuses the Add there if its other input is quantized. Adds with no convolution behind
 them (a transformer's residual stream, an attention mask added to scores) stay in float.
-``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just
-the named layers (sensitivity analysis); ``fallback`` (a share of the weighted layers) keeps that
-share of them in FP32, the most sensitive on the calibration set
-(:func:`quantverdict.judge.sensitivity.choose_fallback`), and ``fallback_layers`` records those chosen.
+``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just the named layers
+(sensitivity analysis); ``fallback`` (a share of the weighted layers) keeps that share of them in ``fallback_format``
+(FP32, or FP16: :mod:`quantverdict.precision.wider_layers`), the most sensitive on the calibration set
+(:func:`quantverdict.judge.sensitivity.choose_fallback`); ``fallback_layers`` records those chosen.
 Convolutions TensorRT has no quantized kernel for in the format (:func:`tensorrt_quantizes_conv`) stay
 in float, as Model Optimizer leaves them.
 """
@@ -31,6 +31,7 @@ from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
+from quantverdict.precision.wider_layers import layers_in_fp16, wider_format
 from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
                                               residual_inputs, tensorrt_quantizes_conv, weight_axis)
 
@@ -68,6 +69,8 @@ class QDQOptions:
     bias_correction: bool = False  # output means matched to FP32's (quantverdict.precision.bias_correction)
     fallback: float | None = None  # share of the weighted layers accuracy-aware fallback keeps in FP32
     fallback_layers: tuple[str, ...] | None = None  # the layers it kept (None: not chosen yet)
+    fallback_format: str = "fp32"  # theirs (precision.wider_layers); FP32 adds no param: graphs keep their keys
+    native: bool = False  # TensorRT's graph: those layers natively in their format, not emulated in FP32
     tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
 
 
@@ -117,7 +120,7 @@ class QDQ(Recipe):
         parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
                  "equalize": ("equalize", bool), "exclude": ("exclude", _patterns),
                  "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool),
-                 "fallback": ("fallback", _share)}
+                 "fallback": ("fallback", _share), "fallback_format": ("fallback_format", wider_format)}
         unknown = sorted(set(settings) - set(parse))
         if unknown:
             raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(parse))}")
@@ -147,6 +150,7 @@ class QDQ(Recipe):
                 "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
                 "fallback": opts.fallback,
                 "fallback_layers": None if opts.fallback_layers is None else sorted(opts.fallback_layers),
+                **({"fallback_format": "fp16", "native": opts.native} if opts.fallback_format == "fp16" else {}),
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -182,7 +186,7 @@ class QDQ(Recipe):
         """Each weighted layer this recipe leaves in float, and why (:func:`placement.float_reasons`)."""
         opts = self.options
         return float_reasons(source, {node.name for node in self.quantized_nodes(source)}, self.fmt, opts.exclude,
-                             opts.fallback_layers or (), opts.only, opts.tensorrt_kernels)
+                             opts.fallback_layers or (), opts.only, opts.tensorrt_kernels, opts.fallback_format)
 
     def for_target(self, target: str) -> Recipe:
         """INT8 for ONNX Runtime's CPU kernels (the speed lane) is ONNX Runtime's own layout."""
@@ -190,7 +194,7 @@ class QDQ(Recipe):
             from quantverdict.precision.ort_cpu import OrtCpuInt8
 
             return OrtCpuInt8()
-        return self
+        return self.with_options(native=target == "native")
 
     def prepare(self, model: onnx.ModelProto, channel_amax: ChannelRanges) -> onnx.ModelProto:
         """Equalization and smoothing over every candidate layer, whatever ``only``/``exclude`` say:
@@ -248,6 +252,8 @@ class QDQ(Recipe):
             graph.initializer.remove(weights[name])
         graph.node.extend(new_nodes)
         topological_sort(graph)
+        if self.options.fallback_format == "fp16" and self.options.fallback_layers:
+            model = layers_in_fp16(model, self.options.fallback_layers, self.options.native)
         return model
 
     def _zero_point(self, name: str, count: int | None) -> onnx.TensorProto:

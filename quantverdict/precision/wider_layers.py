@@ -1,0 +1,95 @@
+"""Layers an INT8 or FP8 recipe keeps out of its format (fallback), in FP16 rather than FP32 where asked.
+
+A layer fallback keeps unquantized costs the deployment its speed, and FP32 costs more of it than FP16: TensorRT
+builds a Q/DQ graph with FP16 layers in it (strongly typed: the graph's types say so), and NVIDIA's Model Optimizer
+keeps its unquantized layers in FP16. FP16's rounding (11 significant bits) is ~8 bits finer than INT8's grid over a
+calibrated range, so the layers it keeps still carry almost none of the quantization noise that fallback removes.
+
+Two forms of one choice, as for the FP16 precision (:mod:`quantverdict.precision.floating`): ``native`` (for
+TensorRT) casts the layer's activation inputs to FP16, stores its constants (weight, bias) in FP16, and casts its
+output back to FP32; the emulated form (for ONNX Runtime's CPU, and every judgement of the recipe's semantics)
+rounds the same tensors through a Cast to FP16 and back and computes in FP32, as tensor cores accumulate in FP32.
+Constants beyond FP16's largest finite value are clamped to it (:func:`floating.saturate`); an activation beyond
+it becomes infinite in both forms, as it would in the engine, and the recipe's judgement sees it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantverdict.errors import CalibrationError
+from quantverdict.precision.floating import saturate
+from quantverdict.precision.graph import topological_sort
+
+WIDER_FORMATS = ("fp32", "fp16")  # a fallback layer's format: FP32 (nothing changes) or FP16
+
+
+def wider_format(value: object) -> str:
+    """A recipe's ``fallback_format`` setting, checked."""
+    if value not in WIDER_FORMATS:
+        raise CalibrationError(f"fallback_format {value!r}: expected one of {', '.join(WIDER_FORMATS)}")
+    return str(value)
+
+
+def layers_in_fp16(model: onnx.ModelProto, layers: Sequence[str], native: bool) -> onnx.ModelProto:
+    """``model`` with the named nodes computing in FP16 (``native``) or with their inputs and outputs rounded to it."""
+    graph = model.graph
+    constants = {init.name: init for init in graph.initializer}
+    chosen = set(layers)
+    rounded: dict[str, str] = {}  # an activation's FP16 form, made once for every layer that reads it
+    added: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.name not in chosen:
+            continue
+        for index, name in enumerate(node.input):
+            if not name:
+                continue
+            if name in constants:
+                node.input[index] = _constant_in_fp16(graph, constants[name], node.name, native)
+            else:
+                if name not in rounded:
+                    rounded[name], casts = _cast(name, f"{name}__fp16", native)
+                    added += casts
+                node.input[index] = rounded[name]
+        for index, name in enumerate(node.output):
+            node.output[index] = f"{name}__{'fp16' if native else 'fp32_wide'}"
+            added += _back(node.output[index], name, native)
+    graph.node.extend(added)
+    read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    for name in set(constants) - read:  # read by those layers only: their FP16 copies replace it
+        graph.initializer.remove(constants[name])
+    topological_sort(graph)
+    return model
+
+
+def _constant_in_fp16(graph: onnx.GraphProto, constant: onnx.TensorProto, layer: str, native: bool) -> str:
+    """The layer's own copy of ``constant`` in FP16 (``native``) or rounded to it in FP32: another layer may read it
+    in FP32 or quantized."""
+    if constant.data_type != TensorProto.FLOAT:
+        return constant.name
+    low = saturate(numpy_helper.to_array(constant), np.float16)
+    name = f"{constant.name}__fp16_for_{layer}"
+    graph.initializer.append(numpy_helper.from_array(low if native else low.astype(np.float32), name))
+    return name
+
+
+def _cast(name: str, low: str, native: bool) -> tuple[str, list[onnx.NodeProto]]:
+    """``name`` in FP16 (native), else rounded to FP16 and back: the tensor the layer reads, and the Casts making it."""
+    to_low = helper.make_node("Cast", [name], [low], to=TensorProto.FLOAT16, name=f"{low}_cast")
+    if native:
+        return low, [to_low]
+    back = f"{low}_fp32"
+    return back, [to_low, helper.make_node("Cast", [low], [back], to=TensorProto.FLOAT, name=f"{back}_cast")]
+
+
+def _back(produced: str, name: str, native: bool) -> list[onnx.NodeProto]:
+    """The layer's output as the FP32 tensor ``name`` the rest of the graph reads: cast from FP16 (native), else
+    rounded to FP16 and back."""
+    if native:
+        return [helper.make_node("Cast", [produced], [name], to=TensorProto.FLOAT, name=f"{name}_cast")]
+    low = f"{name}__fp16_out"
+    return [helper.make_node("Cast", [produced], [low], to=TensorProto.FLOAT16, name=f"{low}_cast"),
+            helper.make_node("Cast", [low], [name], to=TensorProto.FLOAT, name=f"{name}_cast")]
