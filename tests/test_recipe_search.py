@@ -145,8 +145,8 @@ def test_each_sample_weighs_the_same_and_a_nonfinite_output_scores_worst():
 
 
 def test_fallback_is_a_stage_only_where_the_share_keeps_a_layer():
-    assert [{"fallback": 0.1}] in stages(AutoSettings(max_fallback=0.1), layers=10)
-    assert [{"fallback": 0.1}] not in stages(AutoSettings(max_fallback=0.1), layers=9)
+    assert [{"fallback": 0.1, "fallback_format": "fp16"}] in stages(AutoSettings(max_fallback=0.1), layers=10)
+    assert not any(option.get("fallback") for stage in stages(AutoSettings(max_fallback=0.1), layers=9) for option in stage)
 
 
 def test_a_gain_is_taken_only_where_it_stands_out_of_the_paired_spread():
@@ -309,7 +309,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     assert [int(c.settings["fallback"] * layers) for c in search.beyond] == [layers // 2]  # half missed: no fewer tried
     assert all(c.passed is False and c.settings.items() >= {k: v for k, v in search.chosen.items()
                                                              if k != "fallback"}.items() for c in search.beyond)
-    assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP32 ({layers // 2 / layers:.0%}); "
+    assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP16 ({layers // 2 / layers:.0%}); "
             "max_fallback is 10%") in search.note
     easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
     assert easy is not None and not easy.beyond
@@ -384,7 +384,8 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     counts = {int((c["settings"].get("fallback") or 0.0) * layers) for c in search["candidates"] + search["beyond"]}
     assert [point["layers_in_float"] for point in points] == sorted(counts) and len(points) >= 2
     assert [point["share"] for point in points] == [round(point["layers_in_float"] / layers, 4) for point in points]
-    assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none in FP32
+    assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none wider
+    assert [point["format"] for point in points] == [None] + ["fp16"] * (len(points) - 1)  # the search's fallback
     scored = {json.dumps(c["settings"], sort_keys=True): c["score"] for c in search["candidates"] + search["beyond"]}
     for point in points:  # the best of its share
         same = [score for settings, score in scored.items() if int((json.loads(settings).get("fallback") or 0.0)
@@ -394,5 +395,6 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     summary = (tmp_path / "page" / f"{record_path.stem}.md").read_text()
     assert "## Recipe searches\n\n- dw int8: the choice misses the case's bounds on held-out calibration samples" in summary
     page = (tmp_path / "page" / f"{record_path.stem}.html").read_text()
-    assert "Recipe search: layers kept in FP32 against held-out accuracy" in page
+    assert "Recipe search: layers kept wider against held-out accuracy" in page
     assert 'alt="recipe search trade-off" src="data:image/png;base64,' in page and "<td>dw</td><td>int8</td><td>50%" in page
+    assert "<td>FP16</td>" in page

@@ -6,8 +6,10 @@ Neural Compressor's basic strategy and NNCF's accuracy control do: first the cal
 percentile, MSE), then each stage's alternatives on top of the best so far, kept only where they help (the case's
 own bounds first, a worst sample's among them: :func:`better`):
 the migration of scale between activations and weights (SmoothQuant at two strengths, or equalization),
-FP32 fallback of the most sensitive layers up to the declared share (spent whole where it helps, as Model
-Optimizer's ``auto_quantize`` spends its budget), and weight rounding (GPTQ); see :func:`stages`.
+fallback of the most sensitive layers to FP16 up to the declared share (spent whole where it helps, as Model
+Optimizer's ``auto_quantize`` spends its budget; FP16, as Model Optimizer keeps its unquantized layers, since TensorRT
+runs them faster than FP32 and their rounding is ~8 bits finer than INT8's: :mod:`quantverdict.precision.wider_layers`),
+and weight rounding (GPTQ); see :func:`stages`.
 
 Every candidate is judged by cross-validation over the calibration set: calibrated on three quarters,
 judged on the quarter left out (its graph's exact semantics against FP32), once per quarter, so every
@@ -16,7 +18,7 @@ judged afterwards, is never seen. ``folds`` are those split views
 (:class:`quantverdict.run.held_out.HeldOutStore`). The chosen settings are then applied with the whole
 calibration set like any hand-set recipe.
 
-The layers a fallback candidate keeps in FP32 are ranked for each fold on the samples that fold calibrates on
+The layers a fallback candidate keeps in FP16 are ranked for each fold on the samples that fold calibrates on
 (:func:`quantverdict.judge.sensitivity.fallback_per_part`), so fallback is judged on samples that did not choose its
 layers (ranked once on the first fold, three folds of four judged layers their own samples had ranked). Each layer
 quantized alone is evaluated once, on the whole calibration set, for every fold's ranking and the final recipe's.
@@ -60,7 +62,8 @@ Progress = Callable[[str], None]  # told one line as a search starts and as each
 CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "percentile"}, {"calibration": "mse"}]
 MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
 ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
-BEYOND = 0.5  # the largest share of layers in FP32 tried past max_fallback where the choice misses the case's bounds
+BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds
+WIDER = "fp16"  # the format the search's fallback keeps layers in (fallback_format)
 
 
 @dataclass(frozen=True)
@@ -117,12 +120,13 @@ def better(samples: np.ndarray, than: np.ndarray | None, meets: bool | None = No
 
 def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
     """Each stage's alternatives, each tried on top of the best of the stages before it. Fallback comes before
-    weight rounding: a technique is judged by its gain in output SNR, and the few layers fallback keeps in FP32
+    weight rounding: a technique is judged by its gain in output SNR, and the few layers fallback keeps in FP16
     carry most of the noise, and while they do, rounding the other layers better moves the output's SNR little
     (noise powers add: halving a third of it gains 0.8 dB; the same, once the rest is gone, 3 dB). The calibrators
     are tried once more at the end, with the other choices made: which range is best (clipping noise against
     rounding noise) depends on which layers stay quantized and how much their weights' rounding adds."""
-    fallback = [[{"fallback": auto.max_fallback}]] if layers_kept(auto.max_fallback, layers) > 0 else []
+    keeps = layers_kept(auto.max_fallback, layers) > 0
+    fallback = [[{"fallback": auto.max_fallback, "fallback_format": WIDER}]] if keeps else []
     return [CALIBRATORS, MIGRATION, *fallback, ROUNDING, CALIBRATORS]
 
 
@@ -220,7 +224,8 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
         low, high = beyond_counts(result.layers, auto.max_fallback)
         most += (high > low) + max(0, high - low - 1).bit_length()
-        result.beyond = fewest_in_float(lambda share: attempt({**result.chosen, "fallback": share}, [])[0],
+        wider = {"fallback_format": result.chosen.get("fallback_format", WIDER)}
+        result.beyond = fewest_in_float(lambda share: attempt({**result.chosen, **wider, "fallback": share}, [])[0],
                                         result.layers, auto.max_fallback,
                                         lambda: time.monotonic() - start + slowest <= auto.budget_s)
         result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, result.layers,
@@ -234,9 +239,9 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
 
 def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallback: float,
                     in_time: Callable[[], bool]) -> list[Candidate]:
-    """Past ``max_fallback``, the fewest of ``layers`` kept in FP32 that meet the case's bounds on the held-out samples,
+    """Past ``max_fallback``, the fewest of ``layers`` kept wider that meet the case's bounds on the held-out samples,
     each count judged by ``judge(share)``: :data:`BEYOND` of them first (where that misses, so does every fewer, as far
-    as more layers in FP32 never do worse), then by bisection between the user's share and the fewest known to meet.
+    as more layers kept wider never do worse), then by bisection between the user's share and the fewest known to meet.
     The layers' ranking is the choice's own, read from the cache after the first: each try costs its folds."""
     low, high = beyond_counts(layers, max_fallback)
     tried: list[Candidate] = []
@@ -250,7 +255,7 @@ def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallba
 
 
 def share_of(count: int, layers: int) -> float:
-    """The share of ``layers`` that keeps ``count`` of them in FP32 (fallback floors share × layers), in four
+    """The share of ``layers`` that keeps ``count`` of them wider (fallback floors share × layers), in four
     decimals, within two steps of count / layers: 2 of 4 is 0.5, 13 of 48 is 0.2709."""
     share = math.ceil(count / layers * 10_000) / 10_000
     while layers_kept(share, layers) < count:
@@ -259,16 +264,17 @@ def share_of(count: int, layers: int) -> float:
 
 
 def beyond_counts(layers: int, max_fallback: float) -> tuple[int, int]:
-    """The layers in FP32 the user allows, and the most :func:`fewest_in_float` tries."""
+    """The layers kept wider the user allows, and the most :func:`fewest_in_float` tries."""
     return layers_kept(max_fallback, layers), layers_kept(BEYOND, layers)
 
 
 def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -> str:
-    """What the case's bounds need on held-out calibration samples, in layers kept in FP32, against what the user
-    allows (``max_fallback``)."""
+    """What the case's bounds need on held-out calibration samples, in layers kept in a wider format, against what
+    the user allows (``max_fallback``)."""
     def kept(candidate: Candidate) -> str:
         count = layers_kept(candidate.settings["fallback"], layers)
-        return f"{count} of the {layers} weighted layers in FP32 ({count / layers:.0%})"
+        wider = str(candidate.settings.get("fallback_format", "fp32")).upper()
+        return f"{count} of the {layers} weighted layers in {wider} ({count / layers:.0%})"
 
     met = [candidate for candidate in beyond if candidate.passed]
     allowed = f"max_fallback is {max_fallback:.0%}"

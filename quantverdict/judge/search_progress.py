@@ -15,24 +15,24 @@ class Timed(Protocol):
 
 
 def upcoming(settings: Mapping[str, Any], options: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The candidates ``options`` would make after ``settings``, as far as their cost goes: a share kept in FP32
-    once tried is assumed kept by the stages after it (it usually wins: it removes the most noise)."""
+    """The candidates ``options`` would make after ``settings``, as far as their cost goes: a share kept wider once
+    tried is assumed kept by the stages after it (it usually wins: it removes the most noise)."""
     carried, out = dict(settings), []
     for option in options:
         out.append({**carried, **option})
         if option.get("fallback"):
-            carried["fallback"] = option["fallback"]
+            carried.update(option)
     return out
 
 
 def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
     """About how long the candidates ``plan`` take, each timed as the mean of those ``timed`` of its kind: one that
-    keeps layers in FP32 with a calibration and preparation no candidate before it ranked layers for ranks every
+    keeps layers wider with a calibration and preparation no candidate before it ranked layers for ranks every
     layer quantized alone and costs several others (:func:`quantverdict.judge.sensitivity.fallback_per_part`)."""
     ranked: list[dict[str, Any]] = []
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:
-        by = {key: value for key, value in settings.items() if key not in ("fallback", "gptq")}
+        by = {key: value for key, value in settings.items() if key not in ("fallback", "fallback_format", "gptq")}
         ranks = bool(settings.get("fallback")) and by not in ranked
         kinds.append(ranks)
         if ranks:

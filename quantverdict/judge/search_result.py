@@ -1,5 +1,6 @@
 """What a recipe search found: each candidate judged (settings, held-out score, verdict, time) and the choice, as the
-cache, the run record and the lock file keep them, with the trade-off between layers in FP32 and accuracy."""
+cache, the run record and the lock file keep them, with the trade-off between layers kept in a wider format (FP16 or
+FP32) and accuracy."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -27,8 +28,8 @@ class SearchResult:
     note: str = ""
     incumbent: Candidate | None = None  # settings judged beside the candidates (a lock's), on the same samples
     beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
-    beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers in FP32 than max_fallback
-    layers: int = 0  # the weighted layers a share of them keeps in FP32 is counted of
+    beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers kept wider than max_fallback
+    layers: int = 0  # the weighted layers a share of them keeps wider is counted of
 
     @property
     def complete(self) -> bool:
@@ -36,15 +37,17 @@ class SearchResult:
         return not self.not_tried
 
     def tradeoff(self) -> list[dict[str, Any]]:
-        """What the search found for each count of the layers kept in FP32: the best candidate it judged with that
-        many (none: 0), their share, its held-out SNR and whether it met the case's bounds, by count; no candidate
-        is judged for this, so the other settings may differ between points (each point names them)."""
+        """What the search found for each count of the layers kept wider: the best candidate it judged with that
+        many (none: 0), their share and format, its held-out SNR and whether it met the case's bounds, by count; no
+        candidate is judged for this, so the other settings may differ between points (each point names them)."""
         best: dict[int, Candidate] = {}
         for candidate in [*self.candidates, *self.beyond]:
             count = layers_kept(candidate.settings.get("fallback"), self.layers)
             if candidate.score is not None and (count not in best or candidate.score > best[count].score):
                 best[count] = candidate
-        return [{"share": round(count / max(self.layers, 1), 4), "layers_in_float": count, "score_db": candidate.score,
+        return [{"share": round(count / max(self.layers, 1), 4), "layers_in_float": count,
+                 "format": candidate.settings.get("fallback_format", "fp32") if count else None,
+                 "score_db": candidate.score,
                  "passed": candidate.passed, "settings": candidate.settings,
                  "chosen": candidate.settings == self.chosen} for count, candidate in sorted(best.items())]
 

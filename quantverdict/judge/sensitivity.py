@@ -117,7 +117,8 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Seque
     then ranks once for each calibration and preparation, not again for each with GPTQ (a ranking evaluates a graph
     per weighted layer: on a 35M-parameter encoder, as long as ten candidates' folds). Ranked with GPTQ's weights,
     the layers chosen scored within 0.1 dB on held-out samples (MiniLM-L6 and a T5-small-sized encoder)."""
-    base = recipe.with_options(fallback=None, fallback_layers=(), gptq=False)  # any share, either rounding: read once
+    base = recipe.with_options(fallback=None, fallback_layers=(), gptq=False,  # any share, format or rounding: read once
+                               fallback_format="fp32")
     layers = weighted_layers(store, model, base)
     budget = layers_kept(recipe.options.fallback, len(layers))
     if budget == 0:

@@ -1,5 +1,5 @@
 """What ``recipe: auto`` found, for people: for each searched model and precision, the held-out SNR of the best
-candidate at each share of the weighted layers kept in FP32, and whether it met the case's bounds (a table and a
+candidate at each share of the weighted layers kept in a wider format (FP16 or FP32), and whether it met the case's bounds (a table and a
 chart). A deployment team reads there what a stricter target would cost in float layers before asking for it."""
 from __future__ import annotations
 
@@ -34,24 +34,25 @@ def tradeoff_section(record: dict[str, Any]) -> str:
                 ax.plot([share], [point["score_db"]], marker="o" if point["passed"] else "x",
                         markersize=11 if point["chosen"] else 7, color=line[0].get_color(),
                         fillstyle="full" if point["chosen"] else "none", linestyle="none")
-        ax.set_xlabel("weighted layers kept in FP32 (%)")
+        ax.set_xlabel("weighted layers kept in FP16 or FP32 (%)")
         ax.set_ylabel("held-out output SNR (dB)")
         ax.legend(fontsize=8)
         return True
 
     rows = "".join(
         f"<tr><td>{html.escape(model)}</td><td>{html.escape(precision)}</td><td>{point['share']:.0%}</td>"
-        f"<td>{point['layers_in_float']}</td><td>{point['score_db']:.2f}</td>"
+        f"<td>{point['layers_in_float']}</td><td>{(point.get('format') or '').upper()}</td>"
+        f"<td>{point['score_db']:.2f}</td>"
         f"<td>{'met' if point['passed'] else 'missed' if point['passed'] is False else '–'}</td>"
         f"<td>{'chosen' if point['chosen'] else ''}</td>"
         f"<td style='text-align:left'>{html.escape(describe(point['settings']))}</td></tr>"
         for (model, precision), points in searched.items() for point in points)
     png = figure(draw, width=7, height=3.2)
     chart = f'<img alt="recipe search trade-off" src="data:image/png;base64,{png}">' if png else ""
-    return ("<h2>Recipe search: layers kept in FP32 against held-out accuracy</h2>"
-            '<p class="legend">For each share of the weighted layers kept in FP32, the best candidate the search '
+    return ("<h2>Recipe search: layers kept wider against held-out accuracy</h2>"
+            '<p class="legend">For each share of the weighted layers kept in a wider format, the best candidate the search '
             "judged with it, on calibration samples its calibration did not see: output SNR against FP32 and "
             "whether the case's bounds held (chart: o met, x missed; larger: chosen). The search judges no "
             "candidate for this table, so the other settings may differ between rows.</p>"
-            f"{chart}<table><tr><th>model</th><th>precision</th><th>share in FP32</th><th>layers</th>"
+            f"{chart}<table><tr><th>model</th><th>precision</th><th>share kept wider</th><th>layers</th><th>in</th>"
             f"<th>SNR dB</th><th>bounds</th><th></th><th>settings</th></tr>{rows}</table>")
