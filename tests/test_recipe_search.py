@@ -398,3 +398,26 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     assert "Recipe search: layers kept wider against held-out accuracy" in page
     assert 'alt="recipe search trade-off" src="data:image/png;base64,' in page and "<td>dw</td><td>int8</td><td>50%" in page
     assert "<td>FP16</td>" in page
+
+
+def test_a_lower_bound_is_met_in_a_search_only_by_the_evaluations_standard_error():
+    """A held-out estimate that meets ``min_cosine`` or ``min_top1`` by less than one standard error of the same metric
+    on the evaluation's sample count is short of the margin; by two, it clears it. The margin is the held-out 95%
+    interval's, narrowed by the square root of the sample counts' ratio."""
+    from quantverdict.judge.compare import compare
+    from quantverdict.judge.search_margin import evaluation_error, short_of_margin
+    from quantverdict.judge.tolerances import Tolerance
+
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(64, 10))
+    metrics = compare({"y": reference}, {"y": reference + 0.4 * rng.normal(size=reference.shape)}, Tolerance(),
+                      classification=True).metrics
+    held_out = metrics["y"]
+    for metric, bound in [("cosine", "min_cosine"), ("top1_agreement", "min_top1")]:
+        interval = held_out["intervals"][metric]
+        error = evaluation_error(interval, 64, 512)
+        assert error == pytest.approx(evaluation_error(interval, 64, 128) / 2)  # 4× the samples: half the error
+        assert 0 < error < (interval["high"] - interval["low"]) / 2
+        within = Tolerance(**{bound: held_out[metric] - error / 2})
+        assert short_of_margin(metrics, within, 512) and not short_of_margin(metrics, within, 0)  # no count: no margin
+        assert not short_of_margin(metrics, Tolerance(**{bound: held_out[metric] - 2 * error}), 512)

@@ -4,7 +4,7 @@ A fixed recipe is tuned for the networks it was chosen on; a network nobody tune
 recipe happens to do to it. The search here tries the techniques the harness has, in stages as Intel
 Neural Compressor's basic strategy and NNCF's accuracy control do: first the calibrator (max,
 percentile, MSE), then each stage's alternatives on top of the best so far, kept only where they help (the case's
-own bounds first, a worst sample's among them: :func:`better`):
+own bounds first, a worst sample's among them, lower bounds by the evaluation's margin: :func:`better`):
 the migration of scale between activations and weights (SmoothQuant at two strengths, or equalization),
 fallback of the most sensitive layers to FP16 up to the declared share (spent whole where it helps, as Model
 Optimizer's ``auto_quantize`` spends its budget; FP16, as Model Optimizer keeps its unquantized layers, since TensorRT
@@ -45,6 +45,7 @@ from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare, judge_task_metrics
 from quantverdict.judge.search_progress import describe, time_left, upcoming
+from quantverdict.judge.search_margin import short_of_margin
 from quantverdict.judge.search_result import Candidate, SearchResult
 from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, layers_kept, per_sample,
                                             weighted_layers)
@@ -63,6 +64,8 @@ CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "pe
 MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
 ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
 BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds
+MISSES = ("the choice misses the case's bounds on held-out calibration samples (a lower bound by one standard error of "
+          "the evaluation's estimate)")
 WIDER = "fp16"  # the format the search's fallback keeps layers in (fallback_format)
 
 
@@ -152,14 +155,17 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     report(f"recipe search {model} {base.name}: at most {most} candidates, each calibrated and judged on "
            f"{len(folds)} folds of {result.held_out_samples} calibration samples")
 
+    evaluation = sum(len(next(iter(batch.values()))) for batch in whole.batches(model, "evaluation"))
+
     def meets_bounds(pooled: dict[str, np.ndarray]) -> bool:
-        """The case's bounds on the held-out samples: its tolerance's, and those on its task metrics (an embedding's
-        worst sentence, a detector's worst image), with no labels (the calibration set has none)."""
+        """The case's bounds on the held-out samples: its tolerance's, its lower bounds by the evaluation's margin
+        (:mod:`quantverdict.judge.search_margin`), and those on its task metrics (an embedding's worst sentence, a
+        detector's worst image), with no labels (the calibration set has none)."""
         judged = compare(references, pooled, tolerance, spec.task == "classification")
         if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
             judge_task_metrics(spec.call("metric", references, pooled, None), tolerance, judged,
                                spec.describe("metric"))
-        return judged.passed
+        return judged.passed and not short_of_margin(judged.metrics, tolerance, evaluation)
 
     def attempt(settings: dict[str, Any], upcoming: list[dict[str, Any]]) -> tuple[Candidate, np.ndarray | None]:
         nonlocal slowest
@@ -280,9 +286,9 @@ def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -
     allowed = f"max_fallback is {max_fallback:.0%}"
     if met:
         fewest = min(met, key=lambda candidate: candidate.settings["fallback"])
-        return (f"the choice misses the case's bounds on held-out calibration samples; keeping {kept(fewest)} meets "
+        return (f"{MISSES}; keeping {kept(fewest)} meets "
                 f"them ({fewest.score:.2f} dB), the fewest found; {allowed}")
     if not beyond:
-        return f"the choice misses the case's bounds on held-out calibration samples; {allowed}"
-    return (f"the choice misses the case's bounds on held-out calibration samples, and so does keeping "
+        return f"{MISSES}; {allowed}"
+    return (f"{MISSES}, and so does keeping "
             f"{kept(max(beyond, key=lambda candidate: candidate.settings['fallback']))}; {allowed}")
