@@ -29,6 +29,18 @@ NETS = textwrap.dedent("""\
 
     def dw():
         return build("dwblock")
+
+
+    def tiny():  # every activation after the input far below FP16's smallest subnormal (6e-8), as FP32 holds it
+        import torch
+
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.ReLU(),
+                                  torch.nn.Linear(32, 32, bias=False), torch.nn.ReLU(), torch.nn.Linear(32, 8, bias=False))
+        with torch.no_grad():
+            for parameter in net.parameters():
+                parameter.mul_(1e-8)
+        return net.eval()
     """)
 MANIFEST = textwrap.dedent("""\
     models:
@@ -145,7 +157,8 @@ def test_each_sample_weighs_the_same_and_a_nonfinite_output_scores_worst():
 
 
 def test_fallback_is_a_stage_only_where_the_share_keeps_a_layer():
-    assert [{"fallback": 0.1, "fallback_format": "fp16"}] in stages(AutoSettings(max_fallback=0.1), layers=10)
+    assert [{"fallback": 0.1, "fallback_format": "fp16"}, {"fallback": 0.1}] in stages(AutoSettings(max_fallback=0.1),
+                                                                                    layers=10)  # FP16, else FP32
     assert not any(option.get("fallback") for stage in stages(AutoSettings(max_fallback=0.1), layers=9) for option in stage)
 
 
@@ -192,9 +205,10 @@ def test_fallback_is_ranked_for_each_fold_without_the_samples_it_is_judged_on(re
 
 @pytest.mark.int8
 def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(repo, monkeypatch):
-    """Fallback ranks the layers with their weights rounded to nearest: a candidate that adds GPTQ to one already
-    ranked reads that ranking, so a search evaluates each layer quantized alone once per calibration and
-    preparation, and the chosen recipe keeps the layers its own settings rank."""
+    """Fallback ranks the layers with their weights rounded to nearest and kept in FP32: a candidate that adds GPTQ
+    to one already ranked, or keeps its layers in another format, reads that ranking, so a search evaluates each layer
+    quantized alone once per calibration and preparation, and the chosen recipe keeps the layers its own settings
+    rank."""
     from quantverdict.judge.sensitivity import choose_fallback
     from quantverdict.run import artifacts
 
@@ -214,13 +228,14 @@ def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(
     assert search is not None and search.complete
     with_fallback = [c.settings for c in search.candidates if c.settings.get("fallback")]
     assert any(settings.get("gptq") for settings in with_fallback)
-    rankings = {json.dumps({k: v for k, v in settings.items() if k != "gptq"}, sort_keys=True)
+    rankings = {json.dumps({k: v for k, v in settings.items() if k not in ("gptq", "fallback_format")}, sort_keys=True)
                 for settings in with_fallback}
     layers = weighted_layers(store, "dw", get_recipe("int8").for_target("emulated"))
     assert len(evaluated) == len(rankings) * len(layers) < len(with_fallback) * len(layers)
     recipe = store.recipes.recipe("dw", "int8", "emulated")
     if search.chosen.get("fallback"):
-        unrounded = get_recipe("int8").for_target("emulated").configured({**search.chosen, "gptq": False})
+        unrounded = get_recipe("int8").for_target("emulated").configured({**search.chosen, "gptq": False,
+                                                                          "fallback_format": "fp32"})
         assert list(recipe.options.fallback_layers) == choose_fallback(store, "dw", unrounded)
     assert len(evaluated) == len(rankings) * len(layers)  # the chosen recipe's ranking read, not made
 
@@ -297,7 +312,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     """Bounds no recipe meets (no error at all on the held-out samples): past max_fallback the search tries the choice
     with more layers in FP32 (up to half of dw's, each share keeping more than the one before), chooses none of them,
     and says so; a bound the choice meets tries nothing more."""
-    from quantverdict.judge.recipe_search import Candidate, beyond_note
+    from quantverdict.judge.search_beyond import Candidate, beyond_note
 
     manifest = repo / "tight.yaml"
     manifest.write_text(MANIFEST.replace("    task: classification\n",
@@ -321,7 +336,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
 def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection():
     """Half the layers first (where that misses, nothing fewer is tried), then bisection down to the fewest that meet
     the bounds, each count tried once, as a share whose floor keeps exactly that many; none past the user's share."""
-    from quantverdict.judge.recipe_search import Candidate, fewest_in_float
+    from quantverdict.judge.search_beyond import Candidate, fewest_in_float
 
     def judged(needs: int, tried: list[int]):
         def judge(share: float) -> Candidate:
@@ -337,7 +352,7 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
         met = [int(c.settings["fallback"] * 48) for c in found if c.passed]
         assert (min(met) if met else None) == (needs if needs <= 24 else None)
     assert fewest_in_float(judged(1, []), 4, 0.5, lambda: True) == []  # the user's share is already half
-    from quantverdict.judge.recipe_search import share_of
+    from quantverdict.judge.search_beyond import share_of
     for layers in range(1, 400):
         shares = [share_of(count, layers) for count in range(layers + 1)]
         assert [math.floor(share * layers) for share in shares] == list(range(layers + 1)), layers
@@ -421,3 +436,23 @@ def test_a_lower_bound_is_met_in_a_search_only_by_the_evaluations_standard_error
         within = Tolerance(**{bound: held_out[metric] - error / 2})
         assert short_of_margin(metrics, within, 512) and not short_of_margin(metrics, within, 0)  # no count: no margin
         assert not short_of_margin(metrics, Tolerance(**{bound: held_out[metric] - 2 * error}), 512)
+
+
+def test_fallback_keeps_its_layers_in_fp32_only_where_fp16_is_worse(repo):
+    """A network whose activations FP16 flushes to zero: the search's FP16 fallback scores far below FP32's, which is
+    chosen; where FP16 does as well (the other searches here), FP16 is kept."""
+    (repo / "models.yaml").write_text(MANIFEST + textwrap.indent(textwrap.dedent("""\
+        - name: tiny
+          build: searchnets:tiny
+          inputs: [{name: x, shape: [8, 16], range: [-1, 1]}]
+          outputs: [y]
+          calibration: synthetic
+          build_files: []
+          recipe: {int8: {auto: true, max_fallback: 0.4}}
+        """), "  "))
+    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").store.recipes.search("tiny", "int8")
+    scores = {c.settings.get("fallback_format", "fp32"): c.score for c in search.candidates
+              if c.settings.get("fallback") and not c.settings.get("gptq") and c.score is not None}
+    assert scores["fp16"] < 1.0 < scores["fp32"] - 20  # zero outputs: 0 dB
+    assert search.chosen.get("fallback") and "fallback_format" not in search.chosen
+

@@ -45,6 +45,7 @@ from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare, judge_task_metrics
 from quantverdict.judge.search_progress import describe, time_left, upcoming
+from quantverdict.judge.search_beyond import WIDER, beyond_counts, beyond_format, beyond_note, fewest_in_float
 from quantverdict.judge.search_margin import short_of_margin
 from quantverdict.judge.search_result import Candidate, SearchResult
 from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, layers_kept, per_sample,
@@ -63,10 +64,6 @@ Progress = Callable[[str], None]  # told one line as a search starts and as each
 CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "percentile"}, {"calibration": "mse"}]
 MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
 ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
-BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds
-MISSES = ("the choice misses the case's bounds on held-out calibration samples (a lower bound by one standard error of "
-          "the evaluation's estimate)")
-WIDER = "fp16"  # the format the search's fallback keeps layers in (fallback_format)
 
 
 @dataclass(frozen=True)
@@ -127,10 +124,12 @@ def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
     carry most of the noise, and while they do, rounding the other layers better moves the output's SNR little
     (noise powers add: halving a third of it gains 0.8 dB; the same, once the rest is gone, 3 dB). The calibrators
     are tried once more at the end, with the other choices made: which range is best (clipping noise against
-    rounding noise) depends on which layers stay quantized and how much their weights' rounding adds."""
-    keeps = layers_kept(auto.max_fallback, layers) > 0
-    fallback = [[{"fallback": auto.max_fallback, "fallback_format": WIDER}]] if keeps else []
-    return [CALIBRATORS, MIGRATION, *fallback, ROUNDING, CALIBRATORS]
+    rounding noise) depends on which layers stay quantized and how much their weights' rounding adds. Fallback keeps
+    its layers in FP16, and in FP32 only where that is :func:`better`: FP16 flushes magnitudes below 6e-8 to zero and
+    overflows past 65504 (an untrained MobileNetV3-small's logits, ~1e-9: 0 dB in FP16)."""
+    fallback = [[{"fallback": auto.max_fallback, "fallback_format": WIDER}, {"fallback": auto.max_fallback}]]
+    return [CALIBRATORS, MIGRATION, *(fallback if layers_kept(auto.max_fallback, layers) > 0 else []), ROUNDING,
+            CALIBRATORS]
 
 
 def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
@@ -230,7 +229,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
         low, high = beyond_counts(result.layers, auto.max_fallback)
         most += (high > low) + max(0, high - low - 1).bit_length()
-        wider = {"fallback_format": result.chosen.get("fallback_format", WIDER)}
+        wider = {"fallback_format": beyond_format(result)}
         result.beyond = fewest_in_float(lambda share: attempt({**result.chosen, **wider, "fallback": share}, [])[0],
                                         result.layers, auto.max_fallback,
                                         lambda: time.monotonic() - start + slowest <= auto.budget_s)
@@ -241,54 +240,3 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(
             best[1], kept, best[0].passed, result.incumbent.passed))
     return result
-
-
-def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallback: float,
-                    in_time: Callable[[], bool]) -> list[Candidate]:
-    """Past ``max_fallback``, the fewest of ``layers`` kept wider that meet the case's bounds on the held-out samples,
-    each count judged by ``judge(share)``: :data:`BEYOND` of them first (where that misses, so does every fewer, as far
-    as more layers kept wider never do worse), then by bisection between the user's share and the fewest known to meet.
-    The layers' ranking is the choice's own, read from the cache after the first: each try costs its folds."""
-    low, high = beyond_counts(layers, max_fallback)
-    tried: list[Candidate] = []
-    while high > low + (1 if tried else 0) and in_time():
-        count = (low + high) // 2 if tried else high
-        tried.append(judge(share_of(count, layers)))
-        if not tried[-1].passed and count == high:
-            break
-        low, high = (low, count) if tried[-1].passed else (count, high)
-    return tried
-
-
-def share_of(count: int, layers: int) -> float:
-    """The share of ``layers`` that keeps ``count`` of them wider (fallback floors share × layers), in four
-    decimals, within two steps of count / layers: 2 of 4 is 0.5, 13 of 48 is 0.2709."""
-    share = math.ceil(count / layers * 10_000) / 10_000
-    while layers_kept(share, layers) < count:
-        share += 1e-4
-    return share
-
-
-def beyond_counts(layers: int, max_fallback: float) -> tuple[int, int]:
-    """The layers kept wider the user allows, and the most :func:`fewest_in_float` tries."""
-    return layers_kept(max_fallback, layers), layers_kept(BEYOND, layers)
-
-
-def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -> str:
-    """What the case's bounds need on held-out calibration samples, in layers kept in a wider format, against what
-    the user allows (``max_fallback``)."""
-    def kept(candidate: Candidate) -> str:
-        count = layers_kept(candidate.settings["fallback"], layers)
-        wider = str(candidate.settings.get("fallback_format", "fp32")).upper()
-        return f"{count} of the {layers} weighted layers in {wider} ({count / layers:.0%})"
-
-    met = [candidate for candidate in beyond if candidate.passed]
-    allowed = f"max_fallback is {max_fallback:.0%}"
-    if met:
-        fewest = min(met, key=lambda candidate: candidate.settings["fallback"])
-        return (f"{MISSES}; keeping {kept(fewest)} meets "
-                f"them ({fewest.score:.2f} dB), the fewest found; {allowed}")
-    if not beyond:
-        return f"{MISSES}; {allowed}"
-    return (f"{MISSES}, and so does keeping "
-            f"{kept(max(beyond, key=lambda candidate: candidate.settings['fallback']))}; {allowed}")

@@ -1,0 +1,75 @@
+"""What the case's bounds would take past the user's ``max_fallback``, where a search's choice misses them: the fewest
+layers kept in a wider format that meet them on the held-out samples, found with as few tries as bisection allows, and
+the sentence that says so."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from quantverdict.judge.search_result import Candidate, SearchResult
+from quantverdict.judge.sensitivity import layers_kept
+
+BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds
+MISSES = ("the choice misses the case's bounds on held-out calibration samples (a lower bound by one standard error of "
+          "the evaluation's estimate)")
+WIDER = "fp16"  # the format the search's fallback keeps layers in (fallback_format)
+
+
+def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallback: float,
+                    in_time: Callable[[], bool]) -> list[Candidate]:
+    """Past ``max_fallback``, the fewest of ``layers`` kept wider that meet the case's bounds on the held-out samples,
+    each count judged by ``judge(share)``: :data:`BEYOND` of them first (where that misses, so does every fewer, as far
+    as more layers kept wider never do worse), then by bisection between the user's share and the fewest known to meet.
+    The layers' ranking is the choice's own, read from the cache after the first: each try costs its folds."""
+    low, high = beyond_counts(layers, max_fallback)
+    tried: list[Candidate] = []
+    while high > low + (1 if tried else 0) and in_time():
+        count = (low + high) // 2 if tried else high
+        tried.append(judge(share_of(count, layers)))
+        if not tried[-1].passed and count == high:
+            break
+        low, high = (low, count) if tried[-1].passed else (count, high)
+    return tried
+
+
+def beyond_format(result: SearchResult) -> str:
+    """The format more layers are kept in past ``max_fallback``: the choice's, else the best fallback candidate's (FP16
+    where it underflowed is not better than FP32), else FP16."""
+    kept = [c for c in result.candidates if c.settings.get("fallback") and c.score is not None]
+    best = result.chosen if result.chosen.get("fallback") else max(kept, key=lambda c: c.score or 0.0).settings \
+        if kept else {"fallback_format": WIDER}
+    return str(best.get("fallback_format", "fp32"))
+
+
+def share_of(count: int, layers: int) -> float:
+    """The share of ``layers`` that keeps ``count`` of them wider (fallback floors share × layers), in four
+    decimals, within two steps of count / layers: 2 of 4 is 0.5, 13 of 48 is 0.2709."""
+    share = math.ceil(count / layers * 10_000) / 10_000
+    while layers_kept(share, layers) < count:
+        share += 1e-4
+    return share
+
+
+def beyond_counts(layers: int, max_fallback: float) -> tuple[int, int]:
+    """The layers kept wider the user allows, and the most :func:`fewest_in_float` tries."""
+    return layers_kept(max_fallback, layers), layers_kept(BEYOND, layers)
+
+
+def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -> str:
+    """What the case's bounds need on held-out calibration samples, in layers kept in a wider format, against what
+    the user allows (``max_fallback``)."""
+    def kept(candidate: Candidate) -> str:
+        count = layers_kept(candidate.settings["fallback"], layers)
+        wider = str(candidate.settings.get("fallback_format", "fp32")).upper()
+        return f"{count} of the {layers} weighted layers in {wider} ({count / layers:.0%})"
+
+    met = [candidate for candidate in beyond if candidate.passed]
+    allowed = f"max_fallback is {max_fallback:.0%}"
+    if met:
+        fewest = min(met, key=lambda candidate: candidate.settings["fallback"])
+        return (f"{MISSES}; keeping {kept(fewest)} meets "
+                f"them ({fewest.score:.2f} dB), the fewest found; {allowed}")
+    if not beyond:
+        return f"{MISSES}; {allowed}"
+    return (f"{MISSES}, and so does keeping "
+            f"{kept(max(beyond, key=lambda candidate: candidate.settings['fallback']))}; {allowed}")
