@@ -104,7 +104,8 @@ def test_threads():
         ort_threads = runner.session.get_session_options().intra_op_num_threads
     assert (torch.get_num_threads(), ort_threads) == (expected, share)
 """)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # this run's own share, where it runs under xdist
+    for name in ("OMP_NUM_THREADS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):  # this run's, under xdist
+        monkeypatch.delenv(name, raising=False)
     assert pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider").ret == 0
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("USERS_OWN", "2")
