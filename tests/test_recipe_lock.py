@@ -194,8 +194,8 @@ PORTABLE_SCRIPT = textwrap.dedent("""\
                     reason="emulating another CPU's kernels needs qemu-user (apt-get install qemu-user; .ci/run does)")
 def test_the_same_recipe_builds_the_same_qdq_bytes_under_another_cpus_kernels(tmp_path, qv_pipeline):
     """A lock is one recipe for every runner only if every runner builds the same graph from it. Under QEMU's Nehalem
-    (SSE4.2: ONNX Runtime's SSE kernels, no AVX, no FMA) calibration, SmoothQuant, equalization and GPTQ give the same
-    Q/DQ bytes as this CPU's kernels, for a residual CNN and a transformer block: before ranges were rounded to
+    (SSE4.2: ONNX Runtime's SSE kernels, no AVX, no FMA, no F16C) calibration, SmoothQuant, equalization, GPTQ and
+    fallback's ranking (its layers kept in FP16) give the same Q/DQ bytes as this CPU's kernels, for a residual CNN and a transformer block: before ranges were rounded to
     RANGE_BITS, 45 of 64 such graphs differed (every scale moved in its last bits)."""
     import subprocess
     import sys
@@ -211,11 +211,11 @@ def test_the_same_recipe_builds_the_same_qdq_bytes_under_another_cpus_kernels(tm
         """))
     (tmp_path / "build.py").write_text(PORTABLE_SCRIPT)
     settings = json.dumps([{"calibration": "max"}, {"calibration": "percentile"}, {"smoothquant": 0.5},
-                           {"equalize": True}, {"gptq": True}])
+                           {"equalize": True}, {"gptq": True}, {"fallback": 0.5, "fallback_format": "fp16"}])
     here, there = (json.loads(subprocess.run([*prefix, sys.executable, "build.py", cache, settings], cwd=tmp_path,
                                              capture_output=True, text=True, timeout=1200, check=True).stdout)
                    for prefix, cache in (([], "native"), (["qemu-x86_64", "-cpu", "Nehalem"], "emulated")))
-    assert len(here) == 10 and here == there
+    assert len(here) == 12 and here == there
 
 
 def test_a_lock_whose_choice_misses_the_bounds_says_what_they_would_take(repo):
