@@ -195,8 +195,9 @@ PORTABLE_SCRIPT = textwrap.dedent("""\
 def test_the_same_recipe_builds_the_same_qdq_bytes_under_another_cpus_kernels(tmp_path, qv_pipeline):
     """A lock is one recipe for every runner only if every runner builds the same graph from it. Under QEMU's Nehalem
     (SSE4.2: ONNX Runtime's SSE kernels, no AVX, no FMA, no F16C) calibration, SmoothQuant, equalization, GPTQ and
-    fallback's ranking (its layers kept in FP16) give the same Q/DQ bytes as this CPU's kernels, for a residual CNN and a transformer block: before ranges were rounded to
-    RANGE_BITS, 45 of 64 such graphs differed (every scale moved in its last bits)."""
+    fallback's ranking (its layers kept in FP16) give the same Q/DQ bytes as this CPU's kernels, for a residual CNN
+    and a transformer block: before ranges were rounded to RANGE_BITS, 45 of 64 such graphs differed (every scale
+    moved in its last bits)."""
     import subprocess
     import sys
 
