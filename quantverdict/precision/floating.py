@@ -31,6 +31,13 @@ def saturate(values: np.ndarray, np_type: object) -> np.ndarray:
     return np.clip(values, -limit, limit).astype(np_type)
 
 
+def round_trip(source: str, target: str, low_type: int, low_name: str) -> list[onnx.NodeProto]:
+    """The FP32 tensor ``source`` rounded to ``low_type`` and back, as ``target``: its storage emulated."""
+    low = f"{target}__{low_name}_value"
+    return [helper.make_node("Cast", [source], [low], to=low_type, name=f"{low}_cast"),
+            helper.make_node("Cast", [low], [target], to=TensorProto.FLOAT, name=f"{target}_cast")]
+
+
 class FP32(Recipe):
     name = "fp32"
 
@@ -78,20 +85,16 @@ class RoundedStorage(Recipe):
             if value.name in floats:
                 rounded = f"{value.name}__{self.name}"
                 replace_input(graph.node, value.name, rounded)
-                new_nodes += self._round_trip(value.name, rounded)
+                new_nodes += round_trip(value.name, rounded, self.onnx_type, self.name)
         for node in list(graph.node):
             for i, name in enumerate(node.output):
                 if name in floats:
                     node.output[i] = f"{name}__fp32"
-                    new_nodes += self._round_trip(node.output[i], name)
+                    new_nodes += round_trip(node.output[i], name, self.onnx_type, self.name)
         graph.node.extend(new_nodes)
         topological_sort(graph)
         return model
 
-    def _round_trip(self, source: str, target: str) -> list[onnx.NodeProto]:
-        low = f"{target}__{self.name}_value"
-        return [helper.make_node("Cast", [source], [low], to=self.onnx_type, name=f"{low}_cast"),
-                helper.make_node("Cast", [low], [target], to=TensorProto.FLOAT, name=f"{target}_cast")]
 
 
 # Ops TensorRT has no kernel for in a low type; they run in FP32 between Casts.

@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantverdict.errors import CalibrationError
-from quantverdict.precision.floating import saturate
+from quantverdict.precision.floating import round_trip, saturate
 from quantverdict.precision.graph import topological_sort
 
 WIDER_FORMATS = ("fp32", "fp16")  # a fallback layer's format: FP32 (nothing changes) or FP16
@@ -51,7 +51,7 @@ def layers_in_fp16(model: onnx.ModelProto, layers: Sequence[str], native: bool) 
                 node.input[index] = _constant_in_fp16(graph, constants[name], node.name, native)
             else:
                 if name not in rounded:
-                    rounded[name], casts = _cast(name, f"{name}__fp16", native)
+                    rounded[name], casts = _cast(name, native)
                     added += casts
                 node.input[index] = rounded[name]
         for index, name in enumerate(node.output):
@@ -76,13 +76,12 @@ def _constant_in_fp16(graph: onnx.GraphProto, constant: onnx.TensorProto, layer:
     return name
 
 
-def _cast(name: str, low: str, native: bool) -> tuple[str, list[onnx.NodeProto]]:
+def _cast(name: str, native: bool) -> tuple[str, list[onnx.NodeProto]]:
     """``name`` in FP16 (native), else rounded to FP16 and back: the tensor the layer reads, and the Casts making it."""
-    to_low = helper.make_node("Cast", [name], [low], to=TensorProto.FLOAT16, name=f"{low}_cast")
+    low = f"{name}__fp16"
     if native:
-        return low, [to_low]
-    back = f"{low}_fp32"
-    return back, [to_low, helper.make_node("Cast", [low], [back], to=TensorProto.FLOAT, name=f"{back}_cast")]
+        return low, [helper.make_node("Cast", [name], [low], to=TensorProto.FLOAT16, name=f"{low}_cast")]
+    return low, round_trip(name, low, TensorProto.FLOAT16, "fp16")
 
 
 def _back(produced: str, name: str, native: bool) -> list[onnx.NodeProto]:
@@ -90,6 +89,4 @@ def _back(produced: str, name: str, native: bool) -> list[onnx.NodeProto]:
     rounded to FP16 and back."""
     if native:
         return [helper.make_node("Cast", [produced], [name], to=TensorProto.FLOAT, name=f"{name}_cast")]
-    low = f"{name}__fp16_out"
-    return [helper.make_node("Cast", [produced], [low], to=TensorProto.FLOAT16, name=f"{low}_cast"),
-            helper.make_node("Cast", [low], [name], to=TensorProto.FLOAT, name=f"{name}_cast")]
+    return round_trip(produced, name, TensorProto.FLOAT16, "fp16")
