@@ -6,6 +6,8 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from quantverdict.judge.sensitivity import RANKED_AS
+
 
 class Timed(Protocol):
     """A candidate tried: its settings and how long it took."""
@@ -32,7 +34,7 @@ def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
     ranked: list[dict[str, Any]] = []
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:
-        by = {key: value for key, value in settings.items() if key not in ("fallback", "fallback_format", "gptq")}
+        by = {key: value for key, value in settings.items() if key not in RANKED_AS}
         ranks = bool(settings.get("fallback")) and by not in ranked
         kinds.append(ranks)
         if ranks:

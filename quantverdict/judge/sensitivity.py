@@ -28,6 +28,11 @@ from quantverdict.precision.placement import WEIGHTED_OPS
 from quantverdict.precision.qdq import QDQ
 
 
+# The recipe settings a fallback ranking ignores, and what it ranks with instead (each the option of the same name): a
+# search's candidates that differ only in these read one ranking.
+RANKED_AS = {"fallback": None, "fallback_format": "fp32", "gptq": False}
+
+
 @dataclass(frozen=True)
 class LayerSensitivity:
     layer: str
@@ -117,8 +122,7 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ, held_out: Seque
     then ranks once for each calibration and preparation, not again for each with GPTQ (a ranking evaluates a graph
     per weighted layer: on a 35M-parameter encoder, as long as ten candidates' folds). Ranked with GPTQ's weights,
     the layers chosen scored within 0.1 dB on held-out samples (MiniLM-L6 and a T5-small-sized encoder)."""
-    base = recipe.with_options(fallback=None, fallback_layers=(), gptq=False,  # any share, format or rounding: read once
-                               fallback_format="fp32")
+    base = recipe.with_options(fallback_layers=(), **RANKED_AS)  # any share, format or rounding: read once
     layers = weighted_layers(store, model, base)
     budget = layers_kept(recipe.options.fallback, len(layers))
     if budget == 0:
