@@ -35,10 +35,12 @@ def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallba
 def beyond_format(result: SearchResult) -> str:
     """The format more layers are kept in past ``max_fallback``: the choice's, else the best fallback candidate's (FP16
     where it underflowed is not better than FP32), else FP16."""
+    if result.chosen.get("fallback"):
+        return str(result.chosen.get("fallback_format", "fp32"))
     kept = [c for c in result.candidates if c.settings.get("fallback") and c.score is not None]
-    best = result.chosen if result.chosen.get("fallback") else max(kept, key=lambda c: c.score or 0.0).settings \
-        if kept else {"fallback_format": WIDER}
-    return str(best.get("fallback_format", "fp32"))
+    if not kept:
+        return WIDER
+    return str(max(kept, key=lambda c: c.score or 0.0).settings.get("fallback_format", "fp32"))
 
 
 def share_of(count: int, layers: int) -> float:

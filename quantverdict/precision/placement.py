@@ -64,9 +64,9 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
                   fallback: tuple[str, ...], only: tuple[str, ...] | None, tensorrt_kernels: bool,
                   fallback_format: str = "fp32") -> dict[str, str]:
     """Why each weighted layer of ``source`` that a Q/DQ recipe does not quantize (not in ``planned``) is left in
-    float: a pattern the user excluded, fallback (in ``fallback_format``), layers analysed alone (``only``), and kinds or shapes no
-    runtime has a kernel for in ``fmt``. A layer of a kind the recipe quantizes whose weight is no constant
-    gets no reason: it is missed, and a verdict says so."""
+    float: a pattern the user excluded, fallback (in ``fallback_format``), layers analysed alone (``only``), and
+    kinds or shapes no runtime has a kernel for in ``fmt``. A layer of a kind the recipe quantizes whose weight is no
+    constant gets no reason: it is missed, and a verdict says so."""
     nodes = {node.name: node for node in source.graph.node}
     weights = {init.name: list(init.dims) for init in source.graph.initializer}
     graph_inputs = {value.name for value in source.graph.input}
@@ -80,8 +80,8 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
         if pattern is not None:
             reasons[layer.name] = f"excluded: matches {pattern!r}"
         elif layer.name in fallback:
-            reasons[layer.name] = (f"fallback: in {fallback_format.upper()}, among the layers that cost the output most "
-                                   "on the calibration set")
+            reasons[layer.name] = (f"fallback: in {fallback_format.upper()}, among the layers that cost the output "
+                                   "most on the calibration set")
         elif only is not None:
             reasons[layer.name] = "excluded: not among the layers analysed (only)"
         elif layer.kind in RECURRENT:

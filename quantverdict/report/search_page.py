@@ -1,6 +1,7 @@
 """What ``recipe: auto`` found, for people: for each searched model and precision, the held-out SNR of the best
-candidate at each share of the weighted layers kept in a wider format (FP16 or FP32), and whether it met the case's bounds (a table and a
-chart). A deployment team reads there what a stricter target would cost in float layers before asking for it."""
+candidate at each share of the weighted layers kept in a wider format (FP16 or FP32), and whether it met the case's
+bounds (a table and a chart). A deployment team reads there what a stricter target would cost in float layers before
+asking for it."""
 from __future__ import annotations
 
 import html
@@ -50,8 +51,8 @@ def tradeoff_section(record: dict[str, Any]) -> str:
     png = figure(draw, width=7, height=3.2)
     chart = f'<img alt="recipe search trade-off" src="data:image/png;base64,{png}">' if png else ""
     return ("<h2>Recipe search: layers kept wider against held-out accuracy</h2>"
-            '<p class="legend">For each share of the weighted layers kept in a wider format, the best candidate the search '
-            "judged with it, on calibration samples its calibration did not see: output SNR against FP32 and "
+            '<p class="legend">For each share of the weighted layers kept in a wider format, the best candidate the '
+            "search judged with it, on calibration samples its calibration did not see: output SNR against FP32 and "
             "whether the case's bounds held (chart: o met, x missed; larger: chosen). The search judges no "
             "candidate for this table, so the other settings may differ between rows.</p>"
             f"{chart}<table><tr><th>model</th><th>precision</th><th>share kept wider</th><th>layers</th><th>in</th>"
