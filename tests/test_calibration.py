@@ -299,9 +299,80 @@ def test_fallback_in_fp16_rounds_exactly_the_kept_layers_tensors_and_changes_not
     assert "fallback_format" not in plain.params()  # FP32 fallback's graphs keep the keys they had
 
 
-def test_fallback_format_is_fp32_or_fp16():
-    with pytest.raises(CalibrationError, match="fallback_format 'fp8': expected one of fp32, fp16"):
-        get_recipe("int8").configured({"fallback_format": "fp8"})
+def test_fallback_format_is_fp32_fp16_or_from_int8_fp8():
+    with pytest.raises(CalibrationError, match="fallback_format 'fp4': expected one of fp32, fp16, fp8"):
+        get_recipe("int8").configured({"fallback_format": "fp4"})
+    with pytest.raises(CalibrationError, match="fallback_format fp8 in the fp8 recipe: only an INT8 recipe keeps"):
+        get_recipe("fp8").configured({"fallback_format": "fp8"})
+    assert get_recipe("int8").configured({"fallback_format": "fp8"}).min_opset == 19  # float8 Q/DQ
+
+
+def test_fallback_in_fp8_quantizes_exactly_the_kept_layers_in_e4m3_and_changes_nothing_else(qv_pipeline):
+    """``fallback_format: fp8`` in an INT8 recipe: the layers FP32 fallback keeps are quantized in E4M3 instead, on the
+    recipe's own calibrated ranges (scale amax / 448, where INT8's is amax / 127) and per-channel weight scales; every
+    INT8 layer is as it was, the graph is opset 19, and the verdict counts those layers as kept in FP8, not as INT8.
+    With GPTQ, the FP8 layers' weights are rounded on E4M3's grid (still stored as E4M3) and the INT8 layers' are the
+    FP32 fallback's. Attention's activation-by-activation products included (a transformer block)."""
+    from onnx import numpy_helper
+
+    from quantverdict.precision.grids import FP8_E4M3
+
+    root, model = qv_pipeline.store.cache.root, "transformer-block"
+    graphs, recipes = {}, {}
+    for name, settings in {"fp8": {"fallback_format": "fp8"}, "fp32": {}, "fp8-gptq": {"fallback_format": "fp8",
+                           "gptq": True}, "fp32-gptq": {"gptq": True}}.items():
+        pipeline = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, **settings}})
+        recipes[name] = pipeline.store.recipe(model, "int8", "emulated")
+        graphs[name] = onnx.load(str(pipeline.store.precision_onnx(model, recipes[name])))
+    kept = recipes["fp8"].options.fallback_layers
+    assert kept and kept == recipes["fp32"].options.fallback_layers == recipes["fp8-gptq"].options.fallback_layers
+    graph = graphs["fp8"]
+    assert next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) >= 19
+    onnx.checker.check_model(graph, full_check=True)
+    ranges = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp8"}}).store.ranges(
+        model, recipes["fp8"])
+    producer = {out: node for node in graph.graph.node for out in node.output}
+    constants = {init.name: init for init in graph.graph.initializer}
+    source = {init.name: numpy_helper.to_array(init) for init in onnx.load(str(
+        qv_pipeline.store.recipe_source(model, recipes["fp8"]))).graph.initializer}
+    for node in (n for n in graph.graph.node if n.name in kept):
+        for index in (0, 1):
+            dq = producer[node.input[index]]
+            assert dq.op_type == "DequantizeLinear"
+            scale = numpy_helper.to_array(constants[dq.input[1]])
+            if dq.input[0] in constants:  # a weight: per output channel, nearest on E4M3
+                stored = constants[dq.input[0]]
+                assert stored.data_type == onnx.TensorProto.FLOAT8E4M3FN
+                weight = source[producer[node.input[1]].input[0].removesuffix("_fp8_quantized")]
+                axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+                shape = [1] * weight.ndim
+                shape[axis] = -1
+                expected = FP8_E4M3.scale(np.abs(weight).max(axis=tuple(i for i in range(weight.ndim) if i != axis)))
+                np.testing.assert_array_equal(scale, expected)
+                np.testing.assert_array_equal(numpy_helper.to_array(stored).astype(np.float32),
+                                              FP8_E4M3.quantize(weight / expected.reshape(shape)).astype(np.float32))
+            else:  # an activation: the recipe's range over E4M3's largest value
+                q = producer[dq.input[0]]
+                assert constants[q.input[2]].data_type == onnx.TensorProto.FLOAT8E4M3FN
+                assert scale == FP8_E4M3.scale(ranges[q.input[0]])
+    unchanged = [{(n.name, n.op_type, tuple(n.input)) for n in g.graph.node if n.name not in kept}
+                 for g in (graph, graphs["fp32"])]
+    assert unchanged[1] <= unchanged[0]  # the INT8 part is FP32 fallback's; what is added is E4M3 Q/DQ
+    assert {op for _, op, _ in unchanged[0] - unchanged[1]} == {"QuantizeLinear", "DequantizeLinear"}
+    int8 = {i.name: numpy_helper.to_array(i) for i in graphs["fp32-gptq"].graph.initializer if i.data_type == 3}
+    with_fp8 = {i.name: i for i in graphs["fp8-gptq"].graph.initializer}
+    assert all(np.array_equal(numpy_helper.to_array(with_fp8[name]), value) for name, value in int8.items())
+    rounded = [i for i in graphs["fp8-gptq"].graph.initializer if i.data_type == onnx.TensorProto.FLOAT8E4M3FN
+               and i.dims]
+    nearest = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in graph.graph.initializer}
+    assert rounded and any(not np.array_equal(numpy_helper.to_array(i).astype(np.float32), nearest[i.name])
+                           for i in rounded)  # GPTQ moved some of them, on E4M3's grid
+    result = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp8"}}).run(
+        Case(model, "int8", "onnxruntime"))
+    coverage = result.metrics["coverage"]
+    assert set(coverage["kept"]) == set(kept) and all(r.startswith("fallback: in FP8") for r in coverage["kept"].values())
+    assert not set(kept) & set(coverage["quantized_layers"]) and not coverage["missed"]
+    assert result.metrics["recipe"]["settings"]["fallback_format"] == "fp8"
 
 
 def test_fallback_share_must_be_a_fraction():

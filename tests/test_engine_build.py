@@ -79,11 +79,17 @@ def test_parser_error_names_node_and_op_and_declared_ops_skip(tmp_path, qv_pipel
 
 
 @pytest.mark.int8
+@pytest.mark.parametrize("wider", ["fp16", "fp8"])
 @pytest.mark.parametrize("model", ["resblock", "transformer-block"])
-def test_int8_with_its_fallback_layers_in_fp16_builds_for_sm89(model, qv_pipeline):
-    """TensorRT builds the Q/DQ graph whose fallback layers compute in FP16 (strongly typed: the graph says so)."""
-    pipeline = Pipeline(qv_pipeline.cache.root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp16"}})
+def test_int8_with_its_fallback_layers_in_fp16_or_fp8_builds_for_sm89(model, wider, qv_pipeline):
+    """TensorRT builds the Q/DQ graph whose fallback layers compute in FP16 (strongly typed: the graph says so) or
+    in FP8 beside the INT8 layers; FP8 layers are refused for a target without FP8 (8.6), and say why."""
+    pipeline = Pipeline(qv_pipeline.cache.root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": wider}})
     artifacts = pipeline.store.for_case(model, "int8", "tensorrt_rtx")
     assert artifacts.recipe.options.native and artifacts.recipe.options.fallback_layers
     engine = pipeline.backend("tensorrt_rtx").build(artifacts, SM89)
     assert engine.stat().st_size > 10_000
+    if wider == "fp8":
+        with pytest.raises(UnsupportedError, match=r"int8 keeps its fallback layers in FP8 \(fallback_format: fp8\): "
+                                                   r"fp8 needs compute capability ≥ 8\.9; the build target is 8\.6"):
+            pipeline.backend("tensorrt_rtx").build(artifacts, (8, 6))

@@ -60,6 +60,24 @@ def test_tensorrt_10_builds_int8_from_the_recipe_graph_where_ranges_do_not_descr
     assert build_plan("fp16", "10.9.0", ranges_suffice=False).graph == "fp32"
 
 
+def test_int8_with_layers_in_fp8_needs_fp8s_gpu_and_tensorrt_10s_fp8_flag(qv_pipeline):
+    """An INT8 recipe whose fallback layers are FP8 Q/DQ (``fallback_format: fp8``) runs only where FP8 does: the case
+    is skipped on an A100 with the reason, runs on an H100, and TensorRT 10 (weak typing) gets both flags."""
+    from dataclasses import replace
+
+    from quantverdict.backends.trt_engine import gpu_requirement
+    from quantverdict.capabilities import GPU, Capabilities
+
+    spec = replace(qv_pipeline.models.get("resnet18"), recipe={"int8": {"fallback": 0.1, "fallback_format": "fp8"}})
+    ampere, hopper = (Capabilities(GPU(name, cc), {}) for name, cc in (("A100", (8, 0)), ("H100", (9, 0))))
+    assert gpu_requirement(spec, "int8", ampere) == ("int8 keeps its fallback layers in FP8 (fallback_format: fp8): fp8 "
+                                                     "needs compute capability ≥ 8.9; this GPU (A100) is 8.0")
+    assert gpu_requirement(spec, "int8", hopper) is None
+    assert gpu_requirement(qv_pipeline.models.get("resnet18"), "int8", ampere) is None
+    plan = build_plan("int8", "10.9.0", ranges_suffice=False, also=frozenset({"fp8"}))
+    assert (plan.graph, plan.flags) == ("recipe", {"int8", "fp8"})
+
+
 @pytest.mark.parametrize("settings, suffice", [({}, True), ({"calibration": "mse"}, True), ({"gptq": True}, False),
                                                ({"smoothquant": 0.5}, False), ({"bias_correction": True}, False),
                                                ({"exclude": ["conv1"]}, False), ({"quantizer": "onnxruntime"}, False)])

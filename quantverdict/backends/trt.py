@@ -16,12 +16,13 @@ from typing import Any
 from polygraphy.backend.trt import TrtRunner
 
 from quantverdict.backends.base import Artifacts, Backend, Runner
-from quantverdict.backends.trt_engine import BuildOptions, cached_engine, engine_summary, profile_from_spec
+from quantverdict.backends.trt_engine import BuildOptions, gpu_requirement, cached_engine, engine_summary, profile_from_spec
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import Capabilities
 from quantverdict.errors import UnsupportedError
 from quantverdict.models.spec import ModelSpec
 from quantverdict.precision.trt_cache import to_trt_cache
+from quantverdict.precision.wider_layers import precisions_needed
 
 FLAVOUR = "tensorrt"
 _LEGACY = {  # TensorRT 10 weak typing: (graph to build from, builder flags, implicit INT8 calibration)
@@ -44,15 +45,18 @@ class BuildPlan:
     implicit_int8_calibration: bool
 
 
-def build_plan(precision: str, version: str, ranges_suffice: bool = True) -> BuildPlan:
+def build_plan(precision: str, version: str, ranges_suffice: bool = True,
+               also: frozenset[str] = frozenset()) -> BuildPlan:
     """``ranges_suffice``: the recipe is the FP32 graph plus calibrated ranges. Where it is more (a user's
     own quantized graph, SmoothQuant, GPTQ…), TensorRT 10 builds INT8 from the recipe's Q/DQ graph
-    (explicit quantization, as it builds FP8), since implicit INT8 would quantize the FP32 graph itself."""
+    (explicit quantization, as it builds FP8), since implicit INT8 would quantize the FP32 graph itself. ``also``:
+    other precisions the recipe's graph holds (an INT8 recipe's FP8 layers), whose flags TensorRT 10 needs too."""
     major = int(version.split(".")[0])
     if major >= 11:
         return BuildPlan(True, "recipe", frozenset({"tf32"}) if precision == "tf32" else frozenset(), False)
     if major == 10:
         graph, flags, calibrated = _LEGACY[precision]
+        flags = flags.union(*(_LEGACY[other][1] for other in also))
         if calibrated and not ranges_suffice:
             return BuildPlan(False, "recipe", flags, False)
         return BuildPlan(False, "recipe" if graph != "fp32" else "fp32", flags, calibrated)
@@ -96,13 +100,15 @@ class TensorRTBackend(Backend):
         return None
 
     def requirement(self, spec: ModelSpec, precision: str, caps: Capabilities) -> str | None:
-        return caps.gpu_requirement(precision)
+        return gpu_requirement(spec, precision, caps)
 
     def load(self, artifacts: Artifacts) -> Runner:
         import tensorrt
         from polygraphy.backend.trt import EngineFromBytes
 
-        plan = build_plan(artifacts.recipe.name, tensorrt.__version__, artifacts.ranges is not None)
+        precision = artifacts.recipe.name
+        also = frozenset(needed for needed, _ in precisions_needed(precision, artifacts.recipe.params())[1:])
+        plan = build_plan(precision, tensorrt.__version__, artifacts.ranges is not None, also)
         onnx_path = artifacts.onnx_path() if plan.graph == "recipe" else artifacts.fp32_onnx()
         import torch
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from quantverdict.backends.base import Runner
 from quantverdict.cache import Cache
+from quantverdict.capabilities import Capabilities, cc_requirement
 from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import HarnessError, UnsupportedError
 from quantverdict.models.spec import Batch, ModelSpec
+from quantverdict.precision.wider_layers import precisions_needed
 
 
 @dataclass(frozen=True)
@@ -175,3 +177,22 @@ class EngineRunner(Runner):
 
     def deactivate_impl(self) -> None:
         del self.context, self.engine, self.runtime
+
+
+def gpu_requirement(spec: ModelSpec, precision: str, caps: Capabilities) -> str | None:
+    """Why this GPU cannot run ``precision`` with the recipe settings ``spec`` declares for it (an INT8 recipe with
+    FP8 layers needs FP8's compute capability too), or None."""
+    for needed, why in precisions_needed(precision, spec.recipe.get(precision, {})):
+        reason = caps.gpu_requirement(needed)
+        if reason:
+            return why + reason
+    return None
+
+
+def target_requirement(precision: str, settings: Mapping[str, Any], cc: tuple[int, int]) -> str | None:
+    """As :func:`gpu_requirement`, for a build target of compute capability ``cc`` and a recipe's ``settings``."""
+    for needed, why in precisions_needed(precision, settings):
+        reason = cc_requirement(needed, cc, "the build target")
+        if reason:
+            return why + reason
+    return None

@@ -10,8 +10,9 @@ from types import ModuleType
 
 
 from quantverdict.backends.base import Artifacts, Backend, Runner
-from quantverdict.backends.trt_engine import BuildOptions, EngineRunner, build_engine, profile_from_spec
-from quantverdict.capabilities import RTX_BUILD_TARGETS, Capabilities, cc_requirement
+from quantverdict.backends.trt_engine import (BuildOptions, EngineRunner, build_engine, gpu_requirement,
+                                              profile_from_spec, target_requirement)
+from quantverdict.capabilities import RTX_BUILD_TARGETS, Capabilities
 from quantverdict.errors import UnsupportedError
 from quantverdict.models.spec import ModelSpec
 
@@ -39,14 +40,14 @@ class TensorRTRTXBackend(Backend):
         return None
 
     def requirement(self, spec: ModelSpec, precision: str, caps: Capabilities) -> str | None:
-        return caps.gpu_requirement(precision)
+        return gpu_requirement(spec, precision, caps)
 
     def build(self, artifacts: Artifacts, target_cc: tuple[int, int]) -> Path:
         """The engine for ``target_cc`` (ahead of time: no GPU needed); cached."""
         precision = artifacts.recipe.name
         if target_cc not in RTX_BUILD_TARGETS:
             raise UnsupportedError(f"TensorRT-RTX cannot target compute capability {target_cc[0]}.{target_cc[1]}")
-        reason = cc_requirement(precision, target_cc, "the build target")
+        reason = target_requirement(precision, artifacts.recipe.params(), target_cc)
         if reason:
             raise UnsupportedError(reason)
         options = BuildOptions(target_cc=target_cc, tf32=bool(artifacts.recipe.runtime.get("tf32")),

@@ -29,6 +29,7 @@ class Recipe:
     min_opset: int = 0  # the lowest default-domain opset whose operators and types the recipe's graph needs
     storage_limit: float | None = None  # the largest finite value of the format tensors are stored in unscaled
     storage_type: int | None = None  # that format's ONNX type (onnx.TensorProto.FLOAT16…)
+    quantized_type: int | None = None  # the ONNX type its quantized weights are stored in (None: any it writes)
     runtime: Mapping[str, Any] = {}
 
     def params(self) -> dict[str, Any]:

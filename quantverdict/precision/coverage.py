@@ -14,7 +14,7 @@ and a sliver of the weights.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -50,12 +50,15 @@ class Layer:
     parameters: int
     quantized: bool
     why: str = ""  # for a float layer: what the graph shows (a weight-only quantization, a weight computed at run time)
+    stored: int | None = None  # the quantized ONNX type its first dequantized input is stored in
 
 
 class _Graph:
     def __init__(self, graph: onnx.GraphProto, outer: "_Graph | None" = None):
         self.sizes = dict(outer.sizes) if outer else {}  # a body reads its outer graph's constants too
         self.sizes.update({init.name: int(np.prod(init.dims)) for init in graph.initializer})
+        self.types = dict(outer.types) if outer else {}
+        self.types.update({init.name: init.data_type for init in graph.initializer})
         self.producer = {out: node for node in graph.node for out in node.output}
         for node in graph.node:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].type == onnx.AttributeProto.TENSOR:
@@ -72,6 +75,14 @@ class _Graph:
     def dequantized(self, name: str) -> bool:
         node = self.source(name)[1]
         return node is not None and node.op_type == "DequantizeLinear"
+
+    def stored(self, name: str) -> int | None:
+        """The quantized ONNX type a DequantizeLinear behind ``name`` reads (its constant's, else its zero point's)."""
+        node = self.source(name)[1]
+        if node is None or node.op_type != "DequantizeLinear":
+            return None
+        return self.types.get(self.source(node.input[0])[0],
+                              self.types.get(node.input[2]) if len(node.input) > 2 else None)
 
     def parameters(self, name: str) -> int:
         """Elements of the constant behind ``name`` (through DequantizeLinear and shape-only ops); 0 for an activation."""
@@ -129,19 +140,22 @@ def _layers(body: onnx.GraphProto, graph: _Graph, rewritten: set[str] | frozense
                 why = "its weight is computed at run time, not a constant"
         if name in rewritten:
             quantized, why = [True], ""
-        yield Layer(name, kind, parameters, all(quantized), why)
+        stored = next((t for t in map(graph.stored, data) if t is not None), None)
+        yield Layer(name, kind, parameters, all(quantized), why, stored)
 
 
 Reason = Callable[[Layer], "str | None"]
 """For a float layer: why the recipe keeps it in float ("no kernel: …", "excluded: …"), or None if it does not say."""
 
 
-def layer_coverage(model: onnx.ModelProto, kept: Reason, rewritten: set[str] | frozenset[str] = frozenset()
-                   ) -> dict[str, object]:
+def layer_coverage(model: onnx.ModelProto, kept: Reason, rewritten: set[str] | frozenset[str] = frozenset(),
+                   stored: int | None = None) -> dict[str, object]:
     """How many weighted layers run quantized and which, by name and by kind, their weights (quantized, all, and
     those kept in float deliberately), and each float layer's reason (``kept``) or, where the recipe gives none,
-    its place among the ``missed``."""
-    found = list(layers(model, rewritten))
+    its place among the ``missed``. With ``stored`` (an ONNX type), a layer whose weight is stored in another
+    quantized type is not quantized in the precision (an INT8 recipe's fallback layer in FP8) and needs a reason too."""
+    found = [replace(layer, quantized=False) if stored is not None and layer.quantized and layer.stored is not None
+             and layer.stored != stored else layer for layer in layers(model, rewritten)]
     quantized = [layer for layer in found if layer.quantized]
     floating = [layer for layer in found if not layer.quantized]
     reasons = {layer.name: kept(layer) for layer in floating}
@@ -170,7 +184,8 @@ def recipe_coverage(graph: onnx.ModelProto, recipe: "Recipe", source: onnx.Model
     if source is None:
         return layer_coverage(graph, lambda layer: "supplied: left in float in the graph you supplied")
     reasons = recipe.float_reasons(source)
-    return layer_coverage(graph, lambda layer: reasons.get(layer.name), recipe.rewritten_layers(source))
+    return layer_coverage(graph, lambda layer: reasons.get(layer.name), recipe.rewritten_layers(source),
+                          recipe.quantized_type)
 
 
 def left_by(source: onnx.ModelProto, who: str) -> dict[str, str]:

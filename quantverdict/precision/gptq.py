@@ -38,6 +38,7 @@ from onnx import numpy_helper
 
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
+from quantverdict.precision.grids import stored_format
 from quantverdict.precision.hessian import Inputs, measured
 from quantverdict.precision.kept_bytes import KeptBytes
 
@@ -47,6 +48,7 @@ MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2
 STACK_BYTES = 1 << 28  # H of the layers of one shape rounded in one pass (256 MiB; a larger one alone)
 ROUNDED_BYTES = 1 << 30  # grid values kept, by FP32 graph and calibration set, layer, scales and grid (float32: exact)
 _ROUNDED: KeptBytes[np.ndarray] = KeptBytes(ROUNDED_BYTES, lambda grid: grid.nbytes)
+Quantize = Callable[[np.ndarray], np.ndarray]  # values already divided by their scale → the format's grid
 
 
 @dataclass
@@ -55,6 +57,7 @@ class _Layer:
 
     node: onnx.NodeProto  # in the FP32 graph
     store: Callable[[np.ndarray], None]  # writes grid values (in units of ``scale``, weight layout) back
+    quantize: Quantize  # onto its format's grid
     scale: np.ndarray  # the weight's scale, shaped to broadcast against it
     weight: np.ndarray  # FP32, as stored
     rows: Callable[[np.ndarray], np.ndarray]  # stored weight → [groups, rows, columns]
@@ -68,12 +71,11 @@ class _Layer:
         return Inputs(self.node, self.weight.shape, self.groups, self.rows(self.weight).shape[-1])
 
 
-def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
-                  quantize: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
+def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch]) -> onnx.ModelProto:
     """``quantized`` with the stored weights of its Conv/Gemm/MatMul layers re-rounded by GPTQ, H from
     their inputs in ``fp32`` (found by the layer's output name: node names may be empty) over ``batches``;
-    ``quantize`` maps values already divided by their scale onto the format's grid (the recipe's rounding)."""
-    _round(_stored_layers(quantized, fp32, quantize), fp32, batches, quantize)
+    each onto the grid of the format it is stored in (an INT8 recipe's fallback layers may be FP8's)."""
+    _round(_stored_layers(quantized, fp32), fp32, batches)
     return quantized
 
 
@@ -91,8 +93,8 @@ def round_fake_quantized(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batc
         if shapes is not None:
             init = graph_weights[node.input[1]]
             layers.append(_Layer(original, _writer(init, lambda grid, s=scale: (grid * s).astype(np.float32)),
-                                 scale, weight, *shapes))
-    _round(layers, fp32, batches, quantize)
+                                 quantize, scale, weight, *shapes))
+    _round(layers, fp32, batches)
     return quantized
 
 
@@ -100,18 +102,17 @@ def _writer(init: onnx.TensorProto, encode: Callable[[np.ndarray], np.ndarray]) 
     return lambda grid: init.CopyFrom(numpy_helper.from_array(encode(grid), init.name))
 
 
-def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch],
-           quantize: Callable[[np.ndarray], np.ndarray]) -> None:
+def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]) -> None:
     """Every usable layer's weight re-rounded: layers of one shape in one pass over their columns (as groups of one
     weight: the loop over columns is Python's, and a transformer repeats a few shapes dozens of times); the same
     arithmetic per layer as rounding each alone."""
     if not layers:
         return
     graph = _measure_hessians(fp32, layers, batches)
-    by_shape: dict[tuple[int, ...], list[tuple[_Layer, np.ndarray]]] = {}
+    by_shape: dict[tuple[Hashable, ...], list[tuple[_Layer, np.ndarray]]] = {}
     for layer in layers:
         assert layer.hessian is not None
-        key = (graph, layer.node.output[0], hashlib.sha256(layer.scale.tobytes()).hexdigest(), quantize)
+        key = (graph, layer.node.output[0], hashlib.sha256(layer.scale.tobytes()).hexdigest(), layer.quantize)
         rounded = _ROUNDED.get(key)
         if rounded is not None:
             layer.store(rounded.astype(np.float64))
@@ -124,10 +125,10 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
         elif not np.isfinite(layer.hessian).all():
             _keep_nearest(layer.node, f"its calibration inputs ({layer.node.input[0]!r}) are not finite", stacklevel=3)
         else:
-            by_shape.setdefault(scaled.shape[1:], []).append((layer, scaled))
+            by_shape.setdefault((*scaled.shape[1:], layer.quantize), []).append((layer, scaled))
     for same in by_shape.values():
         for stack in _stacks(same):
-            _round_stack(stack, quantize)
+            _round_stack(stack)
 
 
 def _kept(store: Callable[[np.ndarray], None], key: Hashable) -> Callable[[np.ndarray], None]:
@@ -152,20 +153,21 @@ def _stacks(same: list[tuple[_Layer, np.ndarray]]) -> list[list[tuple[_Layer, np
     return stacks
 
 
-def _round_stack(stack: list[tuple[_Layer, np.ndarray]], quantize: Callable[[np.ndarray], np.ndarray]) -> None:
-    """GPTQ over ``stack``'s layers at once; where one's H is unusable, each alone, so that one is named."""
+def _round_stack(stack: list[tuple[_Layer, np.ndarray]]) -> None:
+    """GPTQ over ``stack``'s layers at once (one shape, one grid); where one's H is unusable, each alone, so that one
+    is named."""
     import torch
 
     try:
         grids = np.split(_gptq(np.concatenate([scaled for _, scaled in stack]),
-                               np.concatenate([layer.hessian for layer, _ in stack]), quantize),
+                               np.concatenate([layer.hessian for layer, _ in stack]), stack[0][0].quantize),
                          np.cumsum([scaled.shape[0] for _, scaled in stack])[:-1])
     except torch.linalg.LinAlgError as error:
         if len(stack) == 1:
             _keep_nearest(stack[0][0].node, str(error), stacklevel=4)
             return
         for one in stack:
-            _round_stack([one], quantize)
+            _round_stack([one])
         return
     for (layer, _), grid in zip(stack, grids):
         layer.store(layer.back(grid))
@@ -204,9 +206,9 @@ def _fitting_shapes(node: onnx.NodeProto, weight: np.ndarray):  # type: ignore[n
     return shapes
 
 
-def _stored_layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto,
-                   quantize: Callable[[np.ndarray], np.ndarray]) -> list[_Layer]:
-    """The layers of ``quantized`` that take a stored low-precision weight (through a DequantizeLinear)."""
+def _stored_layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
+    """The layers of ``quantized`` that take a stored low-precision weight (through a DequantizeLinear), each with the
+    grid of the format it is stored in."""
     q_inits = {init.name: init for init in quantized.graph.initializer}
     dq = {node.output[0]: node for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
     layers = []
@@ -220,7 +222,8 @@ def _stored_layers(quantized: onnx.ModelProto, fp32: onnx.ModelProto,
             shape = [1] * weight.ndim
             shape[int_attribute(source, "axis", 1)] = -1
             scale = scale.reshape(shape)
-        layers.append(_Layer(original, _writer(q_inits[source.input[0]], quantize), scale, weight, *shapes))
+        quantize = stored_format(q_inits[source.input[0]].data_type).quantize
+        layers.append(_Layer(original, _writer(q_inits[source.input[0]], quantize), quantize, scale, weight, *shapes))
     return layers
 
 

@@ -45,6 +45,11 @@ def _named(name: str) -> QuantFormat:
     return {fmt.name: fmt for fmt in (INT8, FP8_E4M3)}[name]
 
 
+def stored_format(onnx_type: int) -> QuantFormat:
+    """The format whose values a tensor of ``onnx_type`` stores (a quantized weight's)."""
+    return {fmt.onnx_type: fmt for fmt in (INT8, FP8_E4M3)}[onnx_type]
+
+
 def weight_scales(values: np.ndarray, axis: int | None, fmt: QuantFormat) -> np.ndarray:
     """A weight's symmetric scales: one per output channel along ``axis`` (the other axes kept with size
     1, so they broadcast against the weight), or one for the whole tensor where ``axis`` is None."""

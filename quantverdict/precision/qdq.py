@@ -10,7 +10,7 @@ and TensorRT fuses the Add there if its other input is quantized. Adds with no c
 them (a transformer's residual stream, an attention mask added to scores) stay in float.
 ``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just the named layers
 (sensitivity analysis); ``fallback`` (a share of the weighted layers) keeps that share of them in ``fallback_format``
-(FP32, or FP16: :mod:`quantverdict.precision.wider_layers`), the most sensitive on the calibration set
+(FP32, FP16, or, in an INT8 recipe, FP8 Q/DQ: :mod:`quantverdict.precision.wider_layers`), the most sensitive on the calibration set
 (:func:`quantverdict.judge.sensitivity.choose_fallback`); ``fallback_layers`` records those chosen.
 Convolutions TensorRT has no quantized kernel for in the format (:func:`tensorrt_quantizes_conv`) stay
 in float, as Model Optimizer leaves them.
@@ -31,28 +31,10 @@ from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
-from quantverdict.precision.wider_layers import layers_in_fp16, wider_format
+from quantverdict.precision.qdq_settings import optional_float, patterns, share
+from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16, wider_format
 from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
                                               residual_inputs, tensorrt_quantizes_conv, weight_axis)
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _share(value: Any) -> float | None:
-    if value is None:
-        return None
-    share = float(value)
-    if not 0 < share < 1:
-        raise CalibrationError(f"fallback {value!r}: expected a share of the layers between 0 and 1 (e.g. 0.1)")
-    return share
-
-
-def _patterns(value: Any) -> tuple[str, ...]:
-    """Node-name patterns from a list, or from one string separated by ``;`` (a command line's value)."""
-    items = value.split(";") if isinstance(value, str) else value
-    return tuple(str(item).strip() for item in items if str(item).strip())
-
 
 @dataclass(frozen=True)
 class QDQOptions:
@@ -71,6 +53,7 @@ class QDQOptions:
     fallback_layers: tuple[str, ...] | None = None  # the layers it kept (None: not chosen yet)
     fallback_format: str = "fp32"  # theirs (precision.wider_layers); FP32 adds no param: graphs keep their keys
     native: bool = False  # TensorRT's graph: those layers natively in their format, not emulated in FP32
+    tag: str = ""  # in the names of the Q/DQ tensors it adds: a second format's pass over the fallback layers
     tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
 
 
@@ -84,8 +67,9 @@ class QDQ(Recipe):
     def __init__(self, fmt: QuantFormat, options: QDQOptions | None = None):
         self.fmt = fmt
         self.name = fmt.name
-        self.min_opset = fmt.min_opset
         self.options = options or QDQOptions()
+        self.quantized_type = fmt.onnx_type  # a fallback layer in FP8 is not one of its INT8 layers
+        self.min_opset = max([fmt.min_opset] + [f.min_opset for f in kept_formats(self.options.fallback_format, fmt)])
 
     @property
     def calibrator(self) -> Calibrator:
@@ -117,10 +101,10 @@ class QDQ(Recipe):
         quantizer = settings.get("quantizer", "harness")
         if quantizer != "harness":
             return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
-        parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", _optional_float),
-                 "equalize": ("equalize", bool), "exclude": ("exclude", _patterns),
+        parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", optional_float),
+                 "equalize": ("equalize", bool), "exclude": ("exclude", patterns),
                  "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool),
-                 "fallback": ("fallback", _share), "fallback_format": ("fallback_format", wider_format)}
+                 "fallback": ("fallback", share), "fallback_format": ("fallback_format", wider_format)}
         unknown = sorted(set(settings) - set(parse))
         if unknown:
             raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(parse))}")
@@ -150,7 +134,8 @@ class QDQ(Recipe):
                 "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
                 "fallback": opts.fallback,
                 "fallback_layers": None if opts.fallback_layers is None else sorted(opts.fallback_layers),
-                **({"fallback_format": "fp16", "native": opts.native} if opts.fallback_format == "fp16" else {}),
+                **({} if opts.fallback_format == "fp32" else {"fallback_format": opts.fallback_format}),
+                **({"native": opts.native} if opts.fallback_format == "fp16" else {}),
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -214,7 +199,7 @@ class QDQ(Recipe):
         if self.options.gptq:
             from quantverdict.precision.gptq import round_weights
 
-            quantized = round_weights(quantized, fp32, batches, self.fmt.quantize)
+            quantized = round_weights(quantized, fp32, batches)
         if self.options.bias_correction:
             from quantverdict.precision.bias_correction import correct_biases
 
@@ -243,7 +228,7 @@ class QDQ(Recipe):
             name = node.input[1] if node.op_type in QDQ_OPS else ""
             if name not in weights:
                 continue
-            base = name if name not in copies else f"{name}_{copies[name]}"
+            base = f"{name}{self.options.tag}" if name not in copies else f"{name}{self.options.tag}_{copies[name]}"
             copies[name] = copies.get(name, 0) + 1
             new_nodes.append(self._weight_dq(graph, weights[name], weight_axis(node, len(weights[name].dims)), base))
             node.input[1] = f"{base}_dequantized"
@@ -252,9 +237,17 @@ class QDQ(Recipe):
             graph.initializer.remove(weights[name])
         graph.node.extend(new_nodes)
         topological_sort(graph)
-        if self.options.fallback_format == "fp16" and self.options.fallback_layers:
-            model = layers_in_fp16(model, self.options.fallback_layers, self.options.native)
-        return model
+        return self._fallback_in_its_format(model, ranges)
+
+    def _fallback_in_its_format(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
+        """The fallback layers in FP16 (:func:`layers_in_fp16`), or quantized again in FP8 on the same ranges."""
+        opts = self.options
+        if not opts.fallback_layers or opts.fallback_format == "fp32":
+            return model
+        if opts.fallback_format == "fp16":
+            return layers_in_fp16(model, opts.fallback_layers, opts.native)
+        kept = replace(opts, only=opts.fallback_layers, fallback_layers=None, fallback_format="fp32", tag="_fp8")
+        return QDQ(FP8_E4M3, kept).apply_impl(model, ranges)
 
     def _zero_point(self, name: str, count: int | None) -> onnx.TensorProto:
         zeros = np.zeros(count or (), dtype=self.fmt.np_type)
@@ -265,7 +258,7 @@ class QDQ(Recipe):
         """One Q/DQ pair on ``tensor``, feeding the given inputs of its quantized consumers (a
         residual Add's input from a convolution keeps the float tensor)."""
         scale = self.fmt.scale(float(amax))
-        names = {k: f"{tensor}_{k}" for k in ("scale", "zero_point", "quantized", "dequantized")}
+        names = {k: f"{tensor}{self.options.tag}_{k}" for k in ("scale", "zero_point", "quantized", "dequantized")}
         graph.initializer.extend([numpy_helper.from_array(scale, names["scale"]),
                                   self._zero_point(names["zero_point"], None)])
         for node, indices in consumers:
@@ -273,9 +266,9 @@ class QDQ(Recipe):
                 node.input[index] = names["dequantized"]
         return [
             helper.make_node("QuantizeLinear", [tensor, names["scale"], names["zero_point"]],
-                             [names["quantized"]], name=f"{tensor}_QuantizeLinear"),
+                             [names["quantized"]], name=f"{tensor}{self.options.tag}_QuantizeLinear"),
             helper.make_node("DequantizeLinear", [names["quantized"], names["scale"], names["zero_point"]],
-                             [names["dequantized"]], name=f"{tensor}_DequantizeLinear"),
+                             [names["dequantized"]], name=f"{tensor}{self.options.tag}_DequantizeLinear"),
         ]
 
     def _weight_dq(self, graph: onnx.GraphProto, weight: onnx.TensorProto, axis: int | None,

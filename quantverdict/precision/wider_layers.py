@@ -1,4 +1,5 @@
-"""Layers an INT8 or FP8 recipe keeps out of its format (fallback), in FP16 rather than FP32 where asked.
+"""Layers an INT8 or FP8 recipe keeps out of its format (fallback), in FP16 (or, out of INT8, in FP8) rather than
+FP32 where asked.
 
 A layer fallback keeps unquantized costs the deployment its speed, and FP32 costs more of it than FP16: TensorRT
 builds a Q/DQ graph with FP16 layers in it (strongly typed: the graph's types say so), and NVIDIA's Model Optimizer
@@ -11,10 +12,16 @@ output back to FP32; the emulated form (for ONNX Runtime's CPU, and every judgem
 rounds the same tensors through a Cast to FP16 and back and computes in FP32, as tensor cores accumulate in FP32.
 Constants beyond FP16's largest finite value are clamped to it (:func:`floating.saturate`); an activation beyond
 it becomes infinite in both forms, as it would in the engine, and the recipe's judgement sees it.
+
+An INT8 recipe may keep them in FP8 (E4M3) instead: Q/DQ pairs of that format on the same calibrated ranges, weights
+per output channel, as the FP8 recipe places them (:mod:`quantverdict.precision.qdq`). TensorRT builds such mixed
+graphs for GPUs with FP8 (compute capability 8.9 and later: Ada, Hopper, Blackwell), where an FP8 layer runs as fast as
+an INT8 one; E4M3's 3 significant bits keep an outlier-heavy tensor's small values that one INT8 scale rounds away.
+ONNX Runtime's CPU runs the mixed graph only as written (its integer kernels take no float8).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -23,8 +30,9 @@ from onnx import TensorProto, helper, numpy_helper
 from quantverdict.errors import CalibrationError
 from quantverdict.precision.floating import round_trip, saturate
 from quantverdict.precision.graph import topological_sort
+from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
 
-WIDER_FORMATS = ("fp32", "fp16")  # a fallback layer's format: FP32 (nothing changes) or FP16
+WIDER_FORMATS = ("fp32", "fp16", "fp8")  # a fallback layer's format: FP32 (nothing changes), FP16, or FP8 (from INT8)
 
 
 def wider_format(value: object) -> str:
@@ -32,6 +40,26 @@ def wider_format(value: object) -> str:
     if value not in WIDER_FORMATS:
         raise CalibrationError(f"fallback_format {value!r}: expected one of {', '.join(WIDER_FORMATS)}")
     return str(value)
+
+
+def precisions_needed(precision: str, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The precisions a GPU must support to run ``precision`` with these recipe settings, each with why: the
+    precision itself, and FP8 where an INT8 recipe keeps its fallback layers in it."""
+    needed = [(precision, "")]
+    if precision == INT8.name and settings.get("fallback_format") == "fp8":
+        needed.append((FP8_E4M3.name, f"{precision} keeps its fallback layers in FP8 (fallback_format: fp8): "))
+    return needed
+
+
+def kept_formats(fallback_format: str, fmt: QuantFormat) -> tuple[QuantFormat, ...]:
+    """The quantized formats a ``fmt`` recipe's fallback adds to its graph: FP8 where an INT8 recipe keeps its fallback
+    layers in it, else none. FP8 is wider than INT8 only: an FP8 recipe's layers already are."""
+    if fallback_format != "fp8":
+        return ()
+    if fmt is not INT8:
+        raise CalibrationError(f"fallback_format fp8 in the {fmt.name} recipe: only an INT8 recipe keeps layers in FP8 "
+                               "(expected fp32 or fp16)")
+    return (FP8_E4M3,)
 
 
 def layers_in_fp16(model: onnx.ModelProto, layers: Sequence[str], native: bool) -> onnx.ModelProto:
