@@ -370,7 +370,8 @@ def test_fallback_in_fp8_quantizes_exactly_the_kept_layers_in_e4m3_and_changes_n
     result = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp8"}}).run(
         Case(model, "int8", "onnxruntime"))
     coverage = result.metrics["coverage"]
-    assert set(coverage["kept"]) == set(kept) and all(r.startswith("fallback: in FP8") for r in coverage["kept"].values())
+    assert set(coverage["kept"]) == set(kept)
+    assert all(reason.startswith("fallback: in FP8") for reason in coverage["kept"].values())
     assert not set(kept) & set(coverage["quantized_layers"]) and not coverage["missed"]
     assert result.metrics["recipe"]["settings"]["fallback_format"] == "fp8"
 

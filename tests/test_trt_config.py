@@ -70,8 +70,8 @@ def test_int8_with_layers_in_fp8_needs_fp8s_gpu_and_tensorrt_10s_fp8_flag(qv_pip
 
     spec = replace(qv_pipeline.models.get("resnet18"), recipe={"int8": {"fallback": 0.1, "fallback_format": "fp8"}})
     ampere, hopper = (Capabilities(GPU(name, cc), {}) for name, cc in (("A100", (8, 0)), ("H100", (9, 0))))
-    assert gpu_requirement(spec, "int8", ampere) == ("int8 keeps its fallback layers in FP8 (fallback_format: fp8): fp8 "
-                                                     "needs compute capability ≥ 8.9; this GPU (A100) is 8.0")
+    assert gpu_requirement(spec, "int8", ampere) == ("int8 keeps its fallback layers in FP8 (fallback_format: fp8): "
+                                                     "fp8 needs compute capability ≥ 8.9; this GPU (A100) is 8.0")
     assert gpu_requirement(spec, "int8", hopper) is None
     assert gpu_requirement(qv_pipeline.models.get("resnet18"), "int8", ampere) is None
     plan = build_plan("int8", "10.9.0", ranges_suffice=False, also=frozenset({"fp8"}))

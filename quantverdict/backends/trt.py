@@ -16,7 +16,8 @@ from typing import Any
 from polygraphy.backend.trt import TrtRunner
 
 from quantverdict.backends.base import Artifacts, Backend, Runner
-from quantverdict.backends.trt_engine import BuildOptions, gpu_requirement, cached_engine, engine_summary, profile_from_spec
+from quantverdict.backends.trt_engine import (BuildOptions, cached_engine, engine_summary, gpu_requirement,
+                                              profile_from_spec)
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import Capabilities
 from quantverdict.errors import UnsupportedError
