@@ -51,6 +51,7 @@ from quantverdict.judge.search_result import Candidate, SearchResult
 from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, layers_kept, per_sample,
                                             weighted_layers)
 from quantverdict.judge.tolerances import Tolerance
+from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
 
 LOG = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     report(f"recipe search {model} {base.name}: at most {most} candidates, each calibrated and judged on "
            f"{len(folds)} folds of {result.held_out_samples} calibration samples")
 
-    evaluation = sum(len(next(iter(batch.values()))) for batch in whole.batches(model, "evaluation"))
+    evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
 
     def meets_bounds(pooled: dict[str, np.ndarray]) -> bool:
         """The case's bounds on the held-out samples: its tolerance's, its lower bounds by the evaluation's margin

@@ -17,6 +17,11 @@ Batch = dict[str, np.ndarray]
 BATCHES_IN_MEMORY = 16  # a batch's share of memory: calibration and evaluation sets, a forward pass's activations
 
 
+def sample_count(batch: Batch) -> int:
+    """How many samples ``batch`` holds (its inputs share the first axis)."""
+    return len(next(iter(batch.values())))
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """A named input: its shape (batch first), dtype, value range and dynamic axes; ``resolution``,

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quantverdict.models.spec import Batch
+from quantverdict.models.spec import Batch, sample_count
 from quantverdict.precision.calibrate import as_written_session
 from quantverdict.precision.graph import use_counts
 
@@ -72,7 +72,7 @@ def _means_session(model: onnx.ModelProto, tensors: list[str], fed: list[str]): 
     def means(wanted: list[str], batches: Sequence[Batch], values: dict[str, np.ndarray]) -> list[np.ndarray]:
         sums, count = [np.zeros(1)] * len(wanted), 0
         for batch in batches:
-            size = len(next(iter(batch.values())))
+            size = sample_count(batch)
             outputs = session.run([f"{t}__mean" for t in wanted], {**batch, **values})
             sums = [s + o.astype(np.float64) * size for s, o in zip(sums, outputs)]
             count += size

@@ -31,7 +31,7 @@ from quantverdict.judge.timed import judge_timed_outputs
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 from quantverdict.models import ModelSpec
 from quantverdict.models.data import batches_key
-from quantverdict.models.spec import Batch
+from quantverdict.models.spec import Batch, sample_count
 from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
@@ -121,7 +121,7 @@ class CaseExecutor:
                 timings["run_s"] = time.perf_counter() - start
                 built, runtime = runner.describe(), runner.label()
                 if self.timing:
-                    items = len(next(iter(batches[0].values())))
+                    items = sample_count(batches[0])
                     latency = time_call(lambda: runner.infer(batches[0]), items=items)
         else:  # outputs fixed by what the backend names: read them if an earlier run made them
             start = time.perf_counter()

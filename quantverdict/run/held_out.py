@@ -12,7 +12,7 @@ from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
 from quantverdict.judge.recipe_search import AutoSettings, Progress, SearchResult, search
-from quantverdict.models.spec import Batch
+from quantverdict.models.spec import Batch, sample_count
 from quantverdict.precision import get_recipe
 from quantverdict.precision.qdq import QDQ
 from quantverdict.run.artifacts import ArtifactStore
@@ -37,7 +37,7 @@ def split(batches: list[Batch], model: str, fold: int = 0) -> tuple[list[Batch],
 
 def held_out_samples(batches: list[Batch], fold: int) -> np.ndarray:
     """The indices, in the whole calibration set's samples, of those :func:`split` holds out in ``fold``."""
-    sizes = np.cumsum([0] + [len(next(iter(batch.values()))) for batch in batches])
+    sizes = np.cumsum([0] + [sample_count(batch) for batch in batches])
     start, end = _bounds(batches, fold)
     return np.arange(sizes[start], sizes[end])
 
