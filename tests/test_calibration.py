@@ -376,6 +376,22 @@ def test_fallback_in_fp8_quantizes_exactly_the_kept_layers_in_e4m3_and_changes_n
     assert result.metrics["recipe"]["settings"]["fallback_format"] == "fp8"
 
 
+def test_fallback_in_fp8_keeps_in_fp32_the_layers_tensorrt_has_no_fp8_kernel_for_and_says_so(qv_pipeline):
+    """FP8 has no TensorRT kernel for a depthwise convolution (Model Optimizer's rules): a kept depthwise layer stays
+    FP32 in the graph, and its reason says FP32 and why, not FP8; the verdict's reasons agree with the graph."""
+    pipeline = Pipeline(qv_pipeline.store.cache.root, recipe_settings={"int8": {"fallback": 0.99,
+                                                                                "fallback_format": "fp8"}})
+    recipe = pipeline.store.recipe("dwblock", "int8", "emulated")
+    graph = onnx.load(str(pipeline.store.precision_onnx("dwblock", recipe)))
+    kept = pipeline.run(Case("dwblock", "int8", "onnxruntime")).metrics["coverage"]["kept"]
+    assert set(kept) == set(recipe.options.fallback_layers)
+    in_fp8 = {n.name for n in graph.graph.node if n.name in kept and n.input[1].endswith("_fp8_dequantized")}
+    assert in_fp8 and in_fp8 != set(kept)
+    for layer, reason in kept.items():
+        assert reason.startswith("fallback: in FP8" if layer in in_fp8 else
+                                 "fallback: in FP32, as TensorRT has no FP8 kernel for a convolution of"), (layer, reason)
+
+
 def test_fallback_share_must_be_a_fraction():
     with pytest.raises(CalibrationError, match="fallback 10: expected a share of the layers between 0 and 1"):
         get_recipe("int8").configured({"fallback": 10})

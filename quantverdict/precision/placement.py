@@ -82,7 +82,7 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
         elif layer.name in fallback:
             reasons[layer.name] = (f"fallback: in {fallback_format.upper()}, among the layers that cost the output "
                                    "most on the calibration set")
-        elif only is not None:
+        elif only is not None and layer.name not in only:
             reasons[layer.name] = "excluded: not among the layers analysed (only)"
         elif layer.kind in RECURRENT:
             reasons[layer.name] = (f"no kernel: TensorRT and ONNX Runtime run {layer.kind} in float (no {name} "

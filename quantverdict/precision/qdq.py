@@ -31,8 +31,8 @@ from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
-from quantverdict.precision.qdq_settings import optional_float, patterns, share
-from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16, wider_format
+from quantverdict.precision.qdq_settings import SETTINGS
+from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16
 from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
                                               residual_inputs, tensorrt_quantizes_conv, weight_axis)
 
@@ -101,15 +101,11 @@ class QDQ(Recipe):
         quantizer = settings.get("quantizer", "harness")
         if quantizer != "harness":
             return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
-        parse = {"calibration": ("calibrator", Calibrator), "smoothquant": ("smoothquant", optional_float),
-                 "equalize": ("equalize", bool), "exclude": ("exclude", patterns),
-                 "gptq": ("gptq", bool), "bias_correction": ("bias_correction", bool),
-                 "fallback": ("fallback", share), "fallback_format": ("fallback_format", wider_format)}
-        unknown = sorted(set(settings) - set(parse))
+        unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
-            raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(parse))}")
+            raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(SETTINGS))}")
         try:
-            return self.with_options(**{parse[k][0]: parse[k][1](v) for k, v in settings.items()})
+            return self.with_options(**{SETTINGS[k][0]: SETTINGS[k][1](v) for k, v in settings.items()})
         except (TypeError, ValueError) as exc:  # smoothquant: banana
             raise CalibrationError(f"{self.name} recipe settings {dict(settings)}: {exc}") from None
 
@@ -170,8 +166,14 @@ class QDQ(Recipe):
     def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
         """Each weighted layer this recipe leaves in float, and why (:func:`placement.float_reasons`)."""
         opts = self.options
-        return float_reasons(source, {node.name for node in self.quantized_nodes(source)}, self.fmt, opts.exclude,
-                             opts.fallback_layers or (), opts.only, opts.tensorrt_kernels, opts.fallback_format)
+        reasons = float_reasons(source, {node.name for node in self.quantized_nodes(source)}, self.fmt, opts.exclude,
+                                opts.fallback_layers or (), opts.only, opts.tensorrt_kernels, opts.fallback_format)
+        if opts.fallback_format == "fp8" and opts.fallback_layers:  # those FP8 has no kernel for stay in FP32
+            for layer, why in self._in_fp8().float_reasons(source).items():
+                if layer in opts.fallback_layers and why.startswith("no kernel"):
+                    reasons[layer] = f"fallback: in FP32, as {why.removeprefix('no kernel: ')}, among the layers " \
+                                     "that cost the output most on the calibration set"
+        return reasons
 
     def for_target(self, target: str) -> Recipe:
         """INT8 for ONNX Runtime's CPU kernels (the speed lane) is ONNX Runtime's own layout."""
@@ -246,8 +248,13 @@ class QDQ(Recipe):
             return model
         if opts.fallback_format == "fp16":
             return layers_in_fp16(model, opts.fallback_layers, opts.native)
-        kept = replace(opts, only=opts.fallback_layers, fallback_layers=None, fallback_format="fp32", tag="_fp8")
-        return QDQ(FP8_E4M3, kept).apply_impl(model, ranges)
+        return self._in_fp8().apply_impl(model, ranges)
+
+    def _in_fp8(self) -> "QDQ":
+        """The second pass of a recipe whose fallback layers are FP8: those layers alone, its tensors' names tagged."""
+        opts = self.options
+        return QDQ(FP8_E4M3, replace(opts, only=opts.fallback_layers, fallback_layers=None, fallback_format="fp32",
+                                     tag="_fp8"))
 
     def _zero_point(self, name: str, count: int | None) -> onnx.TensorProto:
         zeros = np.zeros(count or (), dtype=self.fmt.np_type)
