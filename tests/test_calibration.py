@@ -387,9 +387,9 @@ def test_fallback_in_fp8_keeps_in_fp32_the_layers_tensorrt_has_no_fp8_kernel_for
     assert set(kept) == set(recipe.options.fallback_layers)
     in_fp8 = {n.name for n in graph.graph.node if n.name in kept and n.input[1].endswith("_fp8_dequantized")}
     assert in_fp8 and in_fp8 != set(kept)
+    no_kernel = "fallback: in FP32, as TensorRT has no FP8 kernel for a convolution of"
     for layer, reason in kept.items():
-        assert reason.startswith("fallback: in FP8" if layer in in_fp8 else
-                                 "fallback: in FP32, as TensorRT has no FP8 kernel for a convolution of"), (layer, reason)
+        assert reason.startswith("fallback: in FP8" if layer in in_fp8 else no_kernel), (layer, reason)
 
 
 def test_fallback_share_must_be_a_fraction():
