@@ -76,6 +76,12 @@ def test_int8_with_layers_in_fp8_needs_fp8s_gpu_and_tensorrt_10s_fp8_flag(qv_pip
     assert gpu_requirement(qv_pipeline.models.get("resnet18"), "int8", ampere) is None
     plan = build_plan("int8", "10.9.0", ranges_suffice=False, also=frozenset({"fp8"}))
     assert (plan.graph, plan.flags) == ("recipe", {"int8", "fp8"})
+    from quantverdict.backends.trt_engine import target_requirement
+    from quantverdict.precision import get_recipe
+
+    params = get_recipe("int8").configured({"fallback": 0.1, "fallback_format": "fp8"}).params()  # a --recipe-option
+    assert target_requirement("int8", params, (8, 0), "this GPU (A100)") == gpu_requirement(spec, "int8", ampere)
+    assert target_requirement("int8", params, (9, 0)) is None
 
 
 @pytest.mark.parametrize("settings, suffice", [({}, True), ({"calibration": "mse"}, True), ({"gptq": True}, False),

@@ -17,7 +17,7 @@ from polygraphy.backend.trt import TrtRunner
 
 from quantverdict.backends.base import Artifacts, Backend, Runner
 from quantverdict.backends.trt_engine import (BuildOptions, cached_engine, engine_summary, gpu_requirement,
-                                              profile_from_spec)
+                                              profile_from_spec, target_requirement)
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import Capabilities
 from quantverdict.errors import UnsupportedError
@@ -114,6 +114,9 @@ class TensorRTBackend(Backend):
         import torch
 
         gpu = (torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))  # engines are GPU-specific
+        reason = target_requirement(precision, artifacts.recipe.params(), gpu[1], f"this GPU ({gpu[0]})")
+        if reason:
+            raise UnsupportedError(reason)
         build = BuildOptions(tf32="tf32" in plan.flags, profiles=profile_from_spec(artifacts.spec))
         calibrator = None
         if plan.implicit_int8_calibration:  # TensorRT reads the harness's ranges from this cache file

@@ -189,10 +189,12 @@ def gpu_requirement(spec: ModelSpec, precision: str, caps: Capabilities) -> str 
     return None
 
 
-def target_requirement(precision: str, settings: Mapping[str, Any], cc: tuple[int, int]) -> str | None:
-    """As :func:`gpu_requirement`, for a build target of compute capability ``cc`` and a recipe's ``settings``."""
+def target_requirement(precision: str, settings: Mapping[str, Any], cc: tuple[int, int],
+                       subject: str = "the build target") -> str | None:
+    """As :func:`gpu_requirement`, for ``subject`` of compute capability ``cc`` and a recipe's ``settings`` (those a
+    run's ``--recipe-option`` set too)."""
     for needed, why in precisions_needed(precision, settings):
-        reason = cc_requirement(needed, cc, "the build target")
+        reason = cc_requirement(needed, cc, subject)
         if reason:
             return why + reason
     return None
