@@ -11,7 +11,7 @@ import onnx
 
 from quantverdict.precision.coverage import RECURRENT, layers
 from quantverdict.precision.graph import initializer_names, int_attribute
-from quantverdict.precision.grids import INT8, QuantFormat
+from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
 
 # op type → indices of inputs that are quantized (activations, or weights when initializers)
 QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
@@ -64,14 +64,22 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
                   fallback: tuple[str, ...], only: tuple[str, ...] | None, tensorrt_kernels: bool,
                   fallback_format: str = "fp32") -> dict[str, str]:
     """Why each weighted layer of ``source`` that a Q/DQ recipe does not quantize (not in ``planned``) is left in
-    float: a pattern the user excluded, fallback (in ``fallback_format``), layers analysed alone (``only``), and
-    kinds or shapes no runtime has a kernel for in ``fmt``. A layer of a kind the recipe quantizes whose weight is no
-    constant gets no reason: it is missed, and a verdict says so."""
+    float: a pattern the user excluded, fallback (in ``fallback_format``; in FP32 where that is FP8 and TensorRT has no
+    FP8 kernel for the layer), layers analysed alone (``only``), and kinds or shapes no runtime has a kernel for in
+    ``fmt``. A layer of a kind the recipe quantizes whose weight is no constant gets no reason: it is missed, and a
+    verdict says so."""
     nodes = {node.name: node for node in source.graph.node}
     weights = {init.name: list(init.dims) for init in source.graph.initializer}
     graph_inputs = {value.name for value in source.graph.input}
     name = fmt.name.upper()
     reasons = {}
+
+    def no_kernel(node: onnx.NodeProto, kind: str, in_fmt: QuantFormat) -> str | None:
+        """Why TensorRT has no ``in_fmt`` kernel for this convolution (:func:`no_kernel_for_conv`); None for others."""
+        if kind in ("Conv", "ConvTranspose") and tensorrt_kernels and weights.get(node.input[1]):
+            return no_kernel_for_conv(node, weights[node.input[1]], in_fmt, node.input[0] in graph_inputs)
+        return None
+
     for layer in layers(source):
         node = nodes.get(layer.name)
         if node is None or layer.name in planned or layer.quantized:  # None: inside a control-flow body (missed)
@@ -79,9 +87,11 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
         pattern = next((p for p in exclude if fnmatch.fnmatchcase(node.name, p)), None)
         if pattern is not None:
             reasons[layer.name] = f"excluded: matches {pattern!r}"
-        elif layer.name in fallback:
-            reasons[layer.name] = (f"fallback: in {fallback_format.upper()}, among the layers that cost the output "
-                                   "most on the calibration set")
+        elif layer.name in fallback:  # an FP8 fallback layer TensorRT has no FP8 kernel for stays FP32
+            why = no_kernel(node, layer.kind, FP8_E4M3) if fallback_format == FP8_E4M3.name else None
+            kept = f"FP32, as {why}" if why else fallback_format.upper()
+            reasons[layer.name] = f"fallback: in {kept}, among the layers that cost the output most on the " \
+                                  "calibration set"
         elif only is not None and layer.name not in only:
             reasons[layer.name] = "excluded: not among the layers analysed (only)"
         elif layer.kind in RECURRENT:
@@ -89,8 +99,8 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
                                    "recurrent kernel takes Q/DQ on its weights)")
         elif layer.kind in ("Einsum", "Attention"):
             reasons[layer.name] = f"no kernel: no {name} {layer.kind} kernel in TensorRT or ONNX Runtime"
-        elif layer.kind in ("Conv", "ConvTranspose") and tensorrt_kernels and weights.get(node.input[1]):
-            why = no_kernel_for_conv(node, weights[node.input[1]], fmt, node.input[0] in graph_inputs)
+        else:
+            why = no_kernel(node, layer.kind, fmt)
             if why:
                 reasons[layer.name] = f"no kernel: {why}"
     return reasons

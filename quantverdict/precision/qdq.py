@@ -166,14 +166,8 @@ class QDQ(Recipe):
     def float_reasons(self, source: onnx.ModelProto) -> dict[str, str]:
         """Each weighted layer this recipe leaves in float, and why (:func:`placement.float_reasons`)."""
         opts = self.options
-        reasons = float_reasons(source, {node.name for node in self.quantized_nodes(source)}, self.fmt, opts.exclude,
-                                opts.fallback_layers or (), opts.only, opts.tensorrt_kernels, opts.fallback_format)
-        if opts.fallback_format == "fp8" and opts.fallback_layers:  # those FP8 has no kernel for stay in FP32
-            for layer, why in self._in_fp8().float_reasons(source).items():
-                if layer in opts.fallback_layers and why.startswith("no kernel"):
-                    reasons[layer] = f"fallback: in FP32, as {why.removeprefix('no kernel: ')}, among the layers " \
-                                     "that cost the output most on the calibration set"
-        return reasons
+        return float_reasons(source, {node.name for node in self.quantized_nodes(source)}, self.fmt, opts.exclude,
+                             opts.fallback_layers or (), opts.only, opts.tensorrt_kernels, opts.fallback_format)
 
     def for_target(self, target: str) -> Recipe:
         """INT8 for ONNX Runtime's CPU kernels (the speed lane) is ONNX Runtime's own layout."""
@@ -248,13 +242,8 @@ class QDQ(Recipe):
             return model
         if opts.fallback_format == "fp16":
             return layers_in_fp16(model, opts.fallback_layers, opts.native)
-        return self._in_fp8().apply_impl(model, ranges)
-
-    def _in_fp8(self) -> "QDQ":
-        """The second pass of a recipe whose fallback layers are FP8: those layers alone, its tensors' names tagged."""
-        opts = self.options
-        return QDQ(FP8_E4M3, replace(opts, only=opts.fallback_layers, fallback_layers=None, fallback_format="fp32",
-                                     tag="_fp8"))
+        in_fp8 = replace(opts, only=opts.fallback_layers, fallback_layers=None, fallback_format="fp32", tag="_fp8")
+        return QDQ(FP8_E4M3, in_fp8).apply_impl(model, ranges)  # a second pass: those layers alone, names tagged
 
     def _zero_point(self, name: str, count: int | None) -> onnx.TensorProto:
         zeros = np.zeros(count or (), dtype=self.fmt.np_type)
