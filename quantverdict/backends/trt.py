@@ -107,14 +107,14 @@ class TensorRTBackend(Backend):
         import tensorrt
         from polygraphy.backend.trt import EngineFromBytes
 
-        precision = artifacts.recipe.name
-        also = frozenset(needed for needed, _ in precisions_needed(precision, artifacts.recipe.params())[1:])
+        precision, settings = artifacts.recipe.name, artifacts.recipe.params()
+        also = frozenset(needed for needed, _ in precisions_needed(precision, settings)[1:])
         plan = build_plan(precision, tensorrt.__version__, artifacts.ranges is not None, also)
         onnx_path = artifacts.onnx_path() if plan.graph == "recipe" else artifacts.fp32_onnx()
         import torch
 
         gpu = (torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))  # engines are GPU-specific
-        reason = target_requirement(precision, artifacts.recipe.params(), gpu[1], f"this GPU ({gpu[0]})")
+        reason = target_requirement(precision, settings, gpu[1], f"this GPU ({gpu[0]})")
         if reason:
             raise UnsupportedError(reason)
         build = BuildOptions(tf32="tf32" in plan.flags, profiles=profile_from_spec(artifacts.spec))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -182,19 +182,21 @@ class EngineRunner(Runner):
 def gpu_requirement(spec: ModelSpec, precision: str, caps: Capabilities) -> str | None:
     """Why this GPU cannot run ``precision`` with the recipe settings ``spec`` declares for it (an INT8 recipe with
     FP8 layers needs FP8's compute capability too), or None."""
-    for needed, why in precisions_needed(precision, spec.recipe.get(precision, {})):
-        reason = caps.gpu_requirement(needed)
-        if reason:
-            return why + reason
-    return None
+    return _first_unmet(precision, spec.recipe.get(precision, {}), caps.gpu_requirement)
 
 
 def target_requirement(precision: str, settings: Mapping[str, Any], cc: tuple[int, int],
                        subject: str = "the build target") -> str | None:
     """As :func:`gpu_requirement`, for ``subject`` of compute capability ``cc`` and a recipe's ``settings`` (those a
     run's ``--recipe-option`` set too)."""
+    return _first_unmet(precision, settings, lambda needed: cc_requirement(needed, cc, subject))
+
+
+def _first_unmet(precision: str, settings: Mapping[str, Any], unmet: Callable[[str], str | None]) -> str | None:
+    """The first of the precisions ``precision`` with ``settings`` needs (:func:`precisions_needed`) that ``unmet``
+    gives a reason for, with why it is needed; None where every one is met."""
     for needed, why in precisions_needed(precision, settings):
-        reason = cc_requirement(needed, cc, subject)
+        reason = unmet(needed)
         if reason:
             return why + reason
     return None
