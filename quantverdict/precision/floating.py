@@ -96,7 +96,6 @@ class RoundedStorage(Recipe):
         return model
 
 
-
 # Ops TensorRT has no kernel for in a low type; they run in FP32 between Casts.
 # TensorRT-RTX 1.7's parser: "Only FLOAT, HALF or INT8 input is supported for the HardSwish operator".
 KEEP_FP32 = {"fp16": frozenset(), "bf16": frozenset({"HardSwish"})}

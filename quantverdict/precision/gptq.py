@@ -81,7 +81,7 @@ def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Se
 
 def round_fake_quantized(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
                          scales: Callable[[onnx.NodeProto, np.ndarray], np.ndarray | None],
-                         quantize: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
+                         quantize: Quantize) -> onnx.ModelProto:
     """As :func:`round_weights`, for a graph whose weights hold their dequantized values in float (FP4's
     simulation): ``scales(node, weight)`` gives each weight element's scale (its block's), or None for a
     layer left as is; the rounded weights are written back as grid values times those scales."""
@@ -265,7 +265,7 @@ def _roundable(fp32: onnx.ModelProto) -> list[Inputs]:
     return out
 
 
-def _gptq(weight: np.ndarray, hessian: np.ndarray, quantize: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+def _gptq(weight: np.ndarray, hessian: np.ndarray, quantize: Quantize) -> np.ndarray:
     """Grid values for ``weight`` ([groups, rows, columns], in units of its scales) that keep
     ``weight @ x`` close over inputs of second moment ``hessian`` ([groups, columns, columns])."""
     import torch
