@@ -300,7 +300,7 @@ def test_fallback_in_fp16_rounds_exactly_the_kept_layers_tensors_and_changes_not
 
 
 def test_fallback_format_is_fp32_fp16_or_from_int8_fp8():
-    with pytest.raises(CalibrationError, match="fallback_format 'fp4': expected one of fp32, fp16, fp8"):
+    with pytest.raises(CalibrationError, match="fallback_format 'fp4': expected one of fp8, fp16, fp32, or several"):
         get_recipe("int8").configured({"fallback_format": "fp4"})
     with pytest.raises(CalibrationError, match="fallback_format fp8 in the fp8 recipe: only an INT8 recipe keeps"):
         get_recipe("fp8").configured({"fallback_format": "fp8"})

@@ -61,13 +61,13 @@ def _tensorrt_kernel(out_channels: int, in_channels: int, kernel: list[int], gro
 
 
 def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, exclude: tuple[str, ...],
-                  fallback: tuple[str, ...], only: tuple[str, ...] | None, tensorrt_kernels: bool,
-                  fallback_format: str = "fp32") -> dict[str, str]:
-    """Why each weighted layer of ``source`` that a Q/DQ recipe does not quantize (not in ``planned``) is left in
-    float: a pattern the user excluded, fallback (in ``fallback_format``; in FP32 where that is FP8 and TensorRT has no
-    FP8 kernel for the layer), layers analysed alone (``only``), and kinds or shapes no runtime has a kernel for in
-    ``fmt``. A layer of a kind the recipe quantizes whose weight is no constant gets no reason: it is missed, and a
-    verdict says so."""
+                  fallback: Mapping[str, str], only: tuple[str, ...] | None, tensorrt_kernels: bool,
+                  offered: tuple[str, ...] = ("fp32",)) -> dict[str, str]:
+    """Why each weighted layer of ``source`` that a Q/DQ recipe does not quantize (not in ``planned``) is left in float:
+    a pattern the user excluded, fallback (layer → the format it keeps it in, one of those ``offered``; FP32 where that
+    is FP8 and TensorRT has no FP8 kernel for the layer), layers analysed alone (``only``), and kinds or shapes no
+    runtime has a kernel for in ``fmt``. A layer of a kind the recipe quantizes whose weight is no constant gets no
+    reason: it is missed, and a verdict says so."""
     nodes = {node.name: node for node in source.graph.node}
     weights = {init.name: list(init.dims) for init in source.graph.initializer}
     graph_inputs = {value.name for value in source.graph.input}
@@ -88,10 +88,13 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
         if pattern is not None:
             reasons[layer.name] = f"excluded: matches {pattern!r}"
         elif layer.name in fallback:  # an FP8 fallback layer TensorRT has no FP8 kernel for stays FP32
-            why = no_kernel(node, layer.kind, FP8_E4M3) if fallback_format == FP8_E4M3.name else None
-            kept = f"FP32, as {why}" if why else fallback_format.upper()
+            why = no_kernel(node, layer.kind, FP8_E4M3) if fallback[layer.name] == FP8_E4M3.name else None
+            kept = f"FP32, as {why}" if why else fallback[layer.name].upper()
+            chosen = "" if len(offered) == 1 else (
+                f"; the narrowest of {'/'.join(offered).upper()} in which, alone, it costs the output no more than the "
+                f"most sensitive layer left in {name} does")
             reasons[layer.name] = f"fallback: in {kept}, among the layers that cost the output most on the " \
-                                  "calibration set"
+                                  f"calibration set{chosen}"
         elif only is not None and layer.name not in only:
             reasons[layer.name] = "excluded: not among the layers analysed (only)"
         elif layer.kind in RECURRENT:

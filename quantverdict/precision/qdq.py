@@ -1,19 +1,18 @@
 """Explicit quantization: Q/DQ pairs in the layout TensorRT's strongly typed mode expects.
 
-Activations feeding Conv/Gemm/MatMul get one symmetric per-tensor QuantizeLinear →
-DequantizeLinear pair (shared by all consumers); weights are stored quantized with a
-per-output-channel DequantizeLinear; biases stay float (TensorRT's parser rejects an int32 DQ).
-With ``residual_add``, a residual Add gets a pair on its residual input only, as NVIDIA's Model
-Optimizer places it (``build_non_residual_input_map``): an Add one of whose inputs comes from a
-convolution (through the ops TensorRT fuses into it) takes that input in the convolution's epilogue,
-and TensorRT fuses the Add there if its other input is quantized. Adds with no convolution behind
-them (a transformer's residual stream, an attention mask added to scores) stay in float.
-``exclude`` (fnmatch patterns on node names) keeps layers in high precision; ``only`` quantizes just the named layers
-(sensitivity analysis); ``fallback`` (a share of the weighted layers) keeps that share of them in ``fallback_format``
-(FP32, FP16, or, in an INT8 recipe, FP8 Q/DQ: :mod:`quantverdict.precision.wider_layers`), the most sensitive on the
-calibration set (:func:`quantverdict.judge.sensitivity.choose_fallback`); ``fallback_layers`` records those chosen.
-Convolutions TensorRT has no quantized kernel for in the format (:func:`tensorrt_quantizes_conv`) stay
-in float, as Model Optimizer leaves them.
+Activations feeding Conv/Gemm/MatMul get one symmetric per-tensor QuantizeLinear → DequantizeLinear pair (shared by all
+consumers); weights are stored quantized with a per-output-channel DequantizeLinear; biases stay float (TensorRT's
+parser rejects an int32 DQ). With ``residual_add``, a residual Add gets a pair on its residual input only, as NVIDIA's
+Model Optimizer places it (``build_non_residual_input_map``): an Add one of whose inputs comes from a convolution
+(through the ops TensorRT fuses into it) takes that input in the convolution's epilogue, and TensorRT fuses the Add
+there if its other input is quantized. Adds with no convolution behind them (a transformer's residual stream, an
+attention mask added to scores) stay in float. ``exclude`` (fnmatch patterns on node names) keeps layers in high
+precision; ``only`` quantizes just the named layers (sensitivity analysis); ``fallback`` (a share of the weighted
+layers) keeps that share of them in ``fallback_format`` (FP32, FP16, or, in an INT8 recipe, FP8 Q/DQ:
+:mod:`quantverdict.precision.wider_layers`), the most sensitive on the calibration set
+(:func:`quantverdict.judge.sensitivity.choose_fallback`); ``fallback_layers`` records those chosen. Convolutions
+TensorRT has no quantized kernel for in the format (:func:`tensorrt_quantizes_conv`) stay in float, as Model Optimizer
+leaves them.
 """
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
-from quantverdict.precision.qdq_settings import SETTINGS
-from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16
+from quantverdict.precision.qdq_settings import SETTINGS, other_quantizer
+from quantverdict.precision.wider_layers import Formats, formats_setting, kept_formats, layers_in_fp16
 from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
                                               residual_inputs, tensorrt_quantizes_conv, weight_axis)
 
@@ -51,10 +50,16 @@ class QDQOptions:
     bias_correction: bool = False  # output means matched to FP32's (quantverdict.precision.bias_correction)
     fallback: float | None = None  # share of the weighted layers accuracy-aware fallback keeps in FP32
     fallback_layers: tuple[str, ...] | None = None  # the layers it kept (None: not chosen yet)
-    fallback_format: str = "fp32"  # theirs (precision.wider_layers); FP32 adds no param: graphs keep their keys
+    fallback_format: Formats = ("fp32",)  # those it may keep them in (precision.wider_layers); FP32 adds no param
+    layer_formats: tuple[tuple[str, str], ...] = ()  # each kept layer's, chosen where fallback_format offers several
     native: bool = False  # TensorRT's graph: those layers natively in their format, not emulated in FP32
     tag: str = ""  # in the names of the Q/DQ tensors it adds: a second format's pass over the fallback layers
     tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
+
+    def kept(self) -> dict[str, str]:
+        """Each layer fallback keeps, with its format: its own where one was chosen, else the widest offered."""
+        chosen = dict(self.layer_formats)
+        return {layer: chosen.get(layer, self.fallback_format[-1]) for layer in self.fallback_layers or ()}
 
 
 class QDQ(Recipe):
@@ -86,6 +91,11 @@ class QDQ(Recipe):
     def with_options(self, **changes: Any) -> "QDQ":
         return QDQ(self.fmt, replace(self.options, **changes))
 
+    def with_kept(self, kept: Mapping[str, str]) -> "QDQ":
+        """The recipe with fallback keeping ``kept`` (layer → format), recorded where several formats are offered."""
+        chosen = tuple(sorted(kept.items())) if len(self.options.fallback_format) > 1 else ()
+        return self.with_options(fallback_layers=tuple(kept), layer_formats=chosen)
+
     @property
     def fallback_pending(self) -> bool:
         return self.options.fallback is not None and self.options.fallback_layers is None
@@ -100,7 +110,8 @@ class QDQ(Recipe):
         run can set them side by side on the same data."""
         quantizer = settings.get("quantizer", "harness")
         if quantizer != "harness":
-            return self._other_quantizer(quantizer, {k: v for k, v in settings.items() if k != "quantizer"})
+            others = {k: v for k, v in settings.items() if k != "quantizer"}
+            return other_quantizer(self.name, self.fmt, quantizer, others)
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(SETTINGS))}")
@@ -108,18 +119,6 @@ class QDQ(Recipe):
             return self.with_options(**{SETTINGS[k][0]: SETTINGS[k][1](v) for k, v in settings.items()})
         except (TypeError, ValueError) as exc:  # smoothquant: banana
             raise CalibrationError(f"{self.name} recipe settings {dict(settings)}: {exc}") from None
-
-    def _other_quantizer(self, quantizer: str, settings: Mapping[str, Any]) -> Recipe:
-        if set(settings) - {"calibration"}:
-            raise CalibrationError(f"quantizer {quantizer!r} takes only a calibration setting; got {sorted(settings)}")
-        if quantizer == "modelopt":
-            from quantverdict.precision.modelopt import ModelOptimizerQDQ
-
-            return ModelOptimizerQDQ(self.name, settings.get("calibration"))
-        if quantizer == "onnxruntime" and self.fmt is INT8 and not settings:
-            return self.for_target("onnxruntime-cpu")
-        raise CalibrationError(f"unknown {self.name} quantizer {quantizer!r} (with {dict(settings)}); "
-                               "known: harness, modelopt, onnxruntime (int8, its own MinMax calibration)")
 
     def params(self) -> dict[str, Any]:
         opts = self.options
@@ -130,8 +129,10 @@ class QDQ(Recipe):
                 "bias_correction": opts.bias_correction, "tensorrt_kernels": opts.tensorrt_kernels,
                 "fallback": opts.fallback,
                 "fallback_layers": None if opts.fallback_layers is None else sorted(opts.fallback_layers),
-                **({} if opts.fallback_format == "fp32" else {"fallback_format": opts.fallback_format}),
-                **({"native": opts.native} if opts.fallback_format == "fp16" else {}),
+                **({"fallback_format": formats_setting(opts.fallback_format)} if opts.fallback_format != ("fp32",)
+                   else {}),
+                **({"layer_formats": dict(opts.layer_formats)} if opts.layer_formats else {}),
+                **({"native": opts.native} if "fp16" in opts.fallback_format else {}),
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -167,7 +168,7 @@ class QDQ(Recipe):
         """Each weighted layer this recipe leaves in float, and why (:func:`placement.float_reasons`)."""
         opts = self.options
         return float_reasons(source, {node.name for node in self.quantized_nodes(source)}, self.fmt, opts.exclude,
-                             opts.fallback_layers or (), opts.only, opts.tensorrt_kernels, opts.fallback_format)
+                             opts.kept(), opts.only, opts.tensorrt_kernels, opts.fallback_format)
 
     def for_target(self, target: str) -> Recipe:
         """INT8 for ONNX Runtime's CPU kernels (the speed lane) is ONNX Runtime's own layout."""
@@ -236,14 +237,16 @@ class QDQ(Recipe):
         return self._fallback_in_its_format(model, ranges)
 
     def _fallback_in_its_format(self, model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
-        """The fallback layers in FP16 (:func:`layers_in_fp16`), or quantized again in FP8 on the same ranges."""
+        """The fallback layers kept in FP8 quantized again in it on the same ranges (a second pass: those layers
+        alone, names tagged), those kept in FP16 in it (:func:`layers_in_fp16`); those kept in FP32 as they are."""
         opts = self.options
-        if not opts.fallback_layers or opts.fallback_format == "fp32":
-            return model
-        if opts.fallback_format == "fp16":
-            return layers_in_fp16(model, opts.fallback_layers, opts.native)
-        in_fp8 = replace(opts, only=opts.fallback_layers, fallback_layers=None, fallback_format="fp32", tag="_fp8")
-        return QDQ(FP8_E4M3, in_fp8).apply_impl(model, ranges)  # a second pass: those layers alone, names tagged
+        kept = opts.kept()
+        in_fp8 = tuple(layer for layer, kept_in in kept.items() if kept_in == FP8_E4M3.name)
+        if in_fp8:
+            model = QDQ(FP8_E4M3, replace(opts, only=in_fp8, fallback_layers=None, fallback_format=("fp32",),
+                                          layer_formats=(), tag="_fp8")).apply_impl(model, ranges)
+        in_fp16 = [layer for layer, kept_in in kept.items() if kept_in == "fp16"]
+        return layers_in_fp16(model, in_fp16, opts.native) if in_fp16 else model
 
     def _zero_point(self, name: str, count: int | None) -> onnx.TensorProto:
         zeros = np.zeros(count or (), dtype=self.fmt.np_type)

@@ -18,6 +18,11 @@ per output channel, as the FP8 recipe places them (:mod:`quantverdict.precision.
 graphs for GPUs with FP8 (compute capability 8.9 and later: Ada, Hopper, Blackwell), where an FP8 layer runs as fast as
 an INT8 one; E4M3's 3 significant bits keep an outlier-heavy tensor's small values that one INT8 scale rounds away.
 ONNX Runtime's CPU runs the mixed graph only as written (its integer kernels take no float8).
+
+Several formats, narrowest first (``fallback_format: [fp8, fp16, fp32]``), choose one per layer: each layer fallback
+keeps goes in the narrowest format in which, alone, it costs the output no more than the most sensitive layer left
+in the recipe's own format costs it alone (:func:`quantverdict.judge.sensitivity.choose_formats`): FP8 where E4M3
+holds the layer's tensors, FP16 where it does not, FP32 only where FP16 underflows or overflows.
 """
 from __future__ import annotations
 
@@ -32,33 +37,58 @@ from quantverdict.precision.floating import round_trip, saturate
 from quantverdict.precision.graph import topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
 
-WIDER_FORMATS = ("fp32", "fp16", "fp8")  # a fallback layer's format: FP32 (nothing changes), FP16, or FP8 (from INT8)
+WIDER_FORMATS = ("fp8", "fp16", "fp32")  # a fallback layer's format, narrowest first (FP8: only out of INT8)
+Formats = tuple[str, ...]  # the formats a recipe's fallback may keep a layer in, narrowest first
 
 
-def wider_format(value: object) -> str:
-    """A recipe's ``fallback_format`` setting, checked."""
-    if value not in WIDER_FORMATS:
-        raise CalibrationError(f"fallback_format {value!r}: expected one of {', '.join(WIDER_FORMATS)}")
-    return str(value)
+def wider_formats(value: object, setting: str = "fallback_format") -> Formats:
+    """A recipe's ``fallback_format`` setting, checked: one format (every fallback layer in it), or several, narrowest
+    first, each layer then kept in the narrowest that costs the output, alone, no more than the worst layer left in
+    the recipe's own format (:func:`quantverdict.judge.sensitivity.choose_formats`)."""
+    given = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    unknown = [item for item in given if item not in WIDER_FORMATS]
+    if unknown or not given:
+        raise CalibrationError(f"{setting} {value!r}: expected one of {', '.join(WIDER_FORMATS)}, or several "
+                               "of them, narrowest first (e.g. [fp16, fp32])")
+    order = [WIDER_FORMATS.index(str(item)) for item in given]
+    if order != sorted(set(order)):
+        raise CalibrationError(f"{setting} {list(given)}: list each format once, narrowest first "
+                               f"({', '.join(WIDER_FORMATS)}): each layer is kept in the first that holds")
+    return tuple(str(item) for item in given)
+
+
+def formats_setting(formats: Formats) -> str | list[str]:
+    """``formats`` as a setting and a graph's params write them: one format as its name, several as a list."""
+    return formats[0] if len(formats) == 1 else list(formats)
+
+
+def formats_words(value: object) -> str:
+    """A ``fallback_format`` setting's value for a sentence: ``FP16``, or ``FP16/FP32`` (chosen per layer)."""
+    return "/".join(item.upper() for item in wider_formats(value))
 
 
 def precisions_needed(precision: str, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The precisions a GPU must support to run ``precision`` with these recipe settings, each with why: the
-    precision itself, and FP8 where an INT8 recipe keeps its fallback layers in it."""
+    """The precisions a GPU must support to run ``precision`` with these recipe settings (or a finished recipe's
+    params), each with why: the precision itself, and FP8 where an INT8 recipe may keep fallback layers in it (where
+    it chose their formats, where it did)."""
     needed = [(precision, "")]
-    if precision == INT8.name and settings.get("fallback_format") == "fp8":
-        needed.append((FP8_E4M3.name, f"{precision} keeps its fallback layers in FP8 (fallback_format: fp8): "))
+    offered = wider_formats(settings.get("fallback_format", settings.get("wider_formats", "fp32")))  # or a search's
+    chosen = settings.get("layer_formats")  # a finished recipe's params: each kept layer's format
+    if precision == INT8.name and FP8_E4M3.name in (chosen.values() if isinstance(chosen, Mapping) else offered):
+        keeps = "keeps its" if len(offered) == 1 else "may keep"
+        needed.append((FP8_E4M3.name, f"{precision} {keeps} fallback layers in FP8 (fallback_format: "
+                                      f"{'/'.join(offered)}): "))
     return needed
 
 
-def kept_formats(fallback_format: str, fmt: QuantFormat) -> tuple[QuantFormat, ...]:
-    """The quantized formats a ``fmt`` recipe's fallback adds to its graph: FP8 where an INT8 recipe keeps its fallback
-    layers in it, else none. FP8 is wider than INT8 only: an FP8 recipe's layers already are."""
-    if fallback_format != "fp8":
+def kept_formats(formats: Formats, fmt: QuantFormat) -> tuple[QuantFormat, ...]:
+    """The quantized formats a ``fmt`` recipe's fallback may add to its graph: FP8 where an INT8 recipe may keep
+    fallback layers in it, else none. FP8 is wider than INT8 only: an FP8 recipe's layers already are."""
+    if FP8_E4M3.name not in formats:
         return ()
     if fmt is not INT8:
         raise CalibrationError(f"fallback_format fp8 in the {fmt.name} recipe: only an INT8 recipe keeps layers in FP8 "
-                               "(expected fp32 or fp16)")
+                               "(expected fp16 or fp32)")
     return (FP8_E4M3,)
 
 

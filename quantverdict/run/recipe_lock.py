@@ -24,7 +24,7 @@ HEADER = """\
 # quantverdict recipe lock: the INT8/FP8 recipes chosen by `quantverdict lock`, applied by every run with no search.
 # Commit it; review its diff as the recipe change. Re-search on purpose: quantverdict lock --update MODEL.
 """
-Setting = bool | int | float | str
+Setting = bool | int | float | str | list[str]  # a list: fallback_format's formats, narrowest first
 
 
 class _Closed(BaseModel):
@@ -50,12 +50,18 @@ class Search(_Closed):
 
 class LockedRecipe(_Closed):
     settings: dict[str, Setting]  # the recipe settings the search chose
-    float_layers: list[str]  # weighted layers its fallback keeps in FP32, by node name
+    float_layers: list[str] | dict[str, str]  # layers its fallback keeps wider, by node name (→ format, where it chose)
     graph_sha256: str  # the FP32 graph they were chosen for
     calibration_data: str  # content key of the calibration batches
     qdq_sha256: str | None = None  # the Q/DQ graph the locking runner built (another CPU's differs where rounding flipped)
     chosen_by: dict[str, str]  # package versions and the runner class
     search: Search
+
+    def kept(self, offered: tuple[str, ...]) -> dict[str, str]:
+        """Each float layer with its format: its own where the lock names one, else the one ``offered``."""
+        if isinstance(self.float_layers, dict):
+            return dict(self.float_layers)
+        return {layer: offered[-1] for layer in self.float_layers}
 
 
 class LockFile(_Closed):
@@ -106,16 +112,28 @@ class RecipeLock:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Mappings of scalars (settings, versions) and of those (a candidate) in flow style: one line per candidate."""
+    """Mappings of scalars (settings, versions) and of those (a candidate) in flow style: one line per candidate; a
+    list of scalars (a setting's formats) counts as a scalar there."""
+
+
+class _Lines(dict):  # type: ignore[type-arg]
+    """A mapping written one key per line whatever it holds (the float layers' formats: a reviewer reads each)."""
+
+
+def _flat(value: object) -> bool:
+    return not isinstance(value, dict) and (not isinstance(value, list) or all(
+        not isinstance(item, (dict, list)) for item in value))
 
 
 def _represent_dict(dumper: yaml.SafeDumper, data: dict[str, Any]) -> yaml.Node:
-    flow = all(not isinstance(value, list) and (not isinstance(value, dict) or all(
-        not isinstance(inner, (dict, list)) for inner in value.values())) for value in data.values())
+    flow = all(_flat(value) or (isinstance(value, dict) and all(_flat(inner) for inner in value.values()))
+               for value in data.values())
     return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
 
 
 _Dumper.add_representer(dict, _represent_dict)
+_Dumper.add_representer(_Lines, lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data,
+                                                                              flow_style=False))
 
 
 def _readable(entry: LockedRecipe) -> dict[str, Any]:
@@ -127,21 +145,31 @@ def _readable(entry: LockedRecipe) -> dict[str, Any]:
     for part in (document, *document["search"]["candidates"], *document["search"].get("beyond", [])):
         part["settings"] = dict(sorted(part["settings"].items()))
     document["chosen_by"] = dict(sorted(document["chosen_by"].items()))
+    if isinstance(document["float_layers"], dict):
+        document["float_layers"] = _Lines(sorted(document["float_layers"].items()))
     return document
 
 
 def _check(path: Path, model: str, precision: str, entry: LockedRecipe) -> list[str]:
     from quantverdict.precision import get_recipe, known_precisions
+    from quantverdict.precision.qdq import QDQ
 
     where = f"{path}: recipes.{model}.{precision}"
     if precision not in known_precisions():
         return [f"{where}: unknown precision (known: {', '.join(known_precisions())})"]
     try:
-        get_recipe(precision).configured(entry.settings)
+        recipe = get_recipe(precision).configured(entry.settings)
     except HarnessError as exc:
         return [f"{where}.settings: {str(exc).splitlines()[0]}"]
     if entry.float_layers and entry.settings.get("fallback") is None:
         return [f"{where}.float_layers: layers kept in float by a recipe whose settings name no fallback share"]
+    offered = recipe.options.fallback_format if isinstance(recipe, QDQ) else ("fp32",)
+    if len(offered) > 1 and entry.float_layers and not isinstance(entry.float_layers, dict):
+        return [f"{where}.float_layers: fallback_format offers {'/'.join(offered)}, so each layer names its format "
+                "(layer: format)"]
+    wrong = {layer: kept_in for layer, kept_in in entry.kept(offered).items() if kept_in not in offered}
+    if wrong:
+        return [f"{where}.float_layers: {wrong} not among the formats fallback_format offers ({'/'.join(offered)})"]
     return []
 
 

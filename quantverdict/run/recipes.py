@@ -141,10 +141,9 @@ class Recipes:
         if not searched.complete:
             raise HarnessError(f"model {model!r} {precision}: not locked: {searched.note}")
         recipe = self.recipe(model, precision, "emulated")
-        layers = recipe.options.fallback_layers if isinstance(recipe, QDQ) else None
         store = self.store
         return LockedRecipe(
-            settings=dict(searched.chosen), float_layers=sorted(layers or ()),
+            settings=dict(searched.chosen), float_layers=float_layers(recipe),
             graph_sha256=file_sha256(store.fp32_onnx(model)), calibration_data=store.data_key(model, "calibration"),
             qdq_sha256=file_sha256(store.precision_onnx(model, recipe)),
             chosen_by={**{name: package_version(name) or "absent" for name in LOCKED_PACKAGES},
@@ -156,19 +155,19 @@ class Recipes:
                                   for c in searched.beyond]))
 
     def with_fallback(self, model: str, recipe: Recipe) -> Recipe:
-        """``recipe`` with the layers its accuracy-aware fallback keeps in FP32: the lock's, else the most sensitive
-        on the calibration set (:func:`choose_fallback`), once per content key of what decides them."""
+        """``recipe`` with the layers its accuracy-aware fallback keeps wider, each in its format: the lock's, else the
+        most sensitive on the calibration set (:func:`choose_fallback`), once per content key of what decides them."""
         if not recipe.fallback_pending:
             return recipe
         assert isinstance(recipe, QDQ)  # the recipes that choose a fallback
         locked = self.locked(model, recipe.name)
         if locked is not None:
-            return recipe.with_options(fallback_layers=tuple(self._present(model, recipe, locked)))
+            return recipe.with_kept(self._present(model, recipe, locked))
         from quantverdict.judge.sensitivity import choose_fallback
 
         store = self.store
 
-        def choose() -> list[str]:
+        def choose() -> dict[str, str]:
             parts = [file_sha256(store.fp32_onnx(model)), recipe.params(), store.data_key(model, "calibration"),
                      *store.onnxruntime_cpu_parts("quantverdict.judge"), source_fingerprint("quantverdict.precision"),
                      store.variant()]
@@ -176,11 +175,11 @@ class Recipes:
                                     {"model": model, "precision": recipe.name})
 
         kept = self._fallbacks.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), choose)
-        return recipe.with_options(fallback_layers=tuple(kept))
+        return recipe.with_kept(kept)
 
-    def _present(self, model: str, recipe: Recipe, locked: LockedRecipe) -> list[str]:
-        """The lock's float layers, each a node of the graph the recipe starts from, or one line naming those that
-        are not."""
+    def _present(self, model: str, recipe: QDQ, locked: LockedRecipe) -> dict[str, str]:
+        """The lock's float layers with their formats, each a node of the graph the recipe starts from, or one line
+        naming those that are not."""
         import onnx
 
         graph = onnx.load(str(self.store.recipe_source(model, recipe)), load_external_data=False).graph
@@ -191,4 +190,13 @@ class Recipes:
             raise HarnessError(f"{lock.path if lock else 'the recipe lock'}: recipes.{model}.{recipe.name}.float_layers: "
                                f"{missing} are not layers of {model!r}'s graph; re-search on purpose: "
                                f"quantverdict lock --update {model}")
-        return list(locked.float_layers)
+        return locked.kept(recipe.options.fallback_format)
+
+
+def float_layers(recipe: Recipe) -> list[str] | dict[str, str]:
+    """A finished recipe's fallback layers as a lock holds them: by name, or, where it chose each one's format among
+    several, name → format."""
+    if not isinstance(recipe, QDQ):
+        return []
+    kept = recipe.options.kept()
+    return dict(sorted(kept.items())) if len(recipe.options.fallback_format) > 1 else sorted(kept)

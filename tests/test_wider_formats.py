@@ -1,0 +1,139 @@
+"""Fallback over several formats (``fallback_format: [fp8, fp16, fp32]``): each layer fallback keeps goes in the
+narrowest format in which, alone, it costs the output no more than the most sensitive layer left in INT8 does alone;
+the graph, the verdict's reasons and the GPU it needs say which. Real graphs of small
+networks, one written here with outlier channels as a trained transformer's FFN inputs carry them."""
+import textwrap
+
+import onnx
+import pytest
+
+from quantverdict.errors import CalibrationError
+from quantverdict.judge.sensitivity import evaluate_recipe, layer_sensitivity
+from quantverdict.judge.tolerances import Tolerance
+from quantverdict.precision import get_recipe
+from quantverdict.precision.wider_layers import precisions_needed
+from quantverdict.run.pipeline import Case, Pipeline
+
+OFFERED = ["fp8", "fp16", "fp32"]
+NETS = textwrap.dedent('''\
+    import torch
+
+
+    class Outliers(torch.nn.Module):
+        """Linear layers each reading two channels 300 times larger than the rest, through weights as much smaller:
+        INT8's one scale per tensor rounds the other channels coarsely, E4M3's steps, relative to each value, do not."""
+
+        def __init__(self, gain=300.0):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
+            self.register_buffer("gain", torch.ones(32))
+            self.gain[:2] = gain
+            with torch.no_grad():
+                for layer in self.layers:
+                    layer.weight[:, :2] /= gain
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(torch.relu(x) * self.gain)
+            return x
+
+
+    def outliers():
+        return Outliers().eval()
+    ''')
+MANIFEST = textwrap.dedent("""\
+    models:
+      - name: outliers
+        build: widernets:outliers
+        inputs: [{name: x, shape: [8, 32], range: [-1, 1]}]
+        outputs: [y]
+        calibration: synthetic
+        build_files: []
+    """)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    (tmp_path / "widernets.py").write_text(NETS)
+    (tmp_path / "models.yaml").write_text(MANIFEST)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _narrowest(store, model, recipe):
+    """Each kept layer's format by the rule, derived here from the layers' SNRs alone on the calibration set."""
+    output = store.spec(model).outputs[0]
+    base = recipe.with_options(fallback_layers=(), layer_formats=(), fallback=None, fallback_format=("fp32",))
+    kept = recipe.options.fallback_layers
+    worst_left = min(row.snr_db for row in layer_sensitivity(store, model, base, data="calibration")
+                     if row.layer not in kept)
+    expected = {}
+    for layer in kept:
+        expected[layer] = OFFERED[-1]
+        for kept_in in OFFERED[:-1]:
+            alone = base.with_options(only=(), fallback_layers=(layer,), fallback_format=(kept_in,))
+            graph = onnx.load(str(store.precision_onnx(model, alone)))
+            if kept_in == "fp8" and not any(n.op_type == "DequantizeLinear" for n in graph.graph.node):
+                continue  # no FP8 kernel for it: it would stay FP32
+            if evaluate_recipe(store, model, alone, Tolerance(), "calibration").metrics[output]["snr_db"] >= worst_left:
+                expected[layer] = kept_in
+                break
+    return expected
+
+
+def _check_formats(pipeline, model, formats, manifest=None):
+    """The kept layers are FP32 fallback's, each in the format the rule gives, the graph and the verdict agree, and
+    FP8's GPU is needed only where a layer is in FP8."""
+    store = pipeline.store
+    recipe = store.recipe(model, "int8", "emulated")
+    plain = Pipeline(store.cache.root, manifest=manifest, recipe_settings={"int8": {"fallback": 0.5}})
+    assert recipe.options.fallback_layers == plain.store.recipe(model, "int8", "emulated").options.fallback_layers
+    kept = recipe.options.kept()
+    assert kept == _narrowest(store, model, recipe) and formats <= set(kept.values())
+    graph = onnx.load(str(store.precision_onnx(model, recipe)))
+    producer = {out: node for node in graph.graph.node for out in node.output}
+    initializers = {init.name for init in graph.graph.initializer}
+    for node in (n for n in graph.graph.node if n.name in kept):
+        weight = node.input[1]
+        made_by = producer.get(weight)
+        in_fp8 = made_by is not None and made_by.op_type == "DequantizeLinear" and weight.endswith("_fp8_dequantized")
+        assert in_fp8 == (kept[node.name] == "fp8"), node.name
+        assert (producer.get(node.input[0]) is not None and producer[node.input[0]].op_type == "Cast") == (
+            kept[node.name] == "fp16"), node.name
+        assert (weight in initializers and not weight.endswith("fp16_for_" + node.name)) == (kept[node.name] == "fp32")
+    reasons = pipeline.run(Case(model, "int8", "onnxruntime")).metrics["coverage"]["kept"]
+    assert set(reasons) == set(kept)
+    for layer, reason in reasons.items():
+        assert reason.startswith(f"fallback: in {kept[layer].upper()}, among the layers"), reason
+        assert "; the narrowest of FP8/FP16/FP32 in which, alone, it costs the output no more than" in reason
+    needs_fp8 = [needed for needed, _ in precisions_needed("int8", recipe.params()) if needed == "fp8"]
+    assert bool(needs_fp8) == ("fp8" in kept.values())
+
+
+def test_outlier_layers_go_to_fp8_where_it_holds_them_as_well_as_int8_holds_the_rest(repo):
+    pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml",
+                        recipe_settings={"int8": {"fallback": 0.5, "fallback_format": OFFERED}})
+    _check_formats(pipeline, "outliers", {"fp8"}, repo / "models.yaml")
+
+
+def test_layers_fp8_rounds_worse_than_int8_go_to_fp16_and_to_fp32_where_fp16_costs_more_too(qv_pipeline):
+    """A small residual CNN whose INT8 layers alone cost the output little (~68 dB): FP8 holds no kept layer as well,
+    FP16 holds one, and the head, whose FP16 rounding alone costs more than the worst INT8 layer left, stays FP32."""
+    pipeline = Pipeline(qv_pipeline.store.cache.root, recipe_settings={"int8": {"fallback": 0.5,
+                                                                                "fallback_format": OFFERED}})
+    _check_formats(pipeline, "resblock", {"fp16", "fp32"})
+
+
+def test_formats_are_listed_once_narrowest_first_and_fp8_only_out_of_int8():
+    assert get_recipe("int8").configured({"fallback_format": ["fp16", "fp32"]}).options.fallback_format == (
+        "fp16", "fp32")
+    with pytest.raises(CalibrationError, match=r"fallback_format \['fp32', 'fp16'\]: list each format once, "
+                                               "narrowest first"):
+        get_recipe("int8").configured({"fallback_format": ["fp32", "fp16"]})
+    with pytest.raises(CalibrationError, match="fallback_format fp8 in the fp8 recipe: only an INT8 recipe keeps"):
+        get_recipe("fp8").configured({"fallback_format": ["fp8", "fp16"]})
+    assert [needed for needed, _ in precisions_needed("int8", {"fallback_format": OFFERED})] == [
+        "int8", "fp8"]  # before fallback chose: the formats it may choose
+    assert precisions_needed("int8", {"fallback_format": OFFERED, "layer_formats": {"a": "fp16"}}) == [("int8", "")]
