@@ -12,7 +12,8 @@ from quantverdict.errors import CalibrationError
 from quantverdict.models.data import batches_key
 from quantverdict.judge.recipe_search import (CALIBRATORS, MAX_DB, MIN_GAIN_DB, AutoSettings, auto_settings, better,
                                                sample_snr_db, stages)
-from quantverdict.judge.sensitivity import weighted_layers
+from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
+from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
 from quantverdict.run.cases import Case
 from quantverdict.run.held_out import HeldOutStore, folds, split
@@ -157,8 +158,8 @@ def test_each_sample_weighs_the_same_and_a_nonfinite_output_scores_worst():
 
 
 def test_fallback_is_a_stage_only_where_the_share_keeps_a_layer():
-    assert [{"fallback": 0.1, "fallback_format": "fp16"}, {"fallback": 0.1}] in stages(AutoSettings(max_fallback=0.1),
-                                                                                    layers=10)  # FP16, else FP32
+    assert [{"fallback": 0.1, "fallback_format": ["fp16", "fp32"]}] in stages(AutoSettings(max_fallback=0.1),
+                                                                              layers=10)  # FP16, else FP32, per layer
     assert not any(option.get("fallback") for stage in stages(AutoSettings(max_fallback=0.1), layers=9) for option in stage)
 
 
@@ -324,7 +325,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     assert [int(c.settings["fallback"] * layers) for c in search.beyond] == [layers // 2]  # half missed: no fewer tried
     assert all(c.passed is False and c.settings.items() >= {k: v for k, v in search.chosen.items()
                                                              if k != "fallback"}.items() for c in search.beyond)
-    assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP16 ({layers // 2 / layers:.0%}); "
+    assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP16/FP32 ({layers // 2 / layers:.0%}); "
             "max_fallback is 10%") in search.note
     easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
     assert easy is not None and not easy.beyond
@@ -400,7 +401,7 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     assert [point["layers_in_float"] for point in points] == sorted(counts) and len(points) >= 2
     assert [point["share"] for point in points] == [round(point["layers_in_float"] / layers, 4) for point in points]
     assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none wider
-    assert [point["format"] for point in points] == [None] + ["fp16"] * (len(points) - 1)  # the search's fallback
+    assert [point["format"] for point in points] == [None] + ["fp16/fp32"] * (len(points) - 1)  # the search's fallback
     scored = {json.dumps(c["settings"], sort_keys=True): c["score"] for c in search["candidates"] + search["beyond"]}
     for point in points:  # the best of its share
         same = [score for settings, score in scored.items() if int((json.loads(settings).get("fallback") or 0.0)
@@ -412,7 +413,7 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     page = (tmp_path / "page" / f"{record_path.stem}.html").read_text()
     assert "Recipe search: layers kept wider against held-out accuracy" in page
     assert 'alt="recipe search trade-off" src="data:image/png;base64,' in page and "<td>dw</td><td>int8</td><td>50%" in page
-    assert "<td>FP16</td>" in page
+    assert "<td>FP16/FP32</td>" in page
 
 
 def test_a_lower_bound_is_met_in_a_search_only_by_the_evaluations_standard_error():
@@ -439,8 +440,9 @@ def test_a_lower_bound_is_met_in_a_search_only_by_the_evaluations_standard_error
 
 
 def test_fallback_keeps_its_layers_in_fp32_only_where_fp16_is_worse(repo):
-    """A network whose activations FP16 flushes to zero: the search's FP16 fallback scores far below FP32's, which is
-    chosen; where FP16 does as well (the other searches here), FP16 is kept."""
+    """A network whose activations FP16 flushes to zero: every layer the search's fallback keeps stays FP32 (each in FP16
+    alone costs the output more than any INT8 layer left), and the choice scores far above the same layers all in
+    FP16 (0 dB: zero outputs)."""
     (repo / "models.yaml").write_text(MANIFEST + textwrap.indent(textwrap.dedent("""\
         - name: tiny
           build: searchnets:tiny
@@ -450,9 +452,15 @@ def test_fallback_keeps_its_layers_in_fp32_only_where_fp16_is_worse(repo):
           build_files: []
           recipe: {int8: {auto: true, max_fallback: 0.4}}
         """), "  "))
-    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").store.recipes.search("tiny", "int8")
-    scores = {c.settings.get("fallback_format", "fp32"): c.score for c in search.candidates
-              if c.settings.get("fallback") and not c.settings.get("gptq") and c.score is not None}
-    assert scores["fp16"] < 1.0 < scores["fp32"] - 20  # zero outputs: 0 dB
-    assert search.chosen.get("fallback") and "fallback_format" not in search.chosen
+    pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml")
+    search = pipeline.store.recipes.search("tiny", "int8")
+    assert search.chosen.get("fallback") and search.chosen["fallback_format"] == ["fp16", "fp32"]
+    kept = pipeline.store.recipe("tiny", "int8", "emulated").options.kept()
+    assert kept and set(kept.values()) == {"fp32"}
+    assert all(c.score > 20 for c in search.candidates if c.settings.get("fallback") and c.score is not None)
+    in_fp16 = Pipeline(repo / "cache", manifest=repo / "models.yaml", recipe_settings={"int8": {
+        **search.chosen, "fallback_format": "fp16"}}).store
+    recipe = in_fp16.recipe("tiny", "int8", "emulated")
+    assert recipe.options.fallback_layers == tuple(kept)
+    assert evaluate_recipe(in_fp16, "tiny", recipe, Tolerance(), "calibration").metrics["y"]["snr_db"] < 1.0
 

@@ -1,18 +1,22 @@
 """Fallback over several formats (``fallback_format: [fp8, fp16, fp32]``): each layer fallback keeps goes in the
 narrowest format in which, alone, it costs the output no more than the most sensitive layer left in INT8 does alone;
-the graph, the verdict's reasons and the GPU it needs say which. Real graphs of small
+the graph, the verdict's reasons, the GPU it needs, a search's choice and the lock all say which. Real graphs of small
 networks, one written here with outlier channels as a trained transformer's FFN inputs carry them."""
 import textwrap
 
 import onnx
 import pytest
+import yaml
 
-from quantverdict.errors import CalibrationError
+from quantverdict.errors import CalibrationError, HarnessError
+from quantverdict.judge.recipe_search import AutoSettings, auto_settings, stages
 from quantverdict.judge.sensitivity import evaluate_recipe, layer_sensitivity
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
 from quantverdict.precision.wider_layers import precisions_needed
+from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Case, Pipeline
+from quantverdict.run.recipe_lock import RecipeLock
 
 OFFERED = ["fp8", "fp16", "fp32"]
 NETS = textwrap.dedent('''\
@@ -50,6 +54,7 @@ MANIFEST = textwrap.dedent("""\
         outputs: [y]
         calibration: synthetic
         build_files: []
+        recipe: {int8: {auto: true, max_fallback: 0.5, wider_formats: [fp8, fp16, fp32]}}
     """)
 
 
@@ -126,6 +131,40 @@ def test_layers_fp8_rounds_worse_than_int8_go_to_fp16_and_to_fp32_where_fp16_cos
     _check_formats(pipeline, "resblock", {"fp16", "fp32"})
 
 
+def test_the_search_offers_the_formats_the_user_allows_and_the_lock_names_each_layers(repo, capsys):
+    """``wider_formats`` in ``recipe: auto``: the search's fallback keeps layers in the narrowest of them that holds
+    each; the lock writes each float layer with its format, one per line, and a run with the lock builds the same Q/DQ
+    graph; a lock that names no format, or one not offered, is one line."""
+    assert stages(AutoSettings(max_fallback=0.5, wider_formats=("fp8", "fp16", "fp32")), layers=4)[2] == [
+        {"fallback": 0.5, "fallback_format": OFFERED}]
+    assert main(["lock", "--manifest", "models.yaml", "--precisions", "int8", "--cache-dir", "cache"]) == 0
+    capsys.readouterr()
+    path = repo / "quantverdict.lock"
+    text = path.read_text()
+    entry = yaml.safe_load(text)["recipes"]["outliers"]["int8"]
+    assert entry["settings"]["fallback_format"] == OFFERED and entry["settings"]["fallback"] == 0.5
+    assert isinstance(entry["float_layers"], dict) and set(entry["float_layers"].values()) <= set(OFFERED)
+    assert "      float_layers:\n" + "".join(f"        {layer}: {kept_in}\n" for layer, kept_in in sorted(
+        entry["float_layers"].items())) in text
+    assert f"fallback_format: [{', '.join(OFFERED)}]" in text  # a candidate's settings stay on one line
+    assert RecipeLock.read(path).text() == text
+    locked = Pipeline(repo / "fresh-cache", manifest=repo / "models.yaml", lock=path)
+    assert locked.store.recipe("outliers", "int8", "emulated").options.kept() == entry["float_layers"]
+    assert locked.store.recipes.lock_state("outliers", "int8")["same_qdq_graph"] is True
+    document = yaml.safe_load(text)
+    document["recipes"]["outliers"]["int8"]["float_layers"] = sorted(entry["float_layers"])
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(HarnessError) as caught:
+        Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path)
+    assert str(caught.value) == (f"{path}: recipes.outliers.int8.float_layers: fallback_format offers fp8/fp16/fp32, "
+                                 "so each layer names its format (layer: format)")
+    document["recipes"]["outliers"]["int8"]["float_layers"] = {layer: "fp4" for layer in entry["float_layers"]}
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(HarnessError, match=r"float_layers: \{.*'fp4'.*\} not among the formats fallback_format "
+                                           r"offers \(fp8/fp16/fp32\)$"):
+        Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path)
+
+
 def test_formats_are_listed_once_narrowest_first_and_fp8_only_out_of_int8():
     assert get_recipe("int8").configured({"fallback_format": ["fp16", "fp32"]}).options.fallback_format == (
         "fp16", "fp32")
@@ -134,6 +173,9 @@ def test_formats_are_listed_once_narrowest_first_and_fp8_only_out_of_int8():
         get_recipe("int8").configured({"fallback_format": ["fp32", "fp16"]})
     with pytest.raises(CalibrationError, match="fallback_format fp8 in the fp8 recipe: only an INT8 recipe keeps"):
         get_recipe("fp8").configured({"fallback_format": ["fp8", "fp16"]})
-    assert [needed for needed, _ in precisions_needed("int8", {"fallback_format": OFFERED})] == [
-        "int8", "fp8"]  # before fallback chose: the formats it may choose
+    with pytest.raises(CalibrationError, match="recipe auto: wider_formats 'int4': expected one of fp8, fp16, fp32"):
+        auto_settings({"auto": True, "wider_formats": "int4"})
+    assert auto_settings({"auto": True}).wider_formats == ("fp16", "fp32")
+    assert [needed for needed, _ in precisions_needed("int8", {"auto": True, "wider_formats": OFFERED})] == [
+        "int8", "fp8"]  # before a search chose: the formats it may choose
     assert precisions_needed("int8", {"fallback_format": OFFERED, "layer_formats": {"a": "fp16"}}) == [("int8", "")]

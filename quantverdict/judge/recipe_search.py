@@ -6,10 +6,11 @@ Neural Compressor's basic strategy and NNCF's accuracy control do: first the cal
 percentile, MSE), then each stage's alternatives on top of the best so far, kept only where they help (the case's
 own bounds first, a worst sample's among them, lower bounds by the evaluation's margin: :func:`better`):
 the migration of scale between activations and weights (SmoothQuant at two strengths, or equalization),
-fallback of the most sensitive layers to FP16 up to the declared share (spent whole where it helps, as Model
-Optimizer's ``auto_quantize`` spends its budget; FP16, as Model Optimizer keeps its unquantized layers, since TensorRT
-runs them faster than FP32 and their rounding is ~8 bits finer than INT8's: :mod:`quantverdict.precision.wider_layers`),
-and weight rounding (GPTQ); see :func:`stages`.
+fallback of the most sensitive layers to a wider format up to the declared share (spent whole where it helps, as Model
+Optimizer's ``auto_quantize`` spends its budget), each layer in the narrowest of ``wider_formats`` that holds it (FP16,
+as Model Optimizer keeps its unquantized layers, since TensorRT runs them faster than FP32 and their rounding is ~8 bits
+finer than INT8's, FP32 where FP16 does not hold; FP8 too where the user offers it:
+:mod:`quantverdict.precision.wider_layers`), and weight rounding (GPTQ); see :func:`stages`.
 
 Every candidate is judged by cross-validation over the calibration set: calibrated on three quarters,
 judged on the quarter left out (its graph's exact semantics against FP32), once per quarter, so every
@@ -18,7 +19,7 @@ judged afterwards, is never seen. ``folds`` are those split views
 (:class:`quantverdict.run.held_out.HeldOutStore`). The chosen settings are then applied with the whole
 calibration set like any hand-set recipe.
 
-The layers a fallback candidate keeps in FP16 are ranked for each fold on the samples that fold calibrates on
+The layers a fallback candidate keeps wider are ranked for each fold on the samples that fold calibrates on
 (:func:`quantverdict.judge.sensitivity.fallback_per_part`), so fallback is judged on samples that did not choose its
 layers (ranked once on the first fold, three folds of four judged layers their own samples had ranked). Each layer
 quantized alone is evaluated once, on the whole calibration set, for every fold's ranking and the final recipe's.
@@ -45,7 +46,7 @@ from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare, judge_task_metrics
 from quantverdict.judge.search_progress import describe, time_left, upcoming
-from quantverdict.judge.search_beyond import WIDER, beyond_counts, beyond_format, beyond_note, fewest_in_float
+from quantverdict.judge.search_beyond import beyond_counts, beyond_note, fewest_in_float
 from quantverdict.judge.search_margin import short_of_margin
 from quantverdict.judge.search_result import Candidate, SearchResult
 from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, layers_kept, per_sample,
@@ -53,11 +54,13 @@ from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, lay
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.wider_layers import Formats, formats_setting, wider_formats
 
 LOG = logging.getLogger(__name__)
-AUTO_KEYS = ("auto", "budget_s", "max_fallback")
+AUTO_KEYS = ("auto", "budget_s", "max_fallback", "wider_formats")
 DEFAULT_BUDGET_S = 7200.0  # a stop for a search that runs away, not a budget: the work is fixed (stages)
 DEFAULT_MAX_FALLBACK = 0.1
+DEFAULT_WIDER: Formats = ("fp16", "fp32")  # FP8 needs an FP8 GPU (compute capability ≥ 8.9): the user offers it
 MIN_GAIN_DB = 0.1  # the mean per-sample SNR gain that makes a more elaborate candidate worth taking …
 GAIN_SE = 2.0  # … where it also exceeds this many standard errors of the paired per-sample gains
 MAX_DB = 1e3  # a sample the candidate reproduces exactly
@@ -69,10 +72,13 @@ ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
 
 @dataclass(frozen=True)
 class AutoSettings:
-    """``recipe: {int8: {auto: true, budget_s: 7200, max_fallback: 0.1}}``: the search's own settings."""
+    """``recipe: {int8: {auto: true, budget_s: 7200, max_fallback: 0.1, wider_formats: [fp16, fp32]}}``: the
+    search's own settings; ``wider_formats`` are those fallback may keep a layer in, narrowest first (``[fp8, fp16,
+    fp32]`` where every GPU the recipe deploys to runs FP8: compute capability 8.9 and later)."""
 
     budget_s: float = DEFAULT_BUDGET_S
     max_fallback: float = DEFAULT_MAX_FALLBACK
+    wider_formats: Formats = DEFAULT_WIDER
 
 
 def auto_settings(settings: Mapping[str, Any]) -> AutoSettings | None:
@@ -88,7 +94,8 @@ def auto_settings(settings: Mapping[str, Any]) -> AutoSettings | None:
                                                                                          DEFAULT_MAX_FALLBACK))
     if budget < 0 or not 0 <= share < 1:
         raise CalibrationError(f"recipe auto: budget_s {budget} must be ≥ 0 and max_fallback {share} in [0, 1)")
-    return AutoSettings(budget, share)
+    return AutoSettings(budget, share, wider_formats(settings.get("wider_formats", list(DEFAULT_WIDER)),
+                                                     "recipe auto: wider_formats"))
 
 
 def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -126,9 +133,10 @@ def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
     (noise powers add: halving a third of it gains 0.8 dB; the same, once the rest is gone, 3 dB). The calibrators
     are tried once more at the end, with the other choices made: which range is best (clipping noise against
     rounding noise) depends on which layers stay quantized and how much their weights' rounding adds. Fallback keeps
-    its layers in FP16, and in FP32 only where that is :func:`better`: FP16 flushes magnitudes below 6e-8 to zero and
-    overflows past 65504 (an untrained MobileNetV3-small's logits, ~1e-9: 0 dB in FP16)."""
-    fallback = [[{"fallback": auto.max_fallback, "fallback_format": WIDER}, {"fallback": auto.max_fallback}]]
+    each layer in the narrowest of ``wider_formats`` that holds it
+    (:func:`quantverdict.judge.sensitivity.choose_formats`): FP16, and FP32 where FP16 flushes magnitudes below 6e-8 to zero or overflows past 65504 (an untrained
+    MobileNetV3-small's logits, ~1e-9: 0 dB in FP16)."""
+    fallback = [[{"fallback": auto.max_fallback, "fallback_format": formats_setting(auto.wider_formats)}]]
     return [CALIBRATORS, MIGRATION, *(fallback if layers_kept(auto.max_fallback, layers) > 0 else []), ROUNDING,
             CALIBRATORS]
 
@@ -174,8 +182,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         try:
             recipe = base.configured(settings)
             assert isinstance(recipe, QDQ)
-            recipes = ([recipe.with_options(fallback_layers=tuple(kept))
-                        for kept in fallback_per_part(whole, model, recipe, held_out)]
+            recipes = ([recipe.with_kept(kept) for kept in fallback_per_part(whole, model, recipe, held_out)]
                        if recipe.fallback_pending else [recipe] * len(folds))
             outputs = [fold.recipe_semantics(model, fold_recipe, "evaluation")  # a fold's graph is not kept
                        for fold, fold_recipe in zip(folds, recipes)]
@@ -230,7 +237,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
         low, high = beyond_counts(result.layers, auto.max_fallback)
         most += (high > low) + max(0, high - low - 1).bit_length()
-        wider = {"fallback_format": beyond_format(result)}
+        wider = {"fallback_format": formats_setting(auto.wider_formats)}
         result.beyond = fewest_in_float(lambda share: attempt({**result.chosen, **wider, "fallback": share}, [])[0],
                                         result.layers, auto.max_fallback,
                                         lambda: time.monotonic() - start + slowest <= auto.budget_s)

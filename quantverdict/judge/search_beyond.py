@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from quantverdict.judge.search_result import Candidate, SearchResult
+from quantverdict.judge.search_result import Candidate
 from quantverdict.judge.sensitivity import layers_kept
+from quantverdict.precision.wider_layers import formats_words
 
 BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds
 MISSES = ("the choice misses the case's bounds on held-out calibration samples (a lower bound by one standard error of "
           "the evaluation's estimate)")
-WIDER = "fp16"  # the format the search's fallback keeps layers in (fallback_format)
 
 
 def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallback: float,
@@ -30,17 +30,6 @@ def fewest_in_float(judge: Callable[[float], Candidate], layers: int, max_fallba
             break
         low, high = (low, count) if tried[-1].passed else (count, high)
     return tried
-
-
-def beyond_format(result: SearchResult) -> str:
-    """The format more layers are kept in past ``max_fallback``: the choice's, else the best fallback candidate's (FP16
-    where it underflowed is not better than FP32), else FP16."""
-    if result.chosen.get("fallback"):
-        return str(result.chosen.get("fallback_format", "fp32"))
-    kept = [c for c in result.candidates if c.settings.get("fallback") and c.score is not None]
-    if not kept:
-        return WIDER
-    return str(max(kept, key=lambda c: c.score or 0.0).settings.get("fallback_format", "fp32"))
 
 
 def share_of(count: int, layers: int) -> float:
@@ -62,7 +51,7 @@ def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -
     the user allows (``max_fallback``)."""
     def kept(candidate: Candidate) -> str:
         count = layers_kept(candidate.settings["fallback"], layers)
-        wider = str(candidate.settings.get("fallback_format", "fp32")).upper()
+        wider = formats_words(candidate.settings.get("fallback_format", "fp32"))
         return f"{count} of the {layers} weighted layers in {wider} ({count / layers:.0%})"
 
     met = [candidate for candidate in beyond if candidate.passed]

@@ -51,5 +51,6 @@ def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
 
 
 def describe(settings: Mapping[str, Any]) -> str:
-    """``calibration=percentile smoothquant=0.5`` for a progress line."""
-    return " ".join(f"{key}={value}" for key, value in settings.items()) or "defaults"
+    """``calibration=percentile smoothquant=0.5 fallback_format=fp16/fp32`` for a progress line."""
+    return " ".join(f"{key}={'/'.join(map(str, value)) if isinstance(value, list) else value}"
+                    for key, value in settings.items()) or "defaults"

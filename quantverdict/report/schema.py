@@ -70,7 +70,7 @@ class TradeoffPoint(_Open):
     layers_in_float: int
     score_db: float
     passed: bool | None = None
-    settings: dict[str, str | float | int | bool | None] = {}
+    settings: dict[str, str | float | int | bool | list[str] | None] = {}
     chosen: bool = False
 
 
