@@ -13,16 +13,13 @@ from quantverdict.errors import HarnessError
 from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Case, Pipeline
 from quantverdict.run.recipe_lock import RecipeLock
+from user_repo import written
 from test_recipe_search import MANIFEST, NETS
 
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    (tmp_path / "searchnets.py").write_text(NETS)
-    (tmp_path / "models.yaml").write_text(MANIFEST)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return written(tmp_path, monkeypatch, {"searchnets.py": NETS, "models.yaml": MANIFEST})
 
 
 def _lock(repo, *extra: str, cache: str = "cache") -> int:

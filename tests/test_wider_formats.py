@@ -17,6 +17,7 @@ from quantverdict.precision.wider_layers import precisions_needed
 from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Case, Pipeline
 from quantverdict.run.recipe_lock import RecipeLock
+from user_repo import written
 
 OFFERED = ["fp8", "fp16", "fp32"]
 NETS = textwrap.dedent('''\
@@ -60,11 +61,7 @@ MANIFEST = textwrap.dedent("""\
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    (tmp_path / "widernets.py").write_text(NETS)
-    (tmp_path / "models.yaml").write_text(MANIFEST)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return written(tmp_path, monkeypatch, {"widernets.py": NETS, "models.yaml": MANIFEST})
 
 
 def _narrowest(store, model, recipe):

@@ -1,6 +1,7 @@
 """A user's repository as strings (a model package and the manifest declaring it): what the plugin's and the
 installed product's tests build in a temporary folder, with nothing of this repository in it."""
 import textwrap
+from pathlib import Path
 
 MODEL = textwrap.dedent("""\
     import numpy as np
@@ -33,3 +34,12 @@ MANIFEST = textwrap.dedent("""\
         task: classification
         calibration: tinymodels.nets:calibration
     """)
+
+
+def written(folder: Path, monkeypatch, files: dict[str, str]) -> Path:
+    """``folder`` holding ``files`` (name → text), importable and the working directory, as a user's repository is."""
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.chdir(folder)
+    return folder
