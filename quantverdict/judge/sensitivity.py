@@ -169,15 +169,15 @@ def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ra
         return [{layer: offered[0] for layer in part.kept} for part in parts]
     output = store.spec(model).outputs[0]
     reference = per_sample(store.fp32_outputs(model, "calibration")[output])
-    graph = onnx.load(str(store.fp32_onnx(model)))
     base = recipe.with_options(fallback_layers=(), layer_formats=(), only=(), **RANKED_AS)
+    fp8_kernels = {node.name for node in QDQ(FP8_E4M3, replace(base.options, only=None)).quantized_nodes(
+        onnx.load(str(store.fp32_onnx(model))))}  # a layer TensorRT has no FP8 kernel for would stay FP32
     noise: dict[tuple[str, str], np.ndarray] = {}
     for layer in dict.fromkeys(layer for part in parts for layer in part.kept):
         for kept_in in offered[:-1]:
+            if kept_in == FP8_E4M3.name and layer not in fp8_kernels:
+                continue
             alone = base.with_options(fallback_layers=(layer,), fallback_format=(kept_in,))
-            in_fp8 = QDQ(FP8_E4M3, replace(alone.options, only=(layer,), fallback_layers=None, fallback_format=("fp32",)))
-            if kept_in == FP8_E4M3.name and not in_fp8.quantized_nodes(graph):
-                continue  # TensorRT has no FP8 kernel for it: it would stay FP32
             outputs = store.recipe_semantics(model, alone, "calibration")[output]
             noise[layer, kept_in] = error_energy(reference, per_sample(outputs))
     return [{layer: next((kept_in for kept_in in offered[:-1] if (layer, kept_in) in noise and pooled_snr(
