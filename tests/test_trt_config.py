@@ -73,6 +73,9 @@ def test_int8_with_layers_in_fp8_needs_fp8s_gpu_and_tensorrt_10s_fp8_flag(qv_pip
     assert gpu_requirement(spec, "int8", ampere) == ("int8 keeps its fallback layers in FP8 (fallback_format: fp8): "
                                                      "fp8 needs compute capability ≥ 8.9; this GPU (A100) is 8.0")
     assert gpu_requirement(spec, "int8", hopper) is None
+    assert gpu_requirement(spec, "int8", Capabilities(None, {})) == (
+        "int8 keeps its fallback layers in FP8 (fallback_format: fp8): fp8 needs an NVIDIA GPU (compute capability "
+        "≥ 8.9); none found")  # the most demanding need, where none is met
     assert gpu_requirement(qv_pipeline.models.get("resnet18"), "int8", ampere) is None
     plan = build_plan("int8", "10.9.0", ranges_suffice=False, also=frozenset({"fp8"}))
     assert (plan.graph, plan.flags) == ("recipe", {"int8", "fp8"})

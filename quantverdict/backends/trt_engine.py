@@ -193,9 +193,10 @@ def target_requirement(precision: str, settings: Mapping[str, Any], cc: tuple[in
 
 
 def _first_unmet(precision: str, settings: Mapping[str, Any], unmet: Callable[[str], str | None]) -> str | None:
-    """The first of the precisions ``precision`` with ``settings`` needs (:func:`precisions_needed`) that ``unmet``
-    gives a reason for, with why it is needed; None where every one is met."""
-    for needed, why in precisions_needed(precision, settings):
+    """The most demanding of the precisions ``precision`` with ``settings`` needs (:func:`precisions_needed`) that
+    ``unmet`` gives a reason for, with why it is needed (a runner with no GPU hears that FP8 layers need 8.9, not
+    that INT8 needs 6.1); None where every one is met."""
+    for needed, why in reversed(precisions_needed(precision, settings)):
         reason = unmet(needed)
         if reason:
             return why + reason
