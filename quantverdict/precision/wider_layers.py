@@ -72,12 +72,12 @@ def precisions_needed(precision: str, settings: Mapping[str, Any]) -> list[tuple
     params), each with why: the precision itself, and FP8 where an INT8 recipe may keep fallback layers in it (where
     it chose their formats, where it did)."""
     needed = [(precision, "")]
-    offered = wider_formats(settings.get("fallback_format", settings.get("wider_formats", "fp32")))  # or a search's
+    setting = "wider_formats" if "wider_formats" in settings else "fallback_format"  # a search's, or the recipe's
+    offered = wider_formats(settings.get(setting, "fp32"), setting)
     chosen = settings.get("layer_formats")  # a finished recipe's params: each kept layer's format
     if precision == INT8.name and FP8_E4M3.name in (chosen.values() if isinstance(chosen, Mapping) else offered):
         keeps = "keeps its" if len(offered) == 1 else "may keep"
-        needed.append((FP8_E4M3.name, f"{precision} {keeps} fallback layers in FP8 (fallback_format: "
-                                      f"{'/'.join(offered)}): "))
+        needed.append((FP8_E4M3.name, f"{precision} {keeps} fallback layers in FP8 ({setting}: {'/'.join(offered)}): "))
     return needed
 
 
