@@ -12,6 +12,7 @@ import onnx
 from quantverdict.precision.coverage import RECURRENT, layers
 from quantverdict.precision.graph import initializer_names, int_attribute
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
+from quantverdict.precision.wider_layers import formats_words
 
 # op type → indices of inputs that are quantized (activations, or weights when initializers)
 QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
@@ -91,7 +92,7 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
             why = no_kernel(node, layer.kind, FP8_E4M3) if fallback[layer.name] == FP8_E4M3.name else None
             kept = f"FP32, as {why}" if why else fallback[layer.name].upper()
             chosen = "" if len(offered) == 1 else (
-                f"; the narrowest of {'/'.join(offered).upper()} in which, alone, it costs the output no more than the "
+                f"; the narrowest of {formats_words(offered)} in which, alone, it costs the output no more than the "
                 f"most sensitive layer left in {name} does")
             reasons[layer.name] = f"fallback: in {kept}, among the layers that cost the output most on the " \
                                   f"calibration set{chosen}"

@@ -48,7 +48,7 @@ class QDQOptions:
     equalize: bool = False  # activation equalization between convolutions (quantverdict.precision.equalize)
     gptq: bool = False  # weights rounded to minimize each layer's output error (quantverdict.precision.gptq)
     bias_correction: bool = False  # output means matched to FP32's (quantverdict.precision.bias_correction)
-    fallback: float | None = None  # share of the weighted layers accuracy-aware fallback keeps in FP32
+    fallback: float | None = None  # share of the weighted layers accuracy-aware fallback keeps wider
     fallback_layers: tuple[str, ...] | None = None  # the layers it kept (None: not chosen yet)
     fallback_format: Formats = ("fp32",)  # those it may keep them in (precision.wider_layers); FP32 adds no param
     layer_formats: tuple[tuple[str, str], ...] = ()  # each kept layer's, chosen where fallback_format offers several

@@ -77,7 +77,8 @@ def precisions_needed(precision: str, settings: Mapping[str, Any]) -> list[tuple
     chosen = settings.get("layer_formats")  # a finished recipe's params: each kept layer's format
     if precision == INT8.name and FP8_E4M3.name in (chosen.values() if isinstance(chosen, Mapping) else offered):
         keeps = "keeps its" if len(offered) == 1 else "may keep"
-        needed.append((FP8_E4M3.name, f"{precision} {keeps} fallback layers in FP8 ({setting}: {'/'.join(offered)}): "))
+        needed.append((FP8_E4M3.name, f"{precision} {keeps} fallback layers in FP8 ({setting}: "
+                                      f"{formats_words(offered).lower()}): "))
     return needed
 
 
