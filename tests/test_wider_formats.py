@@ -111,7 +111,7 @@ def _check_formats(pipeline, model, formats, manifest=None):
         assert reason.startswith(f"fallback: in {kept[layer].upper()}, among the layers"), reason
         assert "; the narrowest of FP8/FP16/FP32 in which, alone, it costs the output no more than" in reason
     needs_fp8 = [needed for needed, _ in precisions_needed("int8", recipe.params()) if needed == "fp8"]
-    assert bool(needs_fp8) == ("fp8" in kept.values())
+    assert bool(needs_fp8) == ("fp8" in kept.values()) == (recipe.min_opset >= 19)  # float8 Q/DQ: opset 19
 
 
 def test_outlier_layers_go_to_fp8_where_it_holds_them_as_well_as_int8_holds_the_rest(repo):

@@ -74,7 +74,11 @@ class QDQ(Recipe):
         self.name = fmt.name
         self.options = options or QDQOptions()
         self.quantized_type = fmt.onnx_type  # a fallback layer in FP8 is not one of its INT8 layers
-        self.min_opset = max([fmt.min_opset] + [f.min_opset for f in kept_formats(self.options.fallback_format, fmt)])
+        opts = self.options
+        offered = kept_formats(opts.fallback_format, fmt)  # an FP8 recipe offered FP8 fails here
+        chosen = len(opts.fallback_format) > 1 and opts.fallback_layers is not None  # float8 Q/DQ only if a layer is
+        in_use = kept_formats(tuple(opts.kept().values()), fmt) if chosen else offered
+        self.min_opset = max([fmt.min_opset] + [f.min_opset for f in in_use])
 
     @property
     def calibrator(self) -> Calibrator:
