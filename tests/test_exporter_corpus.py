@@ -93,6 +93,27 @@ def test_constant_node_weights_are_quantized_as_fully_as_initializers(qv_pipelin
                                    atol=1e-4 * float(np.abs(semantics["initializers"]).max()))
 
 
+@pytest.mark.int8
+@pytest.mark.parametrize("label", [*REWRITES, "external"])
+def test_each_kept_layer_is_in_its_own_format_whatever_wrote_the_graph(qv_pipeline, cnn_graphs, tmp_path, label):
+    """Fallback over several formats on the network as other converters write it: each kept layer in the format the
+    rule gives, the graph and the verdict's reasons agreeing (``test_wider_formats._check_formats``), and the same
+    formats as from torch's own graph (FP16 weights behind a Cast are other weights: their own choice)."""
+    from test_wider_formats import OFFERED, _check_formats
+
+    inputs = "[{name: image, shape: [4, 3, 32, 32]}]"
+    formats = {}
+    for which in ("initializers", label):
+        manifest = _manifest(tmp_path, f"cnn-{which}", cnn_graphs[which], inputs, ["scores/logits.0"])
+        pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest, recipe_settings={"int8": {
+            "fallback": 0.5, "fallback_format": OFFERED}})
+        _check_formats(pipeline, f"cnn-{which}", set(), manifest)
+        formats[which] = sorted(pipeline.store.recipe(f"cnn-{which}", "int8", "emulated").options.kept().values())
+    assert formats["initializers"]
+    if label != "fp16-cast":
+        assert formats[label] == formats["initializers"]
+
+
 class _Recurrent:
     """A sequence embedder: recurrent layers (almost all of its weights) and one Linear."""
 
