@@ -8,6 +8,7 @@ import onnx
 import pytest
 import yaml
 
+from quantverdict.capabilities import GPU, Capabilities
 from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.judge.recipe_search import AutoSettings, auto_settings, stages
 from quantverdict.judge.sensitivity import evaluate_recipe, layer_sensitivity
@@ -148,6 +149,13 @@ def test_the_search_offers_the_formats_the_user_allows_and_the_lock_names_each_l
     locked = Pipeline(repo / "fresh-cache", manifest=repo / "models.yaml", lock=path)
     assert locked.store.recipe("outliers", "int8", "emulated").options.kept() == entry["float_layers"]
     assert locked.store.recipes.lock_state("outliers", "int8")["same_qdq_graph"] is True
+    ampere = Capabilities(GPU("A100", (8, 0)), {"tensorrt": "10.9.0"})
+    reasons = [Pipeline(repo / "cache", manifest=repo / "models.yaml", capabilities=ampere, lock=lock).skip_reason(
+        Case("outliers", "int8", "tensorrt")) for lock in (None, path)]
+    assert reasons[0] == ("int8 may keep fallback layers in FP8 (wider_formats: fp8/fp16/fp32): fp8 needs compute "
+                          "capability ≥ 8.9; this GPU (A100) is 8.0")  # offered, not yet chosen
+    assert (reasons[1] == reasons[0]) == ("fp8" in entry["float_layers"].values())  # the lock's formats decide
+    assert reasons[1] in (reasons[0], None)
     document = yaml.safe_load(text)
     document["recipes"]["outliers"]["int8"]["float_layers"] = sorted(entry["float_layers"])
     path.write_text(yaml.safe_dump(document))

@@ -80,10 +80,10 @@ class Pipeline:
 
     def skip_reason(self, case: Case) -> str | None:
         """The case's own requirement first (a GPU too old for FP4 says so even where the backend's
-        package is missing too), then the backend's."""
+        package is missing too), with its recipe as a lock holds it, then the backend's."""
         backend = self.backend(case.backend)
-        return backend.requirement(self.models.get(case.model), case.precision, self.caps) or \
-            backend.unavailable(self.caps)
+        spec = self.store.recipes.declared(self.models.get(case.model), case.precision)
+        return backend.requirement(spec, case.precision, self.caps) or backend.unavailable(self.caps)
 
     def run(self, case: Case) -> CaseResult:
         """Run one case (or skip it with the requirement that failed), counting its cache use."""

@@ -9,7 +9,7 @@ names and a run otherwise chooses on the calibration set. The rest of the harnes
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
@@ -18,6 +18,7 @@ from quantverdict.errors import HarnessError
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.bench import Workbench
 from quantverdict.judge.recipe_search import AUTO_KEYS, AutoSettings, Progress, SearchResult, auto_settings
+from quantverdict.models.spec import ModelSpec
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.qdq import QDQ
 from quantverdict.run.memo import Memo
@@ -108,6 +109,21 @@ class Recipes:
         incumbent = dict(entry.settings) if entry else None
         return self._searches.get((model, precision), lambda: searcher(self.store, model, precision, auto, incumbent,
                                                                         self.options.progress))
+
+    def declared(self, spec: ModelSpec, precision: str) -> ModelSpec:
+        """``spec`` with ``precision``'s recipe settings as the lock holds them, where its entry applies, each float
+        layer's format among them: what decides the GPU the case needs (an INT8 recipe that offered FP8 and kept no
+        layer in it runs wherever INT8 does)."""
+        if self.options.lock is None:
+            return spec
+        try:
+            locked = self.locked(spec.name, precision)
+        except HarnessError:  # a recipe setting no recipe takes: the case itself says so, naming it
+            return spec
+        if locked is None:
+            return spec
+        chosen = {"layer_formats": dict(locked.float_layers)} if isinstance(locked.float_layers, dict) else {}
+        return replace(spec, recipe={**spec.recipe, precision: {**locked.settings, **chosen}})
 
     def lock_state(self, model: str, precision: str) -> dict[str, Any] | None:
         """For the record: the lock the recipe came from, whether it was chosen for this very FP32 graph and
