@@ -51,7 +51,7 @@ def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -
     the user allows (``max_fallback``)."""
     def kept(candidate: Candidate) -> str:
         count = layers_kept(candidate.settings["fallback"], layers)
-        wider = formats_words(candidate.settings.get("fallback_format", "fp32"))
+        wider = formats_words(candidate.settings.get("fallback_format", "fp32")).upper()
         return f"{count} of the {layers} weighted layers in {wider} ({count / layers:.0%})"
 
     met = [candidate for candidate in beyond if candidate.passed]

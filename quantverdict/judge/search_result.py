@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from quantverdict.judge.sensitivity import layers_kept
-from quantverdict.precision.wider_layers import wider_formats
+from quantverdict.precision.wider_layers import formats_words
 
 
 @dataclass
@@ -47,8 +47,7 @@ class SearchResult:
             if candidate.score is not None and (count not in best or candidate.score > best[count].score):
                 best[count] = candidate
         return [{"share": round(count / max(self.layers, 1), 4), "layers_in_float": count,
-                 "format": "/".join(wider_formats(candidate.settings.get("fallback_format", "fp32")))
-                 if count else None,
+                 "format": formats_words(candidate.settings.get("fallback_format", "fp32")) if count else None,
                  "score_db": candidate.score,
                  "passed": candidate.passed, "settings": candidate.settings,
                  "chosen": candidate.settings == self.chosen} for count, candidate in sorted(best.items())]

@@ -92,7 +92,7 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
             why = no_kernel(node, layer.kind, FP8_E4M3) if fallback[layer.name] == FP8_E4M3.name else None
             kept = f"FP32, as {why}" if why else fallback[layer.name].upper()
             chosen = "" if len(offered) == 1 else (
-                f"; the narrowest of {formats_words(offered)} in which, alone, it costs the output no more than the "
+                f"; the narrowest of {formats_words(offered).upper()} in which, alone, it costs the output no more than the "
                 f"most sensitive layer left in {name} does")
             reasons[layer.name] = f"fallback: in {kept}, among the layers that cost the output most on the " \
                                   f"calibration set{chosen}"

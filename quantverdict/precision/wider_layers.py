@@ -63,8 +63,9 @@ def formats_setting(formats: Formats) -> str | list[str]:
 
 
 def formats_words(value: object) -> str:
-    """A ``fallback_format`` setting's value for a sentence: ``FP16``, or ``FP16/FP32`` (chosen per layer)."""
-    return "/".join(item.upper() for item in wider_formats(value))
+    """A ``fallback_format`` setting's value (or a recipe's formats) as one word: ``fp16``, or ``fp16/fp32`` (chosen
+    per layer)."""
+    return "/".join(wider_formats(value))
 
 
 def precisions_needed(precision: str, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -78,7 +79,7 @@ def precisions_needed(precision: str, settings: Mapping[str, Any]) -> list[tuple
     if precision == INT8.name and FP8_E4M3.name in (chosen.values() if isinstance(chosen, Mapping) else offered):
         keeps = "keeps its" if len(offered) == 1 else "may keep"
         needed.append((FP8_E4M3.name, f"{precision} {keeps} fallback layers in FP8 ({setting}: "
-                                      f"{formats_words(offered).lower()}): "))
+                                      f"{formats_words(offered)}): "))
     return needed
 
 

@@ -153,6 +153,7 @@ def _readable(entry: LockedRecipe) -> dict[str, Any]:
 def _check(path: Path, model: str, precision: str, entry: LockedRecipe) -> list[str]:
     from quantverdict.precision import get_recipe, known_precisions
     from quantverdict.precision.qdq import QDQ
+    from quantverdict.precision.wider_layers import formats_words
 
     where = f"{path}: recipes.{model}.{precision}"
     if precision not in known_precisions():
@@ -165,11 +166,11 @@ def _check(path: Path, model: str, precision: str, entry: LockedRecipe) -> list[
         return [f"{where}.float_layers: layers kept in float by a recipe whose settings name no fallback share"]
     offered = recipe.options.fallback_format if isinstance(recipe, QDQ) else ("fp32",)
     if len(offered) > 1 and entry.float_layers and not isinstance(entry.float_layers, dict):
-        return [f"{where}.float_layers: fallback_format offers {'/'.join(offered)}, so each layer names its format "
+        return [f"{where}.float_layers: fallback_format offers {formats_words(offered)}, so each layer names its format "
                 "(layer: format)"]
     wrong = {layer: kept_in for layer, kept_in in entry.kept(offered).items() if kept_in not in offered}
     if wrong:
-        return [f"{where}.float_layers: {wrong} not among the formats fallback_format offers ({'/'.join(offered)})"]
+        return [f"{where}.float_layers: {wrong} not among the formats fallback_format offers ({formats_words(offered)})"]
     return []
 
 
