@@ -170,8 +170,10 @@ def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ra
     output = store.spec(model).outputs[0]
     reference = per_sample(store.fp32_outputs(model, "calibration")[output])
     base = recipe.with_options(fallback_layers=(), layer_formats=(), only=(), **RANKED_AS)
-    fp8_kernels = {node.name for node in QDQ(FP8_E4M3, replace(base.options, only=None)).quantized_nodes(
-        onnx.load(str(store.fp32_onnx(model))))}  # a layer TensorRT has no FP8 kernel for would stay FP32
+    fp8_kernels: set[str] = set()  # the layers TensorRT has an FP8 kernel for (another would stay FP32)
+    if FP8_E4M3.name in offered:  # the FP32 graph read only where FP8 is offered: not on a search's default path
+        graph = onnx.load(str(store.fp32_onnx(model)))
+        fp8_kernels = {node.name for node in QDQ(FP8_E4M3, replace(base.options, only=None)).quantized_nodes(graph)}
     noise: dict[tuple[str, str], np.ndarray] = {}
     for layer in dict.fromkeys(layer for part in parts for layer in part.kept):
         for kept_in in offered[:-1]:
