@@ -212,9 +212,9 @@ def test_text_encoder_search_time_on_two_cpus_and_on_all(benchmark, tmp_path, mo
         gptq._ROUNDED.clear()  # nor what the process keeps: H, rounded weights
         hessian._MEASURED.clear()
         start = time.perf_counter()
-        store = Pipeline(tmp_path / cache, manifest=tmp_path / "models.yaml").store
-        found = store.recipes.search("encoder", "int8")
-        layers = store.recipes.recipe("encoder", "int8", "emulated").options.fallback_layers
+        pipeline = Pipeline(tmp_path / cache, manifest=tmp_path / "models.yaml")
+        found = pipeline.recipes.search("encoder", "int8")
+        layers = pipeline.recipes.recipe("encoder", "int8", "emulated").options.fallback_layers
         return time.perf_counter() - start, (found.chosen, layers)
 
     def both() -> dict[str, float]:  # once: a second round would read the caches

@@ -236,7 +236,7 @@ def test_recipe_fallback_keeps_its_share_of_layers_most_sensitive_on_calibration
     exactly those in float, and it is closer to FP32 there than with none kept."""
     store = qv_pipeline.store
     pipeline = Pipeline(store.cache.root, recipe_settings={"int8": {"fallback": 0.5}})
-    recipe = pipeline.store.recipe("resblock", "int8", "emulated")
+    recipe = pipeline.recipes.recipe("resblock", "int8", "emulated")
     kept = list(recipe.options.fallback_layers)
     base = recipe.with_options(fallback_layers=())
     ranking = [row.layer for row in layer_sensitivity(store, "resblock", base, data="calibration")]
@@ -261,8 +261,8 @@ def test_fallback_in_fp16_rounds_exactly_the_kept_layers_tensors_and_changes_not
     included (a transformer block)."""
     root, model = qv_pipeline.store.cache.root, "transformer-block"
     wider = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp16"}})
-    recipe = wider.store.recipe(model, "int8", "emulated")
-    plain = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5}}).store.recipe(model, "int8", "emulated")
+    recipe = wider.recipes.recipe(model, "int8", "emulated")
+    plain = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5}}).recipes.recipe(model, "int8", "emulated")
     kept = recipe.options.fallback_layers
     assert kept and kept == plain.options.fallback_layers
     emulated, fp32_kept = (onnx.load(str(wider.store.precision_onnx(model, r))) for r in (recipe, plain))
@@ -285,7 +285,7 @@ def test_fallback_in_fp16_rounds_exactly_the_kept_layers_tensors_and_changes_not
     quantized = [{(n.name, tuple(n.input)) for n in g.graph.node if n.name not in kept} for g in (emulated, fp32_kept)]
     assert quantized[1] <= quantized[0]  # the rest of the graph is the FP32 fallback's, and what is added is Casts
     assert {n.op_type for n in emulated.graph.node if (n.name, tuple(n.input)) in quantized[0] - quantized[1]} == {"Cast"}
-    native = onnx.load(str(wider.store.precision_onnx(model, wider.store.recipe(model, "int8", "native"))))
+    native = onnx.load(str(wider.store.precision_onnx(model, wider.recipes.recipe(model, "int8", "native"))))
     onnx.checker.check_model(native, full_check=True)  # strict types: an FP16 layer reads FP16 only
     inferred = onnx.shape_inference.infer_shapes(native, strict_mode=True)
     types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.output]}
@@ -322,7 +322,7 @@ def test_fallback_in_fp8_quantizes_exactly_the_kept_layers_in_e4m3_and_changes_n
     for name, settings in {"fp8": {"fallback_format": "fp8"}, "fp32": {}, "fp8-gptq": {"fallback_format": "fp8",
                            "gptq": True}, "fp32-gptq": {"gptq": True}}.items():
         pipeline = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, **settings}})
-        recipes[name] = pipeline.store.recipe(model, "int8", "emulated")
+        recipes[name] = pipeline.recipes.recipe(model, "int8", "emulated")
         graphs[name] = onnx.load(str(pipeline.store.precision_onnx(model, recipes[name])))
     kept = recipes["fp8"].options.fallback_layers
     assert kept and kept == recipes["fp32"].options.fallback_layers == recipes["fp8-gptq"].options.fallback_layers
@@ -381,7 +381,7 @@ def test_fallback_in_fp8_keeps_in_fp32_the_layers_tensorrt_has_no_fp8_kernel_for
     FP32 in the graph, and its reason says FP32 and why, not FP8; the verdict's reasons agree with the graph."""
     pipeline = Pipeline(qv_pipeline.store.cache.root, recipe_settings={"int8": {"fallback": 0.99,
                                                                                 "fallback_format": "fp8"}})
-    recipe = pipeline.store.recipe("dwblock", "int8", "emulated")
+    recipe = pipeline.recipes.recipe("dwblock", "int8", "emulated")
     graph = onnx.load(str(pipeline.store.precision_onnx("dwblock", recipe)))
     kept = pipeline.run(Case("dwblock", "int8", "onnxruntime")).metrics["coverage"]["kept"]
     assert set(kept) == set(recipe.options.fallback_layers)

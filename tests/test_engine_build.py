@@ -24,7 +24,7 @@ SM89 = (8, 9)
 @pytest.mark.parametrize("precision", [pytest.param(p, marks=getattr(pytest.mark, p)) for p in PRECISIONS])
 @pytest.mark.parametrize("model", MODELS)
 def test_engine_builds_for_sm89(model, precision, qv_pipeline):
-    artifacts = qv_pipeline.store.for_case(model, precision, "tensorrt_rtx")
+    artifacts = qv_pipeline.executor.artifacts(model, precision, "tensorrt_rtx")
     engine = qv_pipeline.backend("tensorrt_rtx").build(artifacts, SM89)
     assert engine.stat().st_size > 10_000
     assert artifacts.recipe.params().get("mode", "native") == "native"  # real low-precision graph
@@ -34,18 +34,18 @@ def test_engine_builds_for_sm89(model, precision, qv_pipeline):
 def test_second_build_is_a_cache_hit_and_other_inputs_rebuild(tmp_path):
     pipeline = Pipeline(tmp_path / "cache")
     backend = pipeline.backend("tensorrt_rtx")
-    first = backend.build(pipeline.store.for_case("cnn", "int8", "tensorrt_rtx"), SM89)
-    again = backend.build(pipeline.store.for_case("cnn", "int8", "tensorrt_rtx"), SM89)
+    first = backend.build(pipeline.executor.artifacts("cnn", "int8", "tensorrt_rtx"), SM89)
+    again = backend.build(pipeline.executor.artifacts("cnn", "int8", "tensorrt_rtx"), SM89)
     assert again == first and pipeline.cache.stats["engine.hit"] == 1 and pipeline.cache.stats["engine.miss"] == 1
-    other_target = backend.build(pipeline.store.for_case("cnn", "int8", "tensorrt_rtx"), (12, 0))
-    other_precision = backend.build(pipeline.store.for_case("cnn", "fp16", "tensorrt_rtx"), SM89)
+    other_target = backend.build(pipeline.executor.artifacts("cnn", "int8", "tensorrt_rtx"), (12, 0))
+    other_precision = backend.build(pipeline.executor.artifacts("cnn", "fp16", "tensorrt_rtx"), SM89)
     assert len({first, other_target, other_precision}) == 3 and pipeline.cache.stats["engine.miss"] == 3
 
 
 @pytest.mark.fp8
 def test_fp8_for_sm86_is_predicted_and_really_fails(qv_pipeline):
     backend = qv_pipeline.backend("tensorrt_rtx")
-    artifacts = qv_pipeline.store.for_case("cnn", "fp8", "tensorrt_rtx")
+    artifacts = qv_pipeline.executor.artifacts("cnn", "fp8", "tensorrt_rtx")
     with pytest.raises(UnsupportedError, match=r"fp8 needs compute capability ≥ 8\.9; the build target is 8\.6"):
         backend.build(artifacts, (8, 6))
     import tensorrt_rtx
@@ -85,7 +85,7 @@ def test_int8_with_its_fallback_layers_in_fp16_or_fp8_builds_for_sm89(model, wid
     """TensorRT builds the Q/DQ graph whose fallback layers compute in FP16 (strongly typed: the graph says so) or
     in FP8 beside the INT8 layers; FP8 layers are refused for a target without FP8 (8.6), and say why."""
     pipeline = Pipeline(qv_pipeline.cache.root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": wider}})
-    artifacts = pipeline.store.for_case(model, "int8", "tensorrt_rtx")
+    artifacts = pipeline.executor.artifacts(model, "int8", "tensorrt_rtx")
     assert artifacts.recipe.options.native and artifacts.recipe.options.fallback_layers
     engine = pipeline.backend("tensorrt_rtx").build(artifacts, SM89)
     assert engine.stat().st_size > 10_000

@@ -79,7 +79,7 @@ def test_graphs_are_written_at_the_lowest_ir_version_their_opsets_need(qv_pipeli
     pipeline = _opset17_user_model(qv_pipeline, tmp_path, onnx.IR_VERSION)
     readable = onnx.load(str(pipeline.store.fp32_onnx("net17")))
     assert readable.ir_version == 8 < onnx.IR_VERSION  # opset 17 needs IR 8
-    int8 = onnx.load(str(pipeline.store.precision_onnx("net17", pipeline.store.recipe("net17", "int8", "emulated"))))
+    int8 = onnx.load(str(pipeline.store.precision_onnx("net17", pipeline.recipes.recipe("net17", "int8", "emulated"))))
     assert int8.ir_version == lowest_ir(int8)
 
 
@@ -91,7 +91,7 @@ def test_an_opset_17_graph_is_converted_for_the_float8_recipe(qv_pipeline, tmp_p
     pipeline = _opset17_user_model(qv_pipeline, tmp_path, 8)
     result = pipeline.run(Case("net17", "fp8", "onnxruntime"))
     assert result.status == "passed", result.message
-    fp8 = onnx.load(str(pipeline.store.precision_onnx("net17", pipeline.store.recipe("net17", "fp8", "emulated"))))
+    fp8 = onnx.load(str(pipeline.store.precision_onnx("net17", pipeline.recipes.recipe("net17", "fp8", "emulated"))))
     assert opset_of(fp8) == 19 and opset_of(onnx.load(str(pipeline.store.fp32_onnx("net17")))) == 17
 
 

@@ -83,7 +83,8 @@ def test_constant_node_weights_are_quantized_as_fully_as_initializers(qv_pipelin
         pipeline = Pipeline(qv_pipeline.cache.root, manifest=_manifest(tmp_path, f"cnn-{which}", cnn_graphs[which],
                                                                        inputs, ["scores/logits.0"]))
         results[which] = pipeline.run(Case(f"cnn-{which}", "int8", "onnxruntime"))
-        semantics[which] = pipeline.store.semantics(f"cnn-{which}", "int8")["scores/logits.0"]
+        recipe = pipeline.recipes.recipe(f"cnn-{which}", "int8", "emulated")
+        semantics[which] = pipeline.store.semantics(f"cnn-{which}", recipe)["scores/logits.0"]
     reference, rewritten = results["initializers"], results[label]
     cover, other = reference.metrics["coverage"], rewritten.metrics["coverage"]
     assert cover["layers"] == cover["quantized"] == 3 and other["quantized"] == other["layers"] == 3
@@ -108,7 +109,7 @@ def test_each_kept_layer_is_in_its_own_format_whatever_wrote_the_graph(qv_pipeli
         pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest, recipe_settings={"int8": {
             "fallback": 0.5, "fallback_format": OFFERED}})
         _check_formats(pipeline, f"cnn-{which}", set(), manifest)
-        formats[which] = sorted(pipeline.store.recipe(f"cnn-{which}", "int8", "emulated").options.kept().values())
+        formats[which] = sorted(pipeline.recipes.recipe(f"cnn-{which}", "int8", "emulated").options.kept().values())
     assert formats["initializers"]
     if label != "fp16-cast":
         assert formats[label] == formats["initializers"]
@@ -172,7 +173,7 @@ def test_an_einsum_projection_is_counted_and_kept_in_float_with_its_reason(qv_pi
     manifest = _manifest(tmp_path, "proj", path, "[{name: x, shape: [2, 4, 8]}, {name: v, shape: [8, 8]}]",
                          ["out/y.0"])
     pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest)
-    coverage = pipeline.store.coverage("proj", pipeline.store.recipe("proj", "int8", "emulated"))
+    coverage = pipeline.store.coverage("proj", pipeline.recipes.recipe("proj", "int8", "emulated"))
     assert coverage["kinds"] == {"Einsum": [0, 1], "MatMul": [1, 1]}
     assert list(coverage["kept"].values()) == ["no kernel: no INT8 Einsum kernel in TensorRT or ONNX Runtime"]
     result = pipeline.run(Case("proj", "int8", "onnxruntime"))  # all of its weights are the Einsum's

@@ -164,7 +164,8 @@ def test_a_users_integer_graph_is_judged_on_exact_arithmetic_with_its_layers_cou
     assert recipe["coverage"]["quantized"] == recipe["coverage"]["layers"] - len(recipe["coverage"]["float_layers"]) > 0
     assert recipe["settings"]["activations"] == "dynamic" and recipe["settings"]["weights"] == "per-channel"
     exact = evaluate_exact(onnx.load(str(dynamic_encoder)), pipeline.store.eval_batches("encoder"))
-    assert np.array_equal(pipeline.store.semantics("encoder", "int8")["hidden"], exact["hidden"])
+    recipe = pipeline.recipes.recipe("encoder", "int8", "emulated")
+    assert np.array_equal(pipeline.store.semantics("encoder", recipe)["hidden"], exact["hidden"])
 
 
 def _embedding_encoder():

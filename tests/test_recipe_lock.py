@@ -12,7 +12,7 @@ import yaml
 from quantverdict.errors import HarnessError
 from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Case, Pipeline
-from quantverdict.run.recipe_lock import RecipeLock
+from quantverdict.tune.lock import RecipeLock
 from user_repo import written
 from test_recipe_search import MANIFEST, NETS
 
@@ -36,7 +36,7 @@ def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as
     text = (repo / "quantverdict.lock").read_text()
     assert text.startswith("# quantverdict recipe lock") and "lock: " in out
     entry = yaml.safe_load(text)["recipes"]["dw"]["int8"]
-    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
+    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert search is not None and search.complete and entry["settings"] == search.chosen
     assert [c["settings"] for c in entry["search"]["candidates"]] == [c.settings for c in search.candidates]
     assert entry["search"]["held_out_samples"] == 16 and entry["chosen_by"]["runner_class"]
@@ -82,7 +82,7 @@ def test_a_changed_graph_keeps_its_locked_recipe_and_the_verdict_says_so(repo, c
         """))
     (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
     pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=repo / "quantverdict.lock")
-    assert pipeline.store.recipes.search("dw", "int8") is None
+    assert pipeline.recipes.search("dw", "int8") is None
     result = pipeline.run(Case("dw", "int8", "onnxruntime"))
     assert "recipe" in result.metrics, result.message
     assert result.metrics["recipe"]["lock"]["current_graph"] is False
@@ -181,7 +181,7 @@ PORTABLE_SCRIPT = textwrap.dedent("""\
     for model in ("r", "t"):
         for settings in json.loads(sys.argv[2]):
             pipeline = Pipeline(Path(sys.argv[1]), manifest=Path("models.yaml"), recipe_settings={"int8": settings})
-            recipe = pipeline.store.recipe(model, "int8", "emulated")
+            recipe = pipeline.recipes.recipe(model, "int8", "emulated")
             digests[f"{model} {json.dumps(settings)}"] = file_sha256(pipeline.store.precision_onnx(model, recipe))
     print(json.dumps(digests))
     """)

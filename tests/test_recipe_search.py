@@ -10,13 +10,13 @@ import pytest
 
 from quantverdict.errors import CalibrationError
 from quantverdict.models.data import batches_key
-from quantverdict.judge.recipe_search import (CALIBRATORS, MAX_DB, MIN_GAIN_DB, AutoSettings, auto_settings, better,
-                                               sample_snr_db, stages)
+from quantverdict.tune.auto import AutoSettings, auto_settings
+from quantverdict.tune.search import CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, sample_snr_db, stages
 from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
 from quantverdict.run.cases import Case
-from quantverdict.run.held_out import HeldOutStore, folds, split
+from quantverdict.tune.folds import HeldOut, folds, split
 from quantverdict.run.manifest import load_manifest
 from quantverdict.run.pipeline import Pipeline
 
@@ -87,7 +87,7 @@ def test_the_held_out_part_is_never_calibrated_on_and_the_evaluation_set_is_neve
     whole = pipeline.store.calibration_batches("dw")
     fit, held = split(whole, "dw")
     assert len(fit) + len(held) == len(whole) and held and fit
-    view = HeldOutStore(pipeline.store)
+    view = pipeline.store.on_batches(HeldOut(pipeline.store.calibration_batches))
     key = pipeline.store.data_key
     assert view.data_key("dw", "calibration") == batches_key(fit) and view.data_key("dw", "evaluation") == batches_key(held)
     assert key("dw", "calibration") == batches_key(whole) and key("dw", "evaluation") not in (batches_key(fit),
@@ -115,13 +115,13 @@ def test_the_search_records_every_candidate_and_takes_what_held_out_data_favours
         assert recorded == value or recorded == {"method": value}
     calibration = pipeline.store.calibration_batches("dw")  # every calibration sample judged once
     assert search["held_out_samples"] == sum(len(b["input"]) for b in calibration) and search["folds"] == 4
-    again = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
+    again = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert again is not None and again.to_dict() == search  # cached: read, not searched again
 
 
 def test_the_wall_time_stop_keeps_the_first_candidate_lists_the_rest_and_marks_the_search_incomplete(repo, qv_pipeline):
-    store = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store
-    search = store.recipes.search("block", "int8")
+    pipeline = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml")
+    store, search = pipeline.store, pipeline.recipes.search("block", "int8")
     layers = len(weighted_layers(store, "block", get_recipe("int8").for_target("emulated")))
     assert search is not None and len(search.candidates) == 1 and search.chosen == CALIBRATORS[0]
     assert len(search.not_tried) == sum(map(len, stages(AutoSettings(), layers))) - 1 - len(CALIBRATORS)  # once each
@@ -131,10 +131,10 @@ def test_the_wall_time_stop_keeps_the_first_candidate_lists_the_rest_and_marks_t
 
 def test_run_settings_and_named_recipes_are_not_searched(repo, qv_pipeline):
     manifest = repo / "models.yaml"
-    assert Pipeline(qv_pipeline.cache.root, manifest=manifest).store.recipes.search("block", "fp8") is None
+    assert Pipeline(qv_pipeline.cache.root, manifest=manifest).recipes.search("block", "fp8") is None
     overridden = Pipeline(qv_pipeline.cache.root, manifest=manifest, calibration="percentile")
-    assert overridden.store.recipes.search("dw", "int8") is None
-    assert overridden.store.recipe("dw", "int8", "emulated").params()["calibration"]["method"] == "percentile"
+    assert overridden.recipes.search("dw", "int8") is None
+    assert overridden.recipes.recipe("dw", "int8", "emulated").params()["calibration"]["method"] == "percentile"
 
 
 @pytest.mark.parametrize("count", [2, 3, 5, 8, 9])
@@ -179,16 +179,16 @@ def test_fallback_is_ranked_for_each_fold_without_the_samples_it_is_judged_on(re
     on the rest of the calibration set (pooled SNR of each layer quantized alone), and with nothing held out they
     are the run's own choice."""
     from quantverdict.judge.compare import compare
-    from quantverdict.judge.sensitivity import choose_fallback, fallback_per_part
+    from quantverdict.tune.fallback import choose_fallback, fallback_per_part
     from quantverdict.judge.tolerances import Tolerance
-    from quantverdict.run.held_out import held_out_samples
+    from quantverdict.tune.folds import held_out_samples
 
     store = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store
     whole = store.calibration_batches("dw")
     reference = store.fp32_outputs("dw", "calibration")["logits"]
     parts = [held_out_samples(whole, fold) for fold in range(folds(whole))]
     for fold, part in enumerate(parts):
-        view = HeldOutStore(store, fold)
+        view = store.on_batches(HeldOut(store.calibration_batches, fold))
         held = view.fp32_outputs("dw", "evaluation")["logits"]  # the same samples, up to float32 kernels' last bits
         np.testing.assert_allclose(reference[part], held, rtol=1e-5, atol=1e-6 * np.abs(held).max())
     recipe = get_recipe("int8").for_target("emulated").configured({"fallback": 0.4})
@@ -210,7 +210,7 @@ def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(
     to one already ranked, or keeps its layers in another format, reads that ranking, so a search evaluates each layer
     quantized alone once per calibration and preparation, and the chosen recipe keeps the layers its own settings
     rank."""
-    from quantverdict.judge.sensitivity import choose_fallback
+    from quantverdict.tune.fallback import choose_fallback
     from quantverdict.run import artifacts
 
     (repo / "models.yaml").write_text(MANIFEST.replace("build_files: []\n  - name: block",
@@ -224,8 +224,8 @@ def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(
         return each_alone(graphs, layers, batches, label)
 
     monkeypatch.setattr(artifacts, "each_alone", counted)
-    store = Pipeline(repo / "cache", manifest=repo / "models.yaml").store  # nothing evaluated yet
-    search = store.recipes.search("dw", "int8")
+    pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml")  # nothing evaluated yet
+    store, search = pipeline.store, pipeline.recipes.search("dw", "int8")
     assert search is not None and search.complete
     with_fallback = [c.settings for c in search.candidates if c.settings.get("fallback")]
     assert any(settings.get("gptq") for settings in with_fallback)
@@ -233,7 +233,7 @@ def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(
                 for settings in with_fallback}
     layers = weighted_layers(store, "dw", get_recipe("int8").for_target("emulated"))
     assert len(evaluated) == len(rankings) * len(layers) < len(with_fallback) * len(layers)
-    recipe = store.recipes.recipe("dw", "int8", "emulated")
+    recipe = pipeline.recipes.recipe("dw", "int8", "emulated")
     if search.chosen.get("fallback"):
         unrounded = get_recipe("int8").for_target("emulated").configured({**search.chosen, "gptq": False,
                                                                           "fallback_format": "fp32"})
@@ -263,7 +263,7 @@ def test_the_search_judges_the_cases_task_metric_bounds_a_worst_samples_among_th
         "    tolerances: {int8: {task_min: {worst_sample_cosine: 1.5}}}\n", 1))
     import worst
 
-    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
+    search = Pipeline(repo / "cache", manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert search is not None and search.candidates and all(c.passed is False for c in search.candidates)
     assert worst.CALLS and all(labels is None for labels in worst.CALLS)
     assert search.note.startswith("the choice misses the case's bounds on held-out calibration samples")
@@ -296,7 +296,7 @@ def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, q
 def test_ranking_layers_for_fallback_keeps_their_evaluations_not_their_graphs(tmp_path):
     """Each layer quantized alone is a copy of the whole model: ranking them keeps each one's outputs in the cache
     (a second ranking reads them) and none of the graphs."""
-    from quantverdict.judge.sensitivity import choose_fallback
+    from quantverdict.tune.fallback import choose_fallback
 
     store = Pipeline(tmp_path / "cache").store
     recipe = get_recipe("int8").for_target("emulated").configured({"fallback": 0.5})
@@ -313,13 +313,13 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     """Bounds no recipe meets (no error at all on the held-out samples): past max_fallback the search tries the choice
     with more layers in FP32 (up to half of dw's, each share keeping more than the one before), chooses none of them,
     and says so; a bound the choice meets tries nothing more."""
-    from quantverdict.judge.search_beyond import Candidate, beyond_note
+    from quantverdict.tune.beyond import Candidate, beyond_note
 
     manifest = repo / "tight.yaml"
     manifest.write_text(MANIFEST.replace("    task: classification\n",
                                          "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1))
-    store = Pipeline(qv_pipeline.cache.root, manifest=manifest).store
-    search = store.recipes.search("dw", "int8")
+    pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest)
+    store, search = pipeline.store, pipeline.recipes.search("dw", "int8")
     assert search is not None and search.complete and "fallback" not in search.chosen
     layers = len(weighted_layers(store, "dw", get_recipe("int8").for_target("emulated")))
     assert [int(c.settings["fallback"] * layers) for c in search.beyond] == [layers // 2]  # half missed: no fewer tried
@@ -327,7 +327,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
                                                              if k != "fallback"}.items() for c in search.beyond)
     assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP16/FP32 ({layers // 2 / layers:.0%}); "
             "max_fallback is 10%") in search.note
-    easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").store.recipes.search("dw", "int8")
+    easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert easy is not None and not easy.beyond
     met = [Candidate({"fallback": 0.35}, 31.5, True), Candidate({"fallback": 0.25}, 20.0, False)]
     assert beyond_note(met, 10, 0.1).endswith(
@@ -337,7 +337,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
 def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection():
     """Half the layers first (where that misses, nothing fewer is tried), then bisection down to the fewest that meet
     the bounds, each count tried once, as a share whose floor keeps exactly that many; none past the user's share."""
-    from quantverdict.judge.search_beyond import Candidate, fewest_in_float
+    from quantverdict.tune.beyond import Candidate, fewest_in_float
 
     def judged(needs: int, tried: list[int]):
         def judge(share: float) -> Candidate:
@@ -353,7 +353,7 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
         met = [int(c.settings["fallback"] * 48) for c in found if c.passed]
         assert (min(met) if met else None) == (needs if needs <= 24 else None)
     assert fewest_in_float(judged(1, []), 4, 0.5, lambda: True) == []  # the user's share is already half
-    from quantverdict.judge.search_beyond import share_of
+    from quantverdict.tune.beyond import share_of
     for layers in range(1, 400):
         shares = [share_of(count, layers) for count in range(layers + 1)]
         assert [math.floor(share * layers) for share in shares] == list(range(layers + 1)), layers
@@ -365,8 +365,8 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     """A candidate that keeps layers in FP32 with a calibration and preparation not ranked before ranks every layer
     alone: the estimate times it as those did, says where none has run yet rather than pricing it as a
     calibrator's, and prices one that only adds GPTQ to a ranked one as the others."""
-    from quantverdict.judge.recipe_search import Candidate
-    from quantverdict.judge.search_progress import time_left, upcoming
+    from quantverdict.tune.result import Candidate
+    from quantverdict.tune.progress import time_left, upcoming
 
     timed = [Candidate({"calibration": "max"}, seconds=4.0), Candidate({"calibration": "mse"}, seconds=6.0)]
     plan = [{"calibration": "mse", "smoothquant": 0.8}, {"fallback": 0.1}, {"fallback": 0.1, "gptq": True}]
@@ -421,7 +421,7 @@ def test_a_lower_bound_is_met_in_a_search_only_by_the_evaluations_standard_error
     on the evaluation's sample count is short of the margin; by two, it clears it. The margin is the held-out 95%
     interval's, narrowed by the square root of the sample counts' ratio."""
     from quantverdict.judge.compare import compare
-    from quantverdict.judge.search_margin import evaluation_error, short_of_margin
+    from quantverdict.tune.margin import evaluation_error, short_of_margin
     from quantverdict.judge.tolerances import Tolerance
 
     rng = np.random.default_rng(0)
@@ -453,14 +453,14 @@ def test_fallback_keeps_its_layers_in_fp32_only_where_fp16_is_worse(repo):
           recipe: {int8: {auto: true, max_fallback: 0.4}}
         """), "  "))
     pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml")
-    search = pipeline.store.recipes.search("tiny", "int8")
+    search = pipeline.recipes.search("tiny", "int8")
     assert search.chosen.get("fallback") and search.chosen["fallback_format"] == ["fp16", "fp32"]
-    kept = pipeline.store.recipe("tiny", "int8", "emulated").options.kept()
+    kept = pipeline.recipes.recipe("tiny", "int8", "emulated").options.kept()
     assert kept and set(kept.values()) == {"fp32"}
     assert all(c.score > 20 for c in search.candidates if c.settings.get("fallback") and c.score is not None)
     in_fp16 = Pipeline(repo / "cache", manifest=repo / "models.yaml", recipe_settings={"int8": {
-        **search.chosen, "fallback_format": "fp16"}}).store
-    recipe = in_fp16.recipe("tiny", "int8", "emulated")
+        **search.chosen, "fallback_format": "fp16"}})
+    recipe = in_fp16.recipes.recipe("tiny", "int8", "emulated")
     assert recipe.options.fallback_layers == tuple(kept)
-    assert evaluate_recipe(in_fp16, "tiny", recipe, Tolerance(), "calibration").metrics["y"]["snr_db"] < 1.0
+    assert evaluate_recipe(in_fp16.store, "tiny", recipe, Tolerance(), "calibration").metrics["y"]["snr_db"] < 1.0
 

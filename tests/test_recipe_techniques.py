@@ -90,7 +90,7 @@ def test_an_attention_mask_and_a_transformers_residual_adds_stay_in_float(token_
 
 @pytest.mark.int8
 def test_a_residual_add_after_a_convolution_is_quantized_on_its_residual_input_only(qv_pipeline):
-    recipe = qv_pipeline.store.recipe("resblock", "int8", "emulated")
+    recipe = qv_pipeline.recipes.recipe("resblock", "int8", "emulated")
     graph = onnx.load(str(qv_pipeline.store.precision_onnx("resblock", recipe))).graph
     producers = _producers(graph)
     (add,) = [n for n in graph.node if n.op_type == "Add"]
@@ -240,14 +240,14 @@ def test_recipe_settings_come_from_the_manifest_and_the_command_line(tmp_path, t
         "int8": {"smoothquant": 0.5, "calibration": "mse"}, "fp8": {"smoothquant": 0.5, "equalize": True}}
     with pytest.raises(HarnessError, match="expected"):
         recipe_settings(["smoothquant"])
-    store = token_model.store
+    recipes = token_model.recipes
     token_model.models.get("tiny-bert").recipe["int8"] = {"calibration": "max"}  # type: ignore[index]
-    assert store.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] is None
+    assert recipes.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] is None
     token_model.models.get("tiny-bert").recipe["int8"] = {"smoothquant": 0.7}  # type: ignore[index]
-    assert store.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] == 0.7
+    assert recipes.recipe("tiny-bert", "int8", "emulated").params()["smoothquant"] == 0.7
     token_model.models.get("tiny-bert").recipe["int8"] = {"smoothness": 0.7}  # type: ignore[index]
     with pytest.raises(HarnessError, match="unknown int8 recipe setting.*smoothness"):
-        store.recipe("tiny-bert", "int8", "emulated")
+        recipes.recipe("tiny-bert", "int8", "emulated")
 
 
 def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(qv_pipeline):
@@ -260,7 +260,8 @@ def test_fp8_leaves_depthwise_convolutions_in_float_as_tensorrt_runs_them(qv_pip
     from quantverdict.precision.graph import int_attribute
 
     store = qv_pipeline.store
-    counts = {p: quantized_layers(onnx_module.load(str(store.precision_onnx("dwblock", store.recipe("dwblock", p, "emulated")))))
+    counts = {p: quantized_layers(onnx_module.load(str(store.precision_onnx("dwblock", qv_pipeline.recipes.recipe(
+        "dwblock", p, "emulated")))))
               for p in ("int8", "fp8")}
     assert (counts["int8"]["layers"], counts["int8"]["quantized"], counts["int8"]["float_layers"]) == (4, 4, [])
     assert (counts["fp8"]["layers"], counts["fp8"]["quantized"]) == (4, 2)  # the pointwise conv and the classifier
@@ -316,7 +317,7 @@ def test_bias_correction_gives_each_layer_fp32s_output_means(qv_pipeline):
     from quantverdict.precision.calibrate import calibrate as calibrate_ranges
 
     store = qv_pipeline.store
-    recipe = store.recipe("digits-cnn", "int8", "emulated")
+    recipe = qv_pipeline.recipes.recipe("digits-cnn", "int8", "emulated")
     corrected_recipe = recipe.configured({"bias_correction": True})
     fp32 = onnx.load(str(store.fp32_onnx("digits-cnn")))
     batches = store.calibration_batches("digits-cnn")
@@ -443,7 +444,7 @@ def test_gptq_keeps_the_recipes_grid_and_scales(qv_pipeline):
     """Only which grid value each weight takes changes: same scales, same layout, weights within the
     format's range, and the model's case still passes its tolerances."""
     store = qv_pipeline.store
-    recipe = store.recipe("digits-cnn", "int8", "emulated")
+    recipe = qv_pipeline.recipes.recipe("digits-cnn", "int8", "emulated")
     plain = onnx.load(str(store.precision_onnx("digits-cnn", recipe)))
     rounded = onnx.load(str(store.precision_onnx("digits-cnn", recipe.configured({"gptq": True}))))
     assert [n.op_type for n in plain.graph.node] == [n.op_type for n in rounded.graph.node]
@@ -543,7 +544,7 @@ def test_fp4_takes_gptq_from_the_run_and_records_it(qv_pipeline, tmp_path):
     assert result.status == "passed", result.message
     assert result.metrics["recipe"]["settings"]["gptq"] is True
     with pytest.raises(CalibrationError, match=r"unknown fp4 recipe setting\(s\) \['smoothquant'\]; known: \['gptq'\]"):
-        qv_pipeline.store.recipe("digits-cnn", "fp4", "emulated").configured({"smoothquant": 0.5})
+        qv_pipeline.recipes.recipe("digits-cnn", "fp4", "emulated").configured({"smoothquant": 0.5})
 
 
 def test_compare_recipes_reports_the_others_when_one_quantizer_fails(tmp_path, monkeypatch):

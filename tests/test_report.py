@@ -141,7 +141,7 @@ def test_gate_names_a_layer_left_in_float_though_another_came_back(qv_pipeline, 
     from quantverdict.judge.sensitivity import weighted_layers
 
     store = qv_pipeline.store
-    recipe = store.recipe("resblock", "int8", "emulated")
+    recipe = qv_pipeline.recipes.recipe("resblock", "int8", "emulated")
     first, second = [node.name for node in weighted_layers(store, "resblock", recipe)][:2]
     paths = []
     for run, kept in (("baseline", first), ("current", second)):

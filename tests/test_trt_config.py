@@ -108,6 +108,6 @@ def test_a_users_own_quantized_graph_gives_tensorrt_no_ranges(qv_pipeline, tmp_p
     quantized: {{int8: {qv_pipeline.store.fp32_onnx("digits-cnn")}}}
     recipe: {{fp8: {{calibration: max}}}}
 """)
-    store = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").store
-    assert store.for_case("mine", "int8", "tensorrt").ranges is None
-    assert store.for_case("mine", "fp8", "tensorrt").ranges is not None
+    executor = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").executor
+    assert executor.artifacts("mine", "int8", "tensorrt").ranges is None
+    assert executor.artifacts("mine", "fp8", "tensorrt").ranges is not None

@@ -10,14 +10,15 @@ import yaml
 
 from quantverdict.capabilities import GPU, Capabilities
 from quantverdict.errors import CalibrationError, HarnessError
-from quantverdict.judge.recipe_search import AutoSettings, auto_settings, stages
+from quantverdict.tune.auto import AutoSettings, auto_settings
+from quantverdict.tune.search import stages
 from quantverdict.judge.sensitivity import evaluate_recipe, layer_sensitivity
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
 from quantverdict.precision.wider_layers import precisions_needed
 from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Case, Pipeline
-from quantverdict.run.recipe_lock import RecipeLock
+from quantverdict.tune.lock import RecipeLock
 from user_repo import written
 
 OFFERED = ["fp8", "fp16", "fp32"]
@@ -90,9 +91,9 @@ def _check_formats(pipeline, model, formats, manifest=None):
     """The kept layers are FP32 fallback's, each in the format the rule gives, the graph and the verdict agree, and
     FP8's GPU is needed only where a layer is in FP8."""
     store = pipeline.store
-    recipe = store.recipe(model, "int8", "emulated")
+    recipe = pipeline.recipes.recipe(model, "int8", "emulated")
     plain = Pipeline(store.cache.root, manifest=manifest, recipe_settings={"int8": {"fallback": 0.5}})
-    assert recipe.options.fallback_layers == plain.store.recipe(model, "int8", "emulated").options.fallback_layers
+    assert recipe.options.fallback_layers == plain.recipes.recipe(model, "int8", "emulated").options.fallback_layers
     kept = recipe.options.kept()
     assert kept == _narrowest(store, model, recipe) and formats <= set(kept.values())
     graph = onnx.load(str(store.precision_onnx(model, recipe)))
@@ -147,8 +148,8 @@ def test_the_search_offers_the_formats_the_user_allows_and_the_lock_names_each_l
     assert f"fallback_format: [{', '.join(OFFERED)}]" in text  # a candidate's settings stay on one line
     assert RecipeLock.read(path).text() == text
     locked = Pipeline(repo / "fresh-cache", manifest=repo / "models.yaml", lock=path)
-    assert locked.store.recipe("outliers", "int8", "emulated").options.kept() == entry["float_layers"]
-    assert locked.store.recipes.lock_state("outliers", "int8")["same_qdq_graph"] is True
+    assert locked.recipes.recipe("outliers", "int8", "emulated").options.kept() == entry["float_layers"]
+    assert locked.recipes.lock_state("outliers", "int8").same_qdq_graph is True
     ampere = Capabilities(GPU("A100", (8, 0)), {"tensorrt": "10.9.0"})
     reasons = [Pipeline(repo / "cache", manifest=repo / "models.yaml", capabilities=ampere, lock=lock).skip_reason(
         Case("outliers", "int8", "tensorrt")) for lock in (None, path)]

@@ -26,7 +26,7 @@ from onnx import numpy_helper
 
 from quantverdict.cache import Cache
 from quantverdict.hashing import file_sha256, source_fingerprint
-from quantverdict.judge.bench import Workbench
+from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import Batch
 from quantverdict.precision import get_recipe
 from quantverdict.precision.calibrate import calibrate, tensor_values

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import onnx
 
 from quantverdict.errors import interrupted
-from quantverdict.judge.bench import Workbench
+from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import compare
 from quantverdict.judge.tolerances import Tolerance
-from quantverdict.precision import get_recipe
+from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.coverage import quantized_layers
 
 
@@ -27,17 +27,18 @@ class QuantizerResult:
     error: str = ""  # why this quantizer made no graph (its own failure, in one line); the others still count
 
 
-def compare_quantizers(store: Workbench, model: str, precision: str,
-                       variants: Mapping[str, Mapping[str, Any]]) -> tuple[list[QuantizerResult], dict[str, list[str]]]:
-    """Each variant (label → recipe settings, e.g. ``{"quantizer": "modelopt"}``) judged, and the
-    weighted layers not every variant quantizes (layer → the labels that do)."""
+def compare_quantizers(store: Workbench, model: str, precision: str, variants: Mapping[str, Mapping[str, Any]],
+                       finish: Callable[[Recipe], Recipe]) -> tuple[list[QuantizerResult], dict[str, list[str]]]:
+    """Each variant (label → recipe settings, e.g. ``{"quantizer": "modelopt"}``) judged, its recipe finished by
+    ``finish`` (the fallback layers it chooses on the calibration set), and the weighted layers not every variant
+    quantizes (layer → the labels that do)."""
     spec = store.spec(model)
     reference, output = store.fp32_outputs(model, "evaluation"), spec.outputs[0]
     results = []
     for label, settings in variants.items():
         start = time.perf_counter()
         try:
-            recipe = store.configured(model, get_recipe(precision).configured(settings))
+            recipe = finish(get_recipe(precision).configured(settings))
             path = store.precision_onnx(model, recipe)
             seconds = time.perf_counter() - start
             metrics = compare(reference, store.graph_semantics(model, path), Tolerance(),

@@ -8,7 +8,7 @@ data is the same in every process.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -60,3 +60,28 @@ def evaluation(spec: ModelSpec, samples_needed: int) -> tuple[list[Batch], np.nd
 def batches_key(batches: list[Batch]) -> str:
     """Content key of a list of batches (every input's name, dtype, shape and values)."""
     return content_hash([[(name, batch[name]) for name in sorted(batch)] for batch in batches])
+
+
+class BatchSource(Protocol):
+    """Where a run's calibration and evaluation batches come from: a model's own sets (:class:`OwnData`), or another
+    split of them (a recipe search's held-out folds, :class:`quantverdict.tune.folds.HeldOut`). ``held_out``: its
+    evaluation batches are held-out calibration samples, unlabelled, whose FP32 decisions are not screened at the
+    inputs' resolution (every sample counted)."""
+
+    held_out: bool
+
+    def calibration(self, spec: ModelSpec) -> list[Batch]: ...
+
+    def evaluation(self, spec: ModelSpec, samples_needed: int) -> tuple[list[Batch], np.ndarray | None]: ...
+
+
+class OwnData:
+    """A model's own calibration and evaluation sets."""
+
+    held_out = False
+
+    def calibration(self, spec: ModelSpec) -> list[Batch]:
+        return calibration_batches(spec)
+
+    def evaluation(self, spec: ModelSpec, samples_needed: int) -> tuple[list[Batch], np.ndarray | None]:
+        return evaluation(spec, samples_needed)

@@ -9,7 +9,7 @@ from pydantic.dataclasses import dataclass
 
 from quantverdict.documents import load
 from quantverdict.errors import HarnessError
-from quantverdict.judge.bench import Workbench
+from quantverdict.judge.workbench import Workbench
 from quantverdict.perf.bench import Ratio, Timing, interleaved_ratio, time_call
 from quantverdict.precision import known_precisions
 

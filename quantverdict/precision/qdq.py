@@ -10,7 +10,7 @@ attention mask added to scores) stay in float. ``exclude`` (fnmatch patterns on 
 precision; ``only`` quantizes just the named layers (sensitivity analysis); ``fallback`` (a share of the weighted
 layers) keeps that share of them in ``fallback_format`` (FP32, FP16, or, in an INT8 recipe, FP8 Q/DQ:
 :mod:`quantverdict.precision.wider_layers`), the most sensitive on the calibration set
-(:func:`quantverdict.judge.sensitivity.choose_fallback`); ``fallback_layers`` records those chosen. Convolutions
+(:func:`quantverdict.tune.fallback.choose_fallback`); ``fallback_layers`` records those chosen. Convolutions
 TensorRT has no quantized kernel for in the format (:func:`tensorrt_quantizes_conv`) stay in float, as Model Optimizer
 leaves them.
 """

@@ -21,7 +21,7 @@ ONNX Runtime's CPU runs the mixed graph only as written (its integer kernels tak
 
 Several formats, narrowest first (``fallback_format: [fp8, fp16, fp32]``), choose one per layer: each layer fallback
 keeps goes in the narrowest format in which, alone, it costs the output no more than the most sensitive layer left
-in the recipe's own format costs it alone (:func:`quantverdict.judge.sensitivity.choose_formats`): FP8 where E4M3
+in the recipe's own format costs it alone (:func:`quantverdict.tune.fallback.choose_formats`): FP8 where E4M3
 holds the layer's tensors, FP16 where it does not, FP32 only where FP16 underflows or overflows.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ Formats = tuple[str, ...]  # the formats a recipe's fallback may keep a layer in
 def wider_formats(value: object, setting: str = "fallback_format") -> Formats:
     """A recipe's ``fallback_format`` setting, checked: one format (every fallback layer in it), or several, narrowest
     first, each layer then kept in the narrowest that costs the output, alone, no more than the worst layer left in
-    the recipe's own format (:func:`quantverdict.judge.sensitivity.choose_formats`)."""
+    the recipe's own format (:func:`quantverdict.tune.fallback.choose_formats`)."""
     given = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     unknown = [item for item in given if item not in WIDER_FORMATS]
     if unknown or not given:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from quantverdict.judge.search_progress import describe
+from quantverdict.tune.progress import describe
 from quantverdict.report.render import figure
 
 

@@ -5,13 +5,14 @@ and a graph's semantics (:mod:`quantverdict.judge.semantics`).
 
 Each loader keys its artifact on disk by a content hash of everything that affects it, so hundreds of cases
 build each model and compute each reference once, and a warm re-run only reads. The store is the judge's
-:class:`~quantverdict.judge.bench.Workbench`; its recipes are resolved in :mod:`quantverdict.run.recipes`.
+:class:`~quantverdict.judge.workbench.Workbench`; its recipes are resolved in :mod:`quantverdict.tune.resolve`.
 """
 from __future__ import annotations
 
 import functools
 import json
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -29,17 +30,16 @@ from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, eval
 from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
-from quantverdict.models.data import Data, batches_key, build_module, calibration_batches, evaluation
+from quantverdict.models.data import BatchSource, Data, OwnData, batches_key, build_module
 from quantverdict.models.spec import Batch
-from quantverdict.precision import Recipe
+from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.describe import describe_quantization
 from quantverdict.precision.coverage import recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.single_layer import derivable
 from quantverdict.registry import Registry
-from quantverdict.run.memo import Memo
-from quantverdict.run.recipes import RecipeOptions, Recipes
+from quantverdict.memo import Memo
 
 if TYPE_CHECKING:
     import torch
@@ -47,39 +47,68 @@ if TYPE_CHECKING:
 MEMO_SIZE = 4  # torch modules and reference outputs kept per process (ResNet-101 is large)
 
 
+class Planter:
+    """No defect: the artifacts as the stages make them. A planted defect's planter
+    (:class:`quantverdict.run.mutate.MutationPlanter`) changes one stage's graph or the calibration batches."""
+
+    def graph(self, stage: str, path: Path, precision: str | None = None) -> Path:
+        return path
+
+    def batches(self, batches: list[Batch]) -> list[Batch]:
+        return batches
+
+    def key(self) -> Any:
+        """What besides the data makes a store's choices differ, for their keys."""
+        return None
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What a store makes once per process, each table shareable with a view of the store that it does not differ
+    in: torch modules, FP32 reference outputs, FP32 graphs."""
+
+    modules: Memo = field(default_factory=lambda: Memo(MEMO_SIZE))
+    references: Memo = field(default_factory=lambda: Memo(MEMO_SIZE))
+    fp32: Memo = field(default_factory=Memo)
+
+
 class ArtifactStore:
-    """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners."""
+    """Everything a case consumes, made lazily; ``backend(name)`` supplies the reference runners; ``data`` gives the
+    batches (the models' own by default), ``planter`` plants a defect (none by default)."""
 
     def __init__(self, cache: Cache, models: Registry[ModelSpec], backend: Callable[[str], Backend],
-                 tolerances: ToleranceTable, caps: Capabilities | None = None, options: RecipeOptions | None = None):
+                 tolerances: ToleranceTable, caps: Capabilities | None = None, data: BatchSource | None = None,
+                 planter: Planter | None = None, shared: Shared | None = None):
         self.cache, self.models, self.backend = cache, models, backend
         self.tolerances, self.caps = tolerances, caps or detect()
-        self.options = options or RecipeOptions()
-        self.recipes = Recipes(self, self.options)  # every recipe this store's cases and searches consume
-        self._modules, self._references, self._fp32 = Memo(MEMO_SIZE), Memo(MEMO_SIZE), Memo()
+        self.data, self.planter, self.shared = data or OwnData(), planter or Planter(), shared or Shared()
         self._semantics, self._coverage, self._batch_keys, self._precision = Memo(MEMO_SIZE), Memo(), Memo(), Memo()
         self._evaluations, self._undecided = Memo(MEMO_SIZE), Memo()
 
-    # planting hooks: a store whose artifacts carry a defect overrides these (quantverdict.run.mutate)
-    def planted(self, stage: str, path: Path, precision: str | None = None) -> Path:
-        return path
+    def on_batches(self, data: BatchSource) -> "ArtifactStore":
+        """The same models judged on ``data`` with no defect planted: the torch modules and FP32 graphs shared."""
+        return ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.caps, data,
+                             shared=Shared(modules=self.shared.modules, fp32=self.shared.fp32))
 
-    def planted_batches(self, batches: list[Batch]) -> list[Batch]:
-        return batches
+    def planted_with(self, planter: Planter) -> "ArtifactStore":
+        """The same models with ``planter``'s defect: the torch modules and FP32 reference outputs, which no defect
+        touches, shared."""
+        return ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.caps, self.data, planter,
+                             Shared(modules=self.shared.modules, references=self.shared.references))
 
     def variant(self) -> Any:
         """What besides the data makes this store's choices differ (a planted defect), for their keys."""
-        return None
+        return self.planter.key()
 
     def spec(self, model: str) -> ModelSpec:
         return self.models.get(model)
 
     def module(self, model: str) -> "torch.nn.Module":
         """The torch module, built under the spec's seed."""
-        return self._modules.get(model, lambda: build_module(self.spec(model)))
+        return self.shared.modules.get(model, lambda: build_module(self.spec(model)))
 
     def fp32_onnx(self, model: str) -> Path:
-        return self._fp32.get(model, lambda: self.planted(
+        return self.shared.fp32.get(model, lambda: self.planter.graph(
             "fp32", Fp32Graph(self.spec(model), functools.partial(self.module, model), self.cache)()))
 
     def recipe_source(self, model: str, recipe: Recipe) -> Path:
@@ -97,17 +126,17 @@ class ArtifactStore:
         user_graph = self.spec(model).quantized.get(recipe.name)
         if user_graph is not None:
             graph = Normalised(functools.partial(readable, user_graph, self.cache), self.cache)
-            return self.planted("precision", graph(), recipe.name)
+            return self.planter.graph("precision", graph(), recipe.name)
         key = (model, json.dumps(recipe.params(), sort_keys=True, default=str))
-        return self._precision.get(key, lambda: self.planted("precision", self.precision_graph(model, recipe)(),
-                                                             recipe.name))
+        return self._precision.get(key, lambda: self.planter.graph("precision", self.precision_graph(model, recipe)(),
+                                                                   recipe.name))
 
     def ranges(self, model: str, recipe: Recipe) -> dict[str, float]:
         """Calibrated activation ranges for ``recipe`` (empty for uncalibrated recipes); cached."""
         return self.precision_graph(model, recipe).ranges()
 
     def calibration_batches(self, model: str) -> list[Batch]:
-        return self.planted_batches(calibration_batches(self.spec(model)))
+        return self.planter.batches(self.data.calibration(self.spec(model)))
 
     def eval_batches(self, model: str) -> list[Batch]:
         """The model's evaluation inputs, or synthetic batches enough for every top-1 bound to resolve."""
@@ -122,7 +151,7 @@ class ArtifactStore:
             spec = self.spec(model)
             needed = self.tolerances.samples_to_resolve(model, spec.tolerances, labelled=False) \
                 if spec.task == "classification" else 1
-            return evaluation(spec, needed)
+            return self.data.evaluation(spec, needed)
 
         return self._evaluations.get(model, make)
 
@@ -139,9 +168,9 @@ class ArtifactStore:
         ONNX-only model."""
         def compute() -> dict[str, np.ndarray]:
             backend = self.reference_backend(model)
-            return self.run_outputs(model, backend, self.for_case(model, "fp32", backend))[0]
+            return self.run_outputs(model, backend, self.for_case(model, get_recipe("fp32"), backend))[0]
 
-        return self._references.get(model, compute)
+        return self.shared.references.get(model, compute)
 
     def reference_backend(self, model: str) -> str:
         return "torch" if self.spec(model).build is not None else "onnxruntime"
@@ -151,12 +180,12 @@ class ArtifactStore:
         ``resolution`` (:mod:`quantverdict.judge.decided`), left out of top-1 agreement; None for a model that
         is no classifier or declares no resolution; cached as the reference outputs are."""
         spec = self.spec(model)
-        if spec.task != "classification" or all(item.resolution is None for item in spec.inputs):
+        if self.data.held_out or spec.task != "classification" or all(item.resolution is None for item in spec.inputs):
             return None
 
         def make() -> np.ndarray:
             name, output = self.reference_backend(model), spec.outputs[0]
-            backend, artifacts = self.backend(name), self.for_case(model, "fp32", name)
+            backend, artifacts = self.backend(name), self.for_case(model, get_recipe("fp32"), name)
 
             def find() -> tuple[dict[str, np.ndarray], str]:
                 with backend.load(artifacts) as runner:
@@ -178,10 +207,10 @@ class ArtifactStore:
         return RuntimeOutputs(self.backend(backend), artifacts, functools.partial(self.eval_batches, model),
                               functools.partial(self.data_key, model, "evaluation"), self.caps, self.cache)()
 
-    def semantics(self, model: str, precision: str) -> dict[str, np.ndarray]:
-        """The outputs of ``precision``'s graph evaluated as written (:mod:`quantverdict.judge.semantics`)."""
-        return self._semantics.get((model, precision), lambda: self.graph_semantics(
-            model, self.precision_onnx(model, self.recipe(model, precision, "emulated"))))
+    def semantics(self, model: str, recipe: Recipe) -> dict[str, np.ndarray]:
+        """The outputs of ``recipe``'s graph evaluated as written (:mod:`quantverdict.judge.semantics`)."""
+        key = (model, json.dumps(recipe.params(), sort_keys=True, default=str))
+        return self._semantics.get(key, lambda: self.graph_semantics(model, self.precision_onnx(model, recipe)))
 
     def graph_semantics(self, model: str, path: Path, data: Data = "evaluation") -> dict[str, np.ndarray]:
         return Semantics(path, functools.partial(self.batches, model, data), self.data_key(model, data),
@@ -254,10 +283,9 @@ class ArtifactStore:
         return [package_version("onnxruntime"), self.caps.cpu.identity if self.caps.cpu else None,
                 source_fingerprint(*code)]
 
-    def for_case(self, model: str, precision: str, backend: str) -> Artifacts:
-        """Lazy handles on what ``backend`` needs for ``model`` in ``precision``."""
+    def for_case(self, model: str, recipe: Recipe, backend: str) -> Artifacts:
+        """Lazy handles on what ``backend`` needs for ``model`` in ``recipe`` (finished, for the backend's target)."""
         spec = self.spec(model)
-        recipe = self.recipe(model, precision, self.backend(backend).recipe_target)
         module = None if spec.build is None else functools.partial(self.module, model)
         ranges_suffice = recipe.ranges_describe_it and recipe.name not in spec.quantized
         return Artifacts(spec, recipe, module, onnx_path=functools.partial(self.precision_onnx, model, recipe),
@@ -265,11 +293,3 @@ class ArtifactStore:
                          ranges=functools.partial(self.ranges, model, recipe) if ranges_suffice else None,
                          calibration_batches=functools.partial(self.calibration_batches, model), cache=self.cache,
                          coverage=functools.partial(self.coverage, model, recipe) if recipe.quantized else None)
-
-    def recipe(self, model: str, precision: str, target: str) -> Recipe:
-        """The finished recipe of ``precision`` for a graph target (:class:`quantverdict.run.recipes.Recipes`)."""
-        return self.recipes.recipe(model, precision, target)
-
-    def configured(self, model: str, recipe: Recipe) -> Recipe:
-        """``recipe`` with its fallback layers chosen (the lock's, else on the calibration set): the judge's view."""
-        return self.recipes.with_fallback(model, recipe)

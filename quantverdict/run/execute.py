@@ -35,6 +35,7 @@ from quantverdict.models.spec import Batch, sample_count
 from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
+from quantverdict.tune.resolve import Resolver
 
 
 
@@ -57,13 +58,19 @@ def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
 
 
 class CaseExecutor:
-    """Runs cases over an :class:`ArtifactStore`; ``caps`` says where runtimes run (for messages);
-    ``timing`` also measures each case's latency."""
+    """Runs cases over an :class:`ArtifactStore`, their recipes finished by ``recipes``; ``caps`` says where runtimes
+    run (for messages); ``timing`` also measures each case's latency."""
 
-    def __init__(self, store: ArtifactStore, tolerances: ToleranceTable, backend: Callable[[str], Backend],
-                 caps: Capabilities, timing: bool = False):
-        self.store, self.tolerances, self.backend = store, tolerances, backend
+    def __init__(self, store: ArtifactStore, recipes: Resolver, tolerances: ToleranceTable,
+                 backend: Callable[[str], Backend], caps: Capabilities, timing: bool = False):
+        self.store, self.recipes, self.tolerances, self.backend = store, recipes, tolerances, backend
         self.caps, self.timing = caps, timing
+
+    def artifacts(self, model: str, precision: str, backend: str) -> Artifacts:
+        """What ``backend`` runs for ``model`` in ``precision``: the recipe finished for its graph target, the graphs
+        made lazily."""
+        recipe = self.recipes.recipe(model, precision, self.backend(backend).recipe_target)
+        return self.store.for_case(model, recipe, backend)
 
     def run(self, case: Case) -> CaseResult:
         """Run one case; bad input becomes an ``error`` result whose message names the problem."""
@@ -93,8 +100,8 @@ class CaseExecutor:
             return CaseResult(case, "error", f"{case.id}: {too_large}")
         tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances, spec.task)
         timings: dict[str, float] = {}
-        artifacts = store.for_case(case.model, case.precision, case.backend)
         backend = self.backend(case.backend)
+        artifacts = self.artifacts(case.model, case.precision, case.backend)
         coverage = backend.coverage(artifacts)
         if coverage is not None:  # what ran in the precision decides whether a verdict can bear its name
             coverage = {key: value for key, value in coverage.items() if key not in ("graph", "evaluator")}
@@ -161,22 +168,19 @@ class CaseExecutor:
                              candidate: dict[str, np.ndarray], runtime: str, tolerance: Tolerance,
                              metrics: dict[str, Any]) -> tuple[Comparison, Fidelity]:
         """The recipe judged on its graph's semantics, and the runtime judged against them."""
-        store = self.store
-        semantics = store.semantics(case.model, case.precision)
+        store, resolved = self.store, self.recipes.resolved(case.model, case.precision)
+        semantics = store.semantics(case.model, resolved.recipe)
         recipe = self._judge(spec, case.precision, reference, semantics, tolerance)
         fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.caps.device,
                                   tolerance.max_flip_fraction)
-        emulated = store.recipe(case.model, case.precision, "emulated")
-        coverage = dict(store.coverage(case.model, emulated))
+        coverage = dict(store.coverage(case.model, resolved.recipe))
         graph, evaluator = coverage.pop("graph"), coverage.pop("evaluator")
         metrics["recipe"] = {**recipe.to_dict(), "evaluator": evaluator, "passed": recipe.passed, "coverage": coverage,
-                             "settings": emulated.params()}
-        search, lock = store.recipes.search(case.model, case.precision), store.recipes.lock_state(case.model,
-                                                                                                  case.precision)
-        if search is not None:  # recipe: auto: every candidate's score on held-out data, and the choice
-            metrics["recipe"]["search"] = search.to_dict()
-        if lock is not None:  # the lock's recipe, no search: which lock, and whether it was chosen for this graph
-            metrics["recipe"]["lock"] = lock
+                             "settings": resolved.recipe.params()}
+        if resolved.search is not None:  # recipe: auto: every candidate's score on held-out data, and the choice
+            metrics["recipe"]["search"] = resolved.search.to_dict()
+        if resolved.lock is not None:  # the lock's recipe, no search: which lock, whether chosen for this graph
+            metrics["recipe"]["lock"] = resolved.lock.to_dict()
         if case.precision in spec.quantized:  # the user's graph, as it is: no recipe settings made it
             metrics["recipe"].update(user_graph=str(spec.quantized[case.precision]), settings=graph)
         metrics["fidelity"] = fidelity.to_dict()
@@ -271,7 +275,7 @@ class CaseExecutor:
         if case.backend != "onnxruntime" and not artifacts.recipe.quantized:
             return None  # a backend's own float kernels are not what the emulated graph describes
         fp32 = self.store.fp32_onnx(case.model)
-        emulated = self.store.precision_onnx(case.model, self.store.recipe(case.model, case.precision, "emulated"))
+        emulated = self.store.precision_onnx(case.model, self.recipes.recipe(case.model, case.precision, "emulated"))
         bound = tolerance.min_cosine or 0.999
         return self.store.cache.json(
             "divergence", [file_sha256(fp32), file_sha256(emulated), batches_key([batch]), bound,

@@ -135,7 +135,7 @@ def _describe(document: Any, loc: tuple[Any, ...]) -> str:
 def _check(entry: ModelEntry, index: int, path: Path) -> list[str]:
     """What the schema cannot see: factories' modules that cannot be found, recipe settings the
     recipe refuses (the recipe is the one source of its settings), backends that do not exist."""
-    from quantverdict.judge.recipe_search import auto_settings
+    from quantverdict.tune.auto import auto_settings
     from quantverdict.precision import get_recipe
 
     where = f"{path}: model {entry.name!r}: models[{index}]"
@@ -196,7 +196,7 @@ AUTO_BY_DEFAULT = ("int8", "fp8")  # the precisions whose recipe is searched unl
 
 def _recipes(entry: ModelEntry) -> dict[str, dict[str, Any]]:
     """The model's recipe settings per precision: ``auto`` spelled out, and searched for INT8 and FP8 where the
-    manifest names no recipe (:mod:`quantverdict.judge.recipe_search`); a graph the user quantized is not."""
+    manifest names no recipe (:mod:`quantverdict.tune.search`); a graph the user quantized is not."""
     recipes = {p: {"auto": True} if settings == "auto" else dict(settings) for p, settings in entry.recipe.items()}
     for precision in AUTO_BY_DEFAULT:
         if precision not in recipes and precision not in entry.quantized:

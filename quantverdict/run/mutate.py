@@ -12,7 +12,6 @@ the fraction of significant defects caught.
 """
 from __future__ import annotations
 
-import copy
 import math
 import tempfile
 from collections import defaultdict
@@ -20,11 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from quantverdict.cache import Cache
 from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.judge.mutations import NO_SITE, Mutation
 from quantverdict.models.spec import Batch
 from quantverdict.report.gate import judge_case, load_policy, rules_for
-from quantverdict.run.artifacts import ArtifactStore
+from quantverdict.run.artifacts import Planter
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 
@@ -32,16 +32,14 @@ MIN_SNR_COST_DB = 6.0
 MIN_ACCURACY_COST = 1.0
 
 
-class PlantedStore(ArtifactStore):
-    """The run's artifacts with ``mutation`` planted at its stage (the FP32 graph, the precision graph or the
-    calibration batches); torch modules and FP32 reference outputs, which no defect touches, are shared with
-    the clean store."""
+class MutationPlanter(Planter):
+    """``mutation`` planted at its stage: the FP32 graph, the precision graph (of the precisions it names) or the
+    calibration batches; each mutant graph cached by the graph it was made from and the mutation."""
 
-    def __init__(self, clean: ArtifactStore, mutation: Mutation):
-        super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.caps, clean.options)
-        self._modules, self._references, self.mutation = clean._modules, clean._references, mutation
+    def __init__(self, mutation: Mutation, cache: Cache):
+        self.mutation, self.cache = mutation, cache
 
-    def planted(self, stage: str, path: Path, precision: str | None = None) -> Path:
+    def graph(self, stage: str, path: Path, precision: str | None = None) -> Path:
         mutation = self.mutation
         if mutation.stage != stage or (precision and precision not in mutation.precisions):
             return path
@@ -55,20 +53,16 @@ class PlantedStore(ArtifactStore):
                                         lambda: serialized(mutation.graph(onnx.load_from_string(source))),
                                         {"mutation": mutation.name})
 
-    def planted_batches(self, batches: list[Batch]) -> list[Batch]:
+    def batches(self, batches: list[Batch]) -> list[Batch]:
         return self.mutation.batches(batches) if self.mutation.stage == "calibration" else batches
 
-    def variant(self) -> Any:
+    def key(self) -> Any:
         return [self.mutation.key(), self.mutation.precisions]
 
 
 def mutated(pipeline: Pipeline, mutation: Mutation) -> Pipeline:
     """``pipeline`` with ``mutation`` planted in its artifacts (everything else shared)."""
-    other = copy.copy(pipeline)
-    other.store = PlantedStore(pipeline.store, mutation)
-    other.executor = copy.copy(pipeline.executor)
-    other.executor.store = other.store
-    return other
+    return pipeline.on_store(pipeline.store.planted_with(MutationPlanter(mutation, pipeline.cache)))
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """A run's shared state, put together: the model registry, backends, capabilities, tolerance
-table, the :class:`ArtifactStore` and the :class:`CaseExecutor`.
+table, the :class:`ArtifactStore`, the recipes' :class:`Resolver` over it and the :class:`CaseExecutor`.
 
 The CLI and the pytest plugin both enumerate with :meth:`Pipeline.cases` and run with
 :meth:`Pipeline.run`; what each step does lives in ``cases``, ``artifacts`` and ``execute``.
 """
 from __future__ import annotations
 
+import copy
 import functools
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,7 @@ from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, detect
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
-from quantverdict.judge.recipe_search import Progress
+from quantverdict.tune.search import Progress
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.registry import Registry
 from quantverdict.report.gate import case_unjudged, judge_case, load_policy, rules_for, runner_class, runner_class_note
@@ -24,10 +25,10 @@ from quantverdict.report.load import load_record
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, enumerate_cases
 from quantverdict.run.execute import CaseExecutor
-from quantverdict.run.held_out import search_recipe
+from quantverdict.tune.folds import search_recipe
 from quantverdict.run.manifest import Manifest, default_models, load_manifest, model_registry
-from quantverdict.run.recipe_lock import RecipeLock
-from quantverdict.run.recipes import RecipeOptions
+from quantverdict.tune.lock import RecipeLock
+from quantverdict.tune.resolve import RecipeOptions, Resolver
 from quantverdict.run.settings import Settings
 
 __all__ = ["Case", "CaseResult", "Pipeline"]
@@ -52,10 +53,19 @@ class Pipeline:
         self.lock = RecipeLock.read(lock) if lock is not None else None
         options = RecipeOptions(with_calibration(recipe_settings or {}, calibration), self.lock, search_recipe,
                                 None if relock and "all" in relock else frozenset(relock or ()), check, progress)
-        self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.caps, options)
-        self.executor = CaseExecutor(self.store, self.tolerances, self.backend, self.caps, timing)
+        self.store = ArtifactStore(self.cache, self.models, self.backend, self.tolerances, self.caps)
+        self.recipes = Resolver(self.store, options)
+        self.executor = CaseExecutor(self.store, self.recipes, self.tolerances, self.backend, self.caps, timing)
         self.baseline = BaselineJudge(load_record(baseline), baseline, load_policy(policy), self.caps.runner_class) \
             if baseline is not None else None
+
+    def on_store(self, store: ArtifactStore) -> "Pipeline":
+        """This pipeline over other artifacts (a planted defect's), its recipes resolved anew on them."""
+        other = copy.copy(self)
+        other.store, other.recipes = store, Resolver(store, self.recipes.options)
+        other.executor = CaseExecutor(store, other.recipes, self.tolerances, self.backend, self.caps,
+                                      self.executor.timing)
+        return other
 
     @classmethod
     def from_settings(cls, settings: Settings, capabilities: Capabilities | None = None,
@@ -82,7 +92,7 @@ class Pipeline:
         """The case's own requirement first (a GPU too old for FP4 says so even where the backend's
         package is missing too), with its recipe as a lock holds it, then the backend's."""
         backend = self.backend(case.backend)
-        spec = self.store.recipes.declared(self.models.get(case.model), case.precision)
+        spec = self.recipes.declared(self.models.get(case.model), case.precision)
         return backend.requirement(spec, case.precision, self.caps) or backend.unavailable(self.caps)
 
     def run(self, case: Case) -> CaseResult:

@@ -242,7 +242,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     settings = config.stash.get(_settings_key, None)
     if settings is None:
         return
-    from quantverdict.run.recipe_lock import run_notes
+    from quantverdict.tune.lock import run_notes
 
     for line in run_notes(config.stash[_record_key].results, settings["lock"]):
         terminalreporter.write_line(f"quantverdict: {line}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     from quantverdict.precision.modelopt import modelopt_python
 
     pipeline = common.pipeline(args)
-    own = pipeline.store.recipes.settings(args.model, args.precision)
-    if pipeline.store.recipes.auto(args.model, args.precision):  # recipe: auto, a manifest model's default
+    own = pipeline.recipes.settings(args.model, args.precision)
+    if pipeline.recipes.auto(args.model, args.precision):  # recipe: auto, a manifest model's default
         print(f"(harness: the settings recipe auto chose for {args.model}: {own or 'the defaults'})")
     variants: dict[str, dict[str, Any]] = {"harness": own}
     if args.precision == "int8":
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         label, _, assignments = variant.partition(":")
         settings = recipe_settings([f"{args.precision}:{a}" for a in assignments.split(",") if a])
         variants[label] = {**own, **settings.get(args.precision, {})}
-    results, differences = compare_quantizers(pipeline.store, args.model, args.precision, variants)
+    results, differences = compare_quantizers(pipeline.store, args.model, args.precision, variants,
+                                              functools.partial(pipeline.recipes.with_fallback, args.model))
     print(f"{'quantizer':<14} {'top1':>6} {'(all)':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  "
           "settings   (top1: on the samples FP32 decides at its inputs' resolution, where declared)")
     for r in results:

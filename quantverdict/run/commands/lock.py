@@ -17,8 +17,8 @@ from quantverdict.run.commands import common
 from quantverdict.run.settings import add_options
 
 if TYPE_CHECKING:
-    from quantverdict.judge.recipe_search import SearchResult
-    from quantverdict.run.recipes import Recipes
+    from quantverdict.tune.result import SearchResult
+    from quantverdict.tune.resolve import Resolver
 
 HELP = ("search the recipes of recipe: auto and write them into the lock file (to commit); --update MODEL re-searches, "
         "--check proposes a better recipe beside the lock (exit 3)")
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(settings["cache-dir"], settings["tolerances"], settings["manifest"], lock=path, relock=update,
                         progress=lambda line: tqdm.write(line, file=sys.stderr), check=args.check)
     assert pipeline.lock is not None
-    recipes, lock = pipeline.store.recipes, pipeline.lock
+    recipes, lock = pipeline.recipes, pipeline.lock
     names = list(dict.fromkeys(case.model for case in pipeline.cases(settings["models"])))  # names checked
     for model in args.update:
         if model != "all":
@@ -114,6 +114,6 @@ def _gain(searched: "SearchResult") -> str:
             "held-out samples")
 
 
-def _graph_note(recipes: "Recipes", model: str, precision: str) -> str:
+def _graph_note(recipes: "Resolver", model: str, precision: str) -> str:
     state = recipes.lock_state(model, precision)
-    return f"; {state['note']}" if state and state.get("note") else ""
+    return f"; {state.note}" if state and state.note else ""

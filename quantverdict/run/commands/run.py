@@ -29,7 +29,7 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     from quantverdict.report.record import build_record, check_destinations, record_run
     from quantverdict.run.cases import Shard
     from quantverdict.run.pipeline import Pipeline
-    from quantverdict.run.recipe_lock import run_notes
+    from quantverdict.tune.lock import run_notes
 
     started = time.time()
     check_destinations(settings["report-dir"], settings["history-db"])

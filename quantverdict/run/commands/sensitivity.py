@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(shared["cache-dir"], manifest=shared["manifest"], calibration=args.calibration,
                         recipe_settings=settings)
     pipeline.models.get(args.model)
-    recipe = pipeline.store.recipe(args.model, args.precision, "emulated")
+    recipe = pipeline.recipes.recipe(args.model, args.precision, "emulated")
     print(f"{'layer':<48} {'op':<8} {'cosine':>9} {'snr_db':>7}   (only this layer quantized)")
     for row in layer_sensitivity(pipeline.store, args.model, recipe):
         print(f"{row.layer:<48} {row.op:<8} {row.cosine:>9.6f} {row.snr_db:>7.1f}")

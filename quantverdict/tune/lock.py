@@ -9,6 +9,7 @@ class that chose them, and each candidate's score: what a reviewer needs to read
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,23 @@ class LockedRecipe(_Closed):
         if isinstance(self.float_layers, dict):
             return dict(self.float_layers)
         return {layer: offered[-1] for layer in self.float_layers}
+
+
+@dataclass(frozen=True)
+class LockState:
+    """For the record: the lock a recipe came from, whether its entry was chosen for this very FP32 graph and
+    calibration data, whether this runner built the Q/DQ graph the locking runner built (None: not compared), and
+    what to do where the inputs moved."""
+
+    path: str
+    graph_sha256: str
+    current_graph: bool
+    current_calibration: bool
+    same_qdq_graph: bool | None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if key != "note" or value is not None}
 
 
 class LockFile(_Closed):

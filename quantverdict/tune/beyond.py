@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from quantverdict.judge.search_result import Candidate
-from quantverdict.judge.sensitivity import layers_kept
+from quantverdict.tune.result import Candidate
+from quantverdict.tune.fallback import layers_kept
 from quantverdict.precision.wider_layers import formats_words
 
 BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds

@@ -6,7 +6,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from quantverdict.judge.sensitivity import RANKED_AS
+from quantverdict.tune.fallback import RANKED_AS
 
 
 class Timed(Protocol):
@@ -30,7 +30,7 @@ def upcoming(settings: Mapping[str, Any], options: Sequence[Mapping[str, Any]]) 
 def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
     """About how long the candidates ``plan`` take, each timed as the mean of those ``timed`` of its kind: one that
     keeps layers wider with a calibration and preparation no candidate before it ranked layers for ranks every
-    layer quantized alone and costs several others (:func:`quantverdict.judge.sensitivity.fallback_per_part`)."""
+    layer quantized alone and costs several others (:func:`quantverdict.tune.fallback.fallback_per_part`)."""
     ranked: list[dict[str, Any]] = []
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:

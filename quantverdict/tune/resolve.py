@@ -2,42 +2,57 @@
 
 Precedence, most binding first: a graph the user supplied for the precision (nothing to resolve); this run's own
 settings (``--recipe-option``, ``--calibration``, which is one more recipe option) over the model's; for a model
-that asks for a search (``recipe: auto``), the lock's entry (:mod:`quantverdict.run.recipe_lock`), else the search
-(:func:`quantverdict.run.held_out.search_recipe`); then the layers accuracy-aware fallback keeps in float, which a lock
-names and a run otherwise chooses on the calibration set. The rest of the harness consumes the result.
+that asks for a search (``recipe: auto``), the lock's entry (:mod:`quantverdict.tune.lock`), else the search
+(:func:`quantverdict.tune.folds.search_recipe`); then the layers accuracy-aware fallback keeps in float, which a lock
+names and a run otherwise chooses on the calibration set (:mod:`quantverdict.tune.fallback`). The artifact store
+builds what it is given and knows nothing of this: the run hands it the finished recipes.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Literal, Mapping, Protocol
 
 from quantverdict.capabilities import Capabilities, package_version
 from quantverdict.errors import HarnessError
 from quantverdict.hashing import file_sha256, source_fingerprint
-from quantverdict.judge.bench import Workbench
-from quantverdict.judge.recipe_search import AUTO_KEYS, AutoSettings, Progress, SearchResult, auto_settings
-from quantverdict.models.spec import ModelSpec
+from quantverdict.judge.tolerances import ToleranceTable
+from quantverdict.judge.workbench import Workbench
+from quantverdict.memo import Memo
+from quantverdict.models.data import BatchSource
+from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.qdq import QDQ
-from quantverdict.run.memo import Memo
-from quantverdict.run.recipe_lock import Evidence, LockedRecipe, RecipeLock, Search
+from quantverdict.tune.lock import Evidence, LockedRecipe, LockState, RecipeLock, Search
+from quantverdict.tune.auto import AUTO_KEYS, AutoSettings, auto_settings
+from quantverdict.tune.result import SearchResult
+from quantverdict.tune.search import Progress
 
 
-class RecipeStore(Workbench, Protocol):
-    """What resolving a recipe needs of the run's artifacts (:class:`quantverdict.run.artifacts.ArtifactStore`)."""
+class TuningBench(Workbench, Protocol):
+    """What choosing a recipe needs of the run's artifacts beyond judging one: where a recipe's graph starts, the
+    calibration batches and tolerances a search judges on, and views of the artifacts on other data (a search's
+    held-out folds). :class:`quantverdict.run.artifacts.ArtifactStore` provides it."""
 
     caps: Capabilities
+    tolerances: ToleranceTable
 
     def recipe_source(self, model: str, recipe: Recipe) -> Path: ...
 
     def variant(self) -> Any: ...
 
+    def calibration_batches(self, model: str) -> list[Batch]: ...
 
-# (store, model, precision, the search's settings, settings judged beside the candidates, progress) → the search
-Searcher = Callable[[RecipeStore, str, str, AutoSettings, "dict[str, Any] | None", "Progress | None"], SearchResult]
+    def on_batches(self, source: BatchSource) -> "TuningBench":
+        """The same artifacts judged on ``source``'s batches (the torch modules and FP32 graphs shared)."""
+        ...
+
+
+# (bench, model, precision, the search's settings, settings judged beside the candidates, progress) → the search
+Searcher = Callable[[TuningBench, str, str, AutoSettings, "dict[str, Any] | None", "Progress | None"], SearchResult]
 LOCKED_PACKAGES = ("quantverdict", "onnx", "onnxruntime", "numpy", "torch")
+Origin = Literal["settings", "lock", "search"]
 
 
 @dataclass(frozen=True)
@@ -55,11 +70,22 @@ class RecipeOptions:
     progress: Progress | None = None
 
 
-class Recipes:
-    """The recipes of one :class:`ArtifactStore`'s runs, each resolved once per process."""
+@dataclass(frozen=True)
+class ResolvedRecipe:
+    """A precision's finished recipe as a case judges it (its settings, and its fallback layers with their formats),
+    where it came from, the lock's state where a lock gave it, and the search's evidence where a search chose it."""
 
-    def __init__(self, store: RecipeStore, options: RecipeOptions):
-        self.store, self.options = store, options
+    recipe: Recipe
+    origin: Origin
+    lock: LockState | None = None
+    search: SearchResult | None = None
+
+
+class Resolver:
+    """The recipes of one run's artifacts (``bench``), each resolved once per process."""
+
+    def __init__(self, bench: TuningBench, options: RecipeOptions | None = None):
+        self.bench, self.options = bench, options or RecipeOptions()
         self._searches, self._fallbacks = Memo(), Memo()
 
     def recipe(self, model: str, precision: str, target: str) -> Recipe:
@@ -78,14 +104,14 @@ class Recipes:
         searched = self.search(model, precision)
         if searched is not None:
             return dict(searched.chosen)
-        own = {k: v for k, v in self.store.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
+        own = {k: v for k, v in self.bench.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
         return {**own, **self.options.settings.get(precision, {})}
 
     def auto(self, model: str, precision: str) -> AutoSettings | None:
         """The search's settings where ``precision``'s recipe is the search's to choose: the model asks for one
         (``recipe: auto``, a manifest model's default for INT8 and FP8), supplies no graph of its own for the
         precision, and this run sets none of the settings."""
-        spec = self.store.spec(model)
+        spec = self.bench.spec(model)
         auto = auto_settings(spec.recipe.get(precision, {}))
         if auto is None or precision in spec.quantized or self.options.settings.get(precision):
             return None
@@ -107,7 +133,7 @@ class Recipes:
             return None
         entry = self.options.lock.get(model, precision) if self.options.lock and self.options.check else None
         incumbent = dict(entry.settings) if entry else None
-        return self._searches.get((model, precision), lambda: searcher(self.store, model, precision, auto, incumbent,
+        return self._searches.get((model, precision), lambda: searcher(self.bench, model, precision, auto, incumbent,
                                                                         self.options.progress))
 
     def declared(self, spec: ModelSpec, precision: str) -> ModelSpec:
@@ -125,27 +151,32 @@ class Recipes:
         chosen = {"layer_formats": dict(locked.float_layers)} if isinstance(locked.float_layers, dict) else {}
         return replace(spec, recipe={**spec.recipe, precision: {**locked.settings, **chosen}})
 
-    def lock_state(self, model: str, precision: str) -> dict[str, Any] | None:
-        """For the record: the lock the recipe came from, whether it was chosen for this very FP32 graph and
-        calibration data, and whether this runner built the Q/DQ graph the locking runner built from them."""
+    def resolved(self, model: str, precision: str) -> ResolvedRecipe:
+        """``precision``'s recipe as the case's graph is judged (its emulated target), with where it came from."""
+        recipe, lock, search = self.recipe(model, precision, "emulated"), self.lock_state(model, precision), None
+        if lock is None:
+            search = self.search(model, precision)
+        return ResolvedRecipe(recipe, "lock" if lock else "search" if search else "settings", lock, search)
+
+    def lock_state(self, model: str, precision: str) -> LockState | None:
+        """The lock the recipe came from, whether it was chosen for this very FP32 graph and calibration data, and
+        whether this runner built the Q/DQ graph the locking runner built from them."""
         locked = self.locked(model, precision)
         if locked is None:
             return None
         assert self.options.lock is not None
-        graph, data = file_sha256(self.store.fp32_onnx(model)), self.store.data_key(model, "calibration")
-        state: dict[str, Any] = {"path": str(self.options.lock.path), "graph_sha256": locked.graph_sha256,
-                                 "current_graph": graph == locked.graph_sha256,
-                                 "current_calibration": data == locked.calibration_data, "same_qdq_graph": None}
+        graph, data = file_sha256(self.bench.fp32_onnx(model)), self.bench.data_key(model, "calibration")
         changed = [what for what, now, then in (("graph", graph, locked.graph_sha256),
                                                 ("calibration data", data, locked.calibration_data)) if now != then]
+        note, same = None, None
         if changed:
-            state["note"] = (f"recipe locked for an earlier {' and '.join(changed)} (graph sha256 "
-                             f"{locked.graph_sha256[:12]}, now {graph[:12]}); re-search on purpose: "
-                             f"quantverdict lock --update {model}")
+            note = (f"recipe locked for an earlier {' and '.join(changed)} (graph sha256 {locked.graph_sha256[:12]}, "
+                    f"now {graph[:12]}); re-search on purpose: quantverdict lock --update {model}")
         elif locked.qdq_sha256 is not None:  # the same inputs: another CPU's kernels must not change the bytes
-            built = self.store.precision_onnx(model, self.recipe(model, precision, "emulated"))
-            state["same_qdq_graph"] = file_sha256(built) == locked.qdq_sha256
-        return state
+            built = self.bench.precision_onnx(model, self.recipe(model, precision, "emulated"))
+            same = file_sha256(built) == locked.qdq_sha256
+        return LockState(str(self.options.lock.path), locked.graph_sha256, graph == locked.graph_sha256,
+                         data == locked.calibration_data, same, note)
 
     def entry(self, model: str, precision: str) -> LockedRecipe:
         """The lock entry of the recipe this run resolves by search: settings, float layers, what they were chosen
@@ -157,13 +188,13 @@ class Recipes:
         if not searched.complete:
             raise HarnessError(f"model {model!r} {precision}: not locked: {searched.note}")
         recipe = self.recipe(model, precision, "emulated")
-        store = self.store
+        bench = self.bench
         return LockedRecipe(
             settings=dict(searched.chosen), float_layers=float_layers(recipe),
-            graph_sha256=file_sha256(store.fp32_onnx(model)), calibration_data=store.data_key(model, "calibration"),
-            qdq_sha256=file_sha256(store.precision_onnx(model, recipe)),
+            graph_sha256=file_sha256(bench.fp32_onnx(model)), calibration_data=bench.data_key(model, "calibration"),
+            qdq_sha256=file_sha256(bench.precision_onnx(model, recipe)),
             chosen_by={**{name: package_version(name) or "absent" for name in LOCKED_PACKAGES},
-                       "runner_class": store.caps.runner_class},
+                       "runner_class": bench.caps.runner_class},
             search=Search(folds=searched.folds, held_out_samples=searched.held_out_samples,
                           candidates=[Evidence(settings=c.settings, score_db=c.score, passed=c.passed, error=c.error)
                                       for c in searched.candidates], note=searched.note or None,
@@ -179,15 +210,16 @@ class Recipes:
         locked = self.locked(model, recipe.name)
         if locked is not None:
             return recipe.with_kept(self._present(model, recipe, locked))
-        from quantverdict.judge.sensitivity import choose_fallback
+        from quantverdict.tune.fallback import choose_fallback
 
-        store = self.store
+        bench = self.bench
 
         def choose() -> dict[str, str]:
-            parts = [file_sha256(store.fp32_onnx(model)), recipe.params(), store.data_key(model, "calibration"),
-                     *store.onnxruntime_cpu_parts("quantverdict.judge"), source_fingerprint("quantverdict.precision"),
-                     store.variant()]
-            return store.cache.json("fallback", parts, lambda: choose_fallback(store, model, recipe),
+            parts = [file_sha256(bench.fp32_onnx(model)), recipe.params(), bench.data_key(model, "calibration"),
+                     *bench.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.tune.fallback"),
+                     source_fingerprint("quantverdict.precision"),
+                     bench.variant()]
+            return bench.cache.json("fallback", parts, lambda: choose_fallback(bench, model, recipe),
                                     {"model": model, "precision": recipe.name})
 
         kept = self._fallbacks.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), choose)
@@ -198,7 +230,7 @@ class Recipes:
         naming those that are not."""
         import onnx
 
-        graph = onnx.load(str(self.store.recipe_source(model, recipe)), load_external_data=False).graph
+        graph = onnx.load(str(self.bench.recipe_source(model, recipe)), load_external_data=False).graph
         names = {node.name for node in graph.node}
         missing = [name for name in locked.float_layers if name not in names]
         if missing:

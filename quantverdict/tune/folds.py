@@ -4,19 +4,22 @@ evaluation set (the search never sees that one, so the case's verdict stays a ve
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
-from quantverdict.judge.recipe_search import AutoSettings, Progress, SearchResult, search
-from quantverdict.models.spec import Batch, sample_count
+from quantverdict.tune.auto import AutoSettings
+from quantverdict.tune.result import SearchResult
+from quantverdict.tune.search import Progress, search
+from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import get_recipe
 from quantverdict.precision.qdq import QDQ
-from quantverdict.run.artifacts import ArtifactStore
-from quantverdict.run.recipes import RecipeOptions
+
+if TYPE_CHECKING:
+    from quantverdict.tune.resolve import TuningBench
 
 
 def folds(batches: list[Batch]) -> int:
@@ -47,38 +50,33 @@ def _bounds(batches: list[Batch], fold: int) -> tuple[int, int]:
     return count - count * (fold + 1) // parts, count - count * fold // parts
 
 
-class HeldOutStore(ArtifactStore):
-    """``clean``'s artifacts, with ``calibration`` the first part of the calibration set and ``evaluation`` the
-    held-out rest (unlabelled, every sample counted: no resolution analysis on calibration data)."""
+class HeldOut:
+    """A :class:`~quantverdict.models.data.BatchSource` for fold ``fold`` of a search: ``calibration`` the rest of
+    ``whole``'s calibration batches, ``evaluation`` the part held out (unlabelled, every sample counted). ``batches``
+    keeps each model's whole set, shared by a search's folds (a user's calibration callable is called once per
+    search)."""
 
-    def __init__(self, clean: ArtifactStore, fold: int = 0, whole: dict[str, list[Batch]] | None = None):
-        super().__init__(clean.cache, clean.models, clean.backend, clean.tolerances, clean.caps,
-                         RecipeOptions(clean.options.settings))  # a fold's recipes are the search's candidates
-        self._modules, self._fp32, self.clean = clean._modules, clean._fp32, clean
-        self._splits: dict[str, tuple[list[Batch], list[Batch]]] = {}
-        self.fold = fold
-        self._whole = {} if whole is None else whole  # shared by a search's folds: clean's batches, per model
+    held_out = True
 
-    def _split(self, model: str) -> tuple[list[Batch], list[Batch]]:
-        if model not in self._splits:
-            if model not in self._whole:  # a user's calibration callable is called once per search
-                self._whole[model] = self.clean.calibration_batches(model)
-            self._splits[model] = split(self._whole[model], model, self.fold)
-        return self._splits[model]
+    def __init__(self, whole: Callable[[str], list[Batch]], fold: int = 0,
+                 batches: dict[str, list[Batch]] | None = None):
+        self.whole, self.fold, self.batches = whole, fold, {} if batches is None else batches
 
-    def calibration_batches(self, model: str) -> list[Batch]:
-        return self._split(model)[0]
+    def _split(self, spec: ModelSpec) -> tuple[list[Batch], list[Batch]]:
+        if spec.name not in self.batches:
+            self.batches[spec.name] = self.whole(spec.name)
+        return split(self.batches[spec.name], spec.name, self.fold)
 
-    def _evaluation(self, model: str) -> tuple[list[Batch], np.ndarray | None]:
-        return self._split(model)[1], None
+    def calibration(self, spec: ModelSpec) -> list[Batch]:
+        return self._split(spec)[0]
 
-    def undecided(self, model: str) -> np.ndarray | None:
-        return None
+    def evaluation(self, spec: ModelSpec, samples_needed: int) -> tuple[list[Batch], np.ndarray | None]:
+        return self._split(spec)[1], None
 
 
-def search_recipe(store: ArtifactStore, model: str, precision: str, auto: AutoSettings,
+def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSettings,
                   incumbent: dict[str, Any] | None = None, progress: Progress | None = None) -> SearchResult:
-    """The search for ``precision``'s settings (:func:`quantverdict.judge.recipe_search.search`), with ``incumbent``
+    """The search for ``precision``'s settings (:func:`quantverdict.tune.search.search`), with ``incumbent``
     judged beside its candidates; cached by the FP32 graph, the calibration data, the tolerance, the search's settings,
     the incumbent and the code. ``progress`` hears of a search that runs, not of one read from the cache."""
     spec = store.spec(model)
@@ -87,7 +85,7 @@ def search_recipe(store: ArtifactStore, model: str, precision: str, auto: AutoSe
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [file_sha256(store.fp32_onnx(model)), precision, asdict(auto), tolerance.to_dict(),
              store.data_key(model, "calibration"), store.variant(), incumbent,
-             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.run.held_out")]
+             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune")]
 
     def searched() -> dict[str, Any]:
         whole = {model: store.calibration_batches(model)}
@@ -95,7 +93,7 @@ def search_recipe(store: ArtifactStore, model: str, precision: str, auto: AutoSe
             return SearchResult({}, note="one calibration batch: nothing to hold out and judge candidates on, so "
                                          "the default recipe").to_dict()
         numbers = range(folds(whole[model]))
-        views = [HeldOutStore(store, fold, whole) for fold in numbers]
+        views = [store.on_batches(HeldOut(store.calibration_batches, fold, whole)) for fold in numbers]
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
         with freed_memory.kept():
             return search(store, views, held_out, model, base, tolerance, auto, incumbent, progress).to_dict()

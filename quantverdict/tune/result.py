@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from quantverdict.judge.sensitivity import layers_kept
+from quantverdict.tune.fallback import layers_kept
 from quantverdict.precision.wider_layers import formats_words
 
 

@@ -16,11 +16,11 @@ Every candidate is judged by cross-validation over the calibration set: calibrat
 judged on the quarter left out (its graph's exact semantics against FP32), once per quarter, so every
 calibration sample is judged once by a recipe that never saw it. The evaluation set, on which the case is
 judged afterwards, is never seen. ``folds`` are those split views
-(:class:`quantverdict.run.held_out.HeldOutStore`). The chosen settings are then applied with the whole
+(:class:`quantverdict.tune.folds.HeldOut`). The chosen settings are then applied with the whole
 calibration set like any hand-set recipe.
 
 The layers a fallback candidate keeps wider are ranked for each fold on the samples that fold calibrates on
-(:func:`quantverdict.judge.sensitivity.fallback_per_part`), so fallback is judged on samples that did not choose its
+(:func:`quantverdict.tune.fallback.fallback_per_part`), so fallback is judged on samples that did not choose its
 layers (ranked once on the first fold, three folds of four judged layers their own samples had ranked). Each layer
 quantized alone is evaluated once, on the whole calibration set, for every fold's ranking and the final recipe's.
 
@@ -43,24 +43,21 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from quantverdict.errors import CalibrationError, HarnessError
-from quantverdict.judge.bench import Workbench
 from quantverdict.judge.compare import compare, judge_task_metrics
-from quantverdict.judge.search_progress import describe, time_left, upcoming
-from quantverdict.judge.search_beyond import beyond_counts, beyond_note, fewest_in_float
-from quantverdict.judge.search_margin import short_of_margin
-from quantverdict.judge.search_result import Candidate, SearchResult
-from quantverdict.judge.sensitivity import (error_energy, fallback_per_part, layers_kept, per_sample,
-                                            weighted_layers)
+from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.tolerances import Tolerance
+from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
-from quantverdict.precision.wider_layers import Formats, formats_setting, wider_formats
+from quantverdict.precision.wider_layers import formats_setting
+from quantverdict.tune.auto import AutoSettings
+from quantverdict.tune.beyond import beyond_counts, beyond_note, fewest_in_float
+from quantverdict.tune.fallback import error_energy, fallback_per_part, layers_kept, per_sample
+from quantverdict.tune.margin import short_of_margin
+from quantverdict.tune.progress import describe, time_left, upcoming
+from quantverdict.tune.result import Candidate, SearchResult
 
 LOG = logging.getLogger(__name__)
-AUTO_KEYS = ("auto", "budget_s", "max_fallback", "wider_formats")
-DEFAULT_BUDGET_S = 7200.0  # a stop for a search that runs away, not a budget: the work is fixed (stages)
-DEFAULT_MAX_FALLBACK = 0.1
-DEFAULT_WIDER: Formats = ("fp16", "fp32")  # FP8 needs an FP8 GPU (compute capability ≥ 8.9): the user offers it
 MIN_GAIN_DB = 0.1  # the mean per-sample SNR gain that makes a more elaborate candidate worth taking …
 GAIN_SE = 2.0  # … where it also exceeds this many standard errors of the paired per-sample gains
 MAX_DB = 1e3  # a sample the candidate reproduces exactly
@@ -68,34 +65,6 @@ Progress = Callable[[str], None]  # told one line as a search starts and as each
 CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "percentile"}, {"calibration": "mse"}]
 MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
 ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
-
-
-@dataclass(frozen=True)
-class AutoSettings:
-    """``recipe: {int8: {auto: true, budget_s: 7200, max_fallback: 0.1, wider_formats: [fp16, fp32]}}``: the
-    search's own settings; ``wider_formats`` are those fallback may keep a layer in, narrowest first (``[fp8, fp16,
-    fp32]`` where every GPU the recipe deploys to runs FP8: compute capability 8.9 and later)."""
-
-    budget_s: float = DEFAULT_BUDGET_S
-    max_fallback: float = DEFAULT_MAX_FALLBACK
-    wider_formats: Formats = DEFAULT_WIDER
-
-
-def auto_settings(settings: Mapping[str, Any]) -> AutoSettings | None:
-    """The search's settings where ``settings`` asks for one (``auto: true``), else None; a recipe setting
-    beside ``auto`` is refused: the search chooses them all (remove ``auto`` to set them by hand)."""
-    if not settings.get("auto"):
-        return None
-    fixed = sorted(set(settings) - set(AUTO_KEYS))
-    if fixed:
-        raise CalibrationError(f"recipe auto chooses every setting, so {', '.join(fixed)} cannot be set beside it "
-                               "(remove auto to set them by hand)")
-    budget, share = float(settings.get("budget_s", DEFAULT_BUDGET_S)), float(settings.get("max_fallback",
-                                                                                         DEFAULT_MAX_FALLBACK))
-    if budget < 0 or not 0 <= share < 1:
-        raise CalibrationError(f"recipe auto: budget_s {budget} must be ≥ 0 and max_fallback {share} in [0, 1)")
-    return AutoSettings(budget, share, wider_formats(settings.get("wider_formats", list(DEFAULT_WIDER)),
-                                                     "recipe auto: wider_formats"))
 
 
 def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -134,80 +103,99 @@ def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
     are tried once more at the end, with the other choices made: which range is best (clipping noise against
     rounding noise) depends on which layers stay quantized and how much their weights' rounding adds. Fallback keeps
     each layer in the narrowest of ``wider_formats`` that holds it
-    (:func:`quantverdict.judge.sensitivity.choose_formats`): FP16, and FP32 where FP16 flushes magnitudes below 6e-8
+    (:func:`quantverdict.tune.fallback.choose_formats`): FP16, and FP32 where FP16 flushes magnitudes below 6e-8
     to zero or overflows past 65504 (an untrained MobileNetV3-small's logits, ~1e-9: 0 dB in FP16)."""
     fallback = [[{"fallback": auto.max_fallback, "fallback_format": formats_setting(auto.wider_formats)}]]
     return [CALIBRATORS, MIGRATION, *(fallback if layers_kept(auto.max_fallback, layers) > 0 else []), ROUNDING,
             CALIBRATORS]
 
 
-def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
-           tolerance: Tolerance, auto: AutoSettings, incumbent: dict[str, Any] | None = None,
-           progress: Progress | None = None) -> SearchResult:
-    """The best settings for ``base`` (a Q/DQ recipe) on ``model``, each candidate judged on every fold's held-out
-    part (``folds``: views of ``whole`` whose ``evaluation`` data is the part of the calibration set their
-    ``calibration`` leaves out, ``held_out`` its samples' indices in ``whole``'s calibration set). ``incumbent``
-    (a lock's settings) is judged first on the same samples, and the choice against it by :func:`better`;
-    ``progress`` hears of each candidate as it ends."""
-    spec = folds[0].spec(model)
-    output = spec.outputs[0]
-    references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
-                  for name in spec.outputs}
-    result = SearchResult(chosen={}, held_out_samples=len(references[output]), folds=len(folds),
-                          layers=len(weighted_layers(folds[0], model, base)))
-    start, slowest = time.monotonic(), 0.0
-    best: tuple[Candidate, np.ndarray] | None = None
-    planned = stages(auto, result.layers)
-    report = progress or (lambda line: LOG.info("%s", line))
-    most = sum(map(len, planned)) + (incumbent is not None)
-    report(f"recipe search {model} {base.name}: at most {most} candidates, each calibrated and judged on "
-           f"{len(folds)} folds of {result.held_out_samples} calibration samples")
+class Trials:
+    """A search's candidates judged: each calibrated on every fold's calibration part and judged on its held-out part
+    (``folds``: views of ``whole`` whose ``evaluation`` data is the part of the calibration set their ``calibration``
+    leaves out, ``held_out`` its samples' indices in ``whole``'s calibration set), pooled, against the FP32 graph's
+    outputs there; each reported as it ends, with the time the ones ahead take."""
 
-    evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
+    def __init__(self, whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str,
+                 base: QDQ, tolerance: Tolerance, report: Progress):
+        self.whole, self.folds, self.held_out, self.model, self.base = whole, folds, held_out, model, base
+        self.tolerance, self.report = tolerance, report
+        self.spec = folds[0].spec(model)
+        self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
+                           for name in self.spec.outputs}
+        self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
+        self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
+        self.started, self.slowest = time.monotonic(), 0.0
 
-    def meets_bounds(pooled: dict[str, np.ndarray]) -> bool:
+    @property
+    def samples(self) -> int:
+        return len(self.references[self.spec.outputs[0]])
+
+    def in_time(self, budget_s: float) -> bool:
+        """Whether one more candidate, as slow as the slowest so far, still ends within ``budget_s``."""
+        return time.monotonic() - self.started + self.slowest <= budget_s
+
+    def meets_bounds(self, pooled: dict[str, np.ndarray]) -> bool:
         """The case's bounds on the held-out samples: its tolerance's, its lower bounds by the evaluation's margin
-        (:mod:`quantverdict.judge.search_margin`), and those on its task metrics (an embedding's worst sentence, a
-        detector's worst image), with no labels (the calibration set has none)."""
-        judged = compare(references, pooled, tolerance, spec.task == "classification")
+        (:mod:`quantverdict.tune.margin`), and those on its task metrics (an embedding's worst sentence, a detector's
+        worst image), with no labels (the calibration set has none)."""
+        spec, tolerance = self.spec, self.tolerance
+        judged = compare(self.references, pooled, tolerance, spec.task == "classification")
         if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
-            judge_task_metrics(spec.call("metric", references, pooled, None), tolerance, judged,
+            judge_task_metrics(spec.call("metric", self.references, pooled, None), tolerance, judged,
                                spec.describe("metric"))
-        return judged.passed and not short_of_margin(judged.metrics, tolerance, evaluation)
+        return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
-    def attempt(settings: dict[str, Any], upcoming: list[dict[str, Any]]) -> tuple[Candidate, np.ndarray | None]:
-        nonlocal slowest
+    def judge(self, settings: dict[str, Any], ahead: list[dict[str, Any]],
+              among: Sequence[Candidate] = ()) -> tuple[Candidate, np.ndarray | None]:
+        """``settings`` judged (a fold's graph is not kept): its held-out samples' SNR (None where the technique does
+        not apply to this graph), reported beside the best of the search's candidates ``among`` and the time the
+        candidates ``ahead`` take, priced by those."""
         begun = time.perf_counter()
-        candidate, samples = Candidate(settings), None
+        candidate, samples, output = Candidate(settings), None, self.spec.outputs[0]
         try:
-            recipe = base.configured(settings)
+            recipe = self.base.configured(settings)
             assert isinstance(recipe, QDQ)
-            recipes = ([recipe.with_kept(kept) for kept in fallback_per_part(whole, model, recipe, held_out)]
-                       if recipe.fallback_pending else [recipe] * len(folds))
-            outputs = [fold.recipe_semantics(model, fold_recipe, "evaluation")  # a fold's graph is not kept
-                       for fold, fold_recipe in zip(folds, recipes)]
-            pooled = {name: np.concatenate([out[name] for out in outputs]) for name in spec.outputs}
-            samples = sample_snr_db(references[output], pooled[output])
+            recipes = ([recipe.with_kept(kept) for kept in fallback_per_part(self.whole, self.model, recipe,
+                                                                             self.held_out)]
+                       if recipe.fallback_pending else [recipe] * len(self.folds))
+            outputs = [fold.recipe_semantics(self.model, fold_recipe, "evaluation")
+                       for fold, fold_recipe in zip(self.folds, recipes)]
+            pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
+            samples = sample_snr_db(self.references[output], pooled[output])
             candidate.score = round(float(samples.mean()), 4)
         except HarnessError as exc:  # a technique that does not apply to this graph
             candidate.error = str(exc).splitlines()[0]
         if samples is not None:  # the user's metric is the user's code: its failure is not the technique's
-            candidate.passed = meets_bounds(pooled)
+            candidate.passed = self.meets_bounds(pooled)
         candidate.seconds = round(time.perf_counter() - begun, 3)
-        slowest = max(slowest, candidate.seconds)
-        done[0] += 1
-        leader = max([c.score for c in result.candidates if c.score is not None] +
-                     ([candidate.score] if candidate.score is not None else []), default=None)
-        report(f"recipe search {model} {base.name}: {done[0]}/{most} {describe(settings)}: "
-               f"{candidate.error or f'{candidate.score:.2f} dB'} in {candidate.seconds:.0f} s; best so far "
-               f"{'-' if leader is None else f'{leader:.2f} dB'}; "
-               f"{time_left(upcoming, [*result.candidates, candidate])}")
+        self.slowest = max(self.slowest, candidate.seconds)
+        self.done += 1
+        leader = max((c.score for c in [*among, candidate] if c.score is not None), default=None)
+        self.report(f"recipe search {self.model} {self.base.name}: {self.done}/{self.planned} "
+                    f"{describe(settings)}: {candidate.error or f'{candidate.score:.2f} dB'} in "
+                    f"{candidate.seconds:.0f} s; best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
+                    f"{time_left(ahead, [*among, candidate])}")
         return candidate, samples
 
-    done = [0]
+
+def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
+           tolerance: Tolerance, auto: AutoSettings, incumbent: dict[str, Any] | None = None,
+           progress: Progress | None = None) -> SearchResult:
+    """The best settings for ``base`` (a Q/DQ recipe) on ``model``, each candidate judged on every fold's held-out
+    part (:class:`Trials`). ``incumbent`` (a lock's settings) is judged first on the same samples, and the choice
+    against it by :func:`better`; ``progress`` hears of each candidate as it ends."""
+    trials = Trials(whole, folds, held_out, model, base, tolerance, progress or (lambda line: LOG.info("%s", line)))
+    result = SearchResult(chosen={}, held_out_samples=trials.samples, folds=len(folds),
+                          layers=len(weighted_layers(folds[0], model, base)))
+    best: tuple[Candidate, np.ndarray] | None = None
+    planned = stages(auto, result.layers)
+    trials.planned = sum(map(len, planned)) + (incumbent is not None)
+    trials.report(f"recipe search {model} {base.name}: at most {trials.planned} candidates, each calibrated and "
+                  f"judged on {len(folds)} folds of {result.held_out_samples} calibration samples")
     kept = None
     if incumbent is not None:
-        result.incumbent, kept = attempt(dict(incumbent), [option for stage in planned for option in stage])
+        result.incumbent, kept = trials.judge(dict(incumbent), [option for stage in planned for option in stage])
     seen: list[dict[str, Any]] = []  # settings tried or left untried: a later stage may name them again
     for number, stage in enumerate(planned):
         stage_best = best
@@ -216,11 +204,11 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             if settings in seen:
                 continue
             seen.append(settings)
-            if (stage_best or best) is not None and time.monotonic() - start + slowest > auto.budget_s:
+            if (stage_best or best) is not None and not trials.in_time(auto.budget_s):
                 result.not_tried.append(settings)
                 continue
-            candidate, samples = attempt(settings, upcoming(settings, [*stage[index + 1:], *(
-                each for after in planned[number + 1:] for each in after)]))
+            candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
+                each for after in planned[number + 1:] for each in after)]), result.candidates)
             result.candidates.append(candidate)
             if samples is not None and better(samples, stage_best[1] if stage_best else None, candidate.passed,
                                               stage_best[0].passed if stage_best else None):
@@ -228,22 +216,22 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         best = stage_best
     if result.not_tried:
         result.note = (f"stopped at the wall-time limit of {auto.budget_s:g} s: {len(result.not_tried)} candidates "
-                       f"not tried (each starts only where the slowest so far, {slowest:.0f} s, still fits), so "
-                       "another runner may choose otherwise and no lock takes this choice")
+                       f"not tried (each starts only where the slowest so far, {trials.slowest:.0f} s, still fits), "
+                       "so another runner may choose otherwise and no lock takes this choice")
     if best is None:
         raise CalibrationError(f"recipe auto for {model!r}: every candidate failed; the first: "
                                f"{result.candidates[0].error}")
     result.chosen = dict(best[0].settings)
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
         low, high = beyond_counts(result.layers, auto.max_fallback)
-        most += (high > low) + max(0, high - low - 1).bit_length()
+        trials.planned += (high > low) + max(0, high - low - 1).bit_length()
         wider = {"fallback_format": formats_setting(auto.wider_formats)}
-        result.beyond = fewest_in_float(lambda share: attempt({**result.chosen, **wider, "fallback": share}, [])[0],
-                                        result.layers, auto.max_fallback,
-                                        lambda: time.monotonic() - start + slowest <= auto.budget_s)
+        result.beyond = fewest_in_float(
+            lambda share: trials.judge({**result.chosen, **wider, "fallback": share}, [], result.candidates)[0],
+            result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s))
         result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, result.layers,
                                                                       auto.max_fallback)]))
-        report(f"recipe search {model} {base.name}: {result.note}")
+        trials.report(f"recipe search {model} {base.name}: {result.note}")
     if result.incumbent is not None:
         result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(
             best[1], kept, best[0].passed, result.incumbent.passed))

@@ -1,0 +1,42 @@
+"""``recipe: {int8: {auto: true, …}}``: a model's request that the search choose its recipe, and the search's own
+settings, parsed and checked."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from quantverdict.errors import CalibrationError
+from quantverdict.precision.wider_layers import Formats, wider_formats
+
+AUTO_KEYS = ("auto", "budget_s", "max_fallback", "wider_formats")
+DEFAULT_BUDGET_S = 7200.0  # a stop for a search that runs away, not a budget: the work is fixed (stages)
+DEFAULT_MAX_FALLBACK = 0.1
+DEFAULT_WIDER: Formats = ("fp16", "fp32")  # FP8 needs an FP8 GPU (compute capability ≥ 8.9): the user offers it
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """``recipe: {int8: {auto: true, budget_s: 7200, max_fallback: 0.1, wider_formats: [fp16, fp32]}}``: the
+    search's own settings; ``wider_formats`` are those fallback may keep a layer in, narrowest first (``[fp8, fp16,
+    fp32]`` where every GPU the recipe deploys to runs FP8: compute capability 8.9 and later)."""
+
+    budget_s: float = DEFAULT_BUDGET_S
+    max_fallback: float = DEFAULT_MAX_FALLBACK
+    wider_formats: Formats = DEFAULT_WIDER
+
+
+def auto_settings(settings: Mapping[str, Any]) -> AutoSettings | None:
+    """The search's settings where ``settings`` asks for one (``auto: true``), else None; a recipe setting
+    beside ``auto`` is refused: the search chooses them all (remove ``auto`` to set them by hand)."""
+    if not settings.get("auto"):
+        return None
+    fixed = sorted(set(settings) - set(AUTO_KEYS))
+    if fixed:
+        raise CalibrationError(f"recipe auto chooses every setting, so {', '.join(fixed)} cannot be set beside it "
+                               "(remove auto to set them by hand)")
+    budget, share = float(settings.get("budget_s", DEFAULT_BUDGET_S)), float(settings.get("max_fallback",
+                                                                                         DEFAULT_MAX_FALLBACK))
+    if budget < 0 or not 0 <= share < 1:
+        raise CalibrationError(f"recipe auto: budget_s {budget} must be ≥ 0 and max_fallback {share} in [0, 1)")
+    return AutoSettings(budget, share, wider_formats(settings.get("wider_formats", list(DEFAULT_WIDER)),
+                                                     "recipe auto: wider_formats"))
