@@ -147,7 +147,7 @@ def test_a_changed_build_file_recalibrates_and_an_unchanged_one_builds_nothing(t
     first_graph = first.store.precision_onnx("scaled", get_recipe("int8"))
     warm = pipeline()
     assert warm.store.precision_onnx("scaled", get_recipe("int8")) == first_graph
-    assert not warm.store._modules.items and not warm.cache.stats["calibration.miss"]
+    assert not warm.store.shared.modules.items and not warm.cache.stats["calibration.miss"]
     (tmp_path / "scale.txt").write_text("3.0")
     changed = pipeline()
     assert changed.store.precision_onnx("scaled", get_recipe("int8")) != first_graph

@@ -1,6 +1,7 @@
 """Recipe techniques (Q/DQ placement as Model Optimizer places it, SmoothQuant, activation
 equalization, low-float saturation) and task metrics: each keeps what it must keep (the FP32
 function) and changes what it claims to, on real ONNX Runtime evaluations."""
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -558,8 +559,9 @@ def test_compare_recipes_reports_the_others_when_one_quantizer_fails(tmp_path, m
 
     monkeypatch.setattr(ort_cpu.OrtCpuInt8, "apply_batches", fails)
     variants = {"harness": {}, "onnxruntime": {"quantizer": "onnxruntime"}, "mse": {"calibration": "mse"}}
-    store = Pipeline(tmp_path / "cache").store  # a cold cache: the quantizer really runs
-    results, differences = compare_quantizers(store, "resblock", "int8", variants)
+    pipeline = Pipeline(tmp_path / "cache")  # a cold cache: the quantizer really runs
+    results, differences = compare_quantizers(pipeline.store, "resblock", "int8", variants,
+                                              functools.partial(pipeline.recipes.with_fallback, "resblock"))
     by_label = {r.label: r for r in results}
     assert by_label["onnxruntime"].error == ("RuntimeError: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : indices "
                                             "element out of data bounds")
