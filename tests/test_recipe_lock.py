@@ -37,8 +37,8 @@ def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as
     assert text.startswith("# quantverdict recipe lock") and "lock: " in out
     entry = yaml.safe_load(text)["recipes"]["dw"]["int8"]
     search = Pipeline(repo / "cache", manifest=repo / "models.yaml").recipes.search("dw", "int8")
-    assert search is not None and search.complete and entry["settings"] == search.chosen
-    assert [c["settings"] for c in entry["search"]["candidates"]] == [c.settings for c in search.candidates]
+    assert search is not None and search.complete and entry["settings"] == search.chosen.to_dict()
+    assert [c["settings"] for c in entry["search"]["candidates"]] == [c.settings.to_dict() for c in search.candidates]
     assert entry["search"]["held_out_samples"] == 16 and entry["chosen_by"]["runner_class"]
     assert "note" not in entry["search"] and "beyond" not in entry["search"]  # the choice meets the bounds
     assert len(entry["graph_sha256"]) == 64 and len(entry["calibration_data"]) == 64

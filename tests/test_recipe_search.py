@@ -10,6 +10,7 @@ import pytest
 
 from quantverdict.errors import CalibrationError
 from quantverdict.models.data import batches_key
+from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings, auto_settings
 from quantverdict.tune.search import CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, sample_snr_db, stages
 from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
@@ -158,9 +159,9 @@ def test_each_sample_weighs_the_same_and_a_nonfinite_output_scores_worst():
 
 
 def test_fallback_is_a_stage_only_where_the_share_keeps_a_layer():
-    assert [{"fallback": 0.1, "fallback_format": ["fp16", "fp32"]}] in stages(AutoSettings(max_fallback=0.1),
-                                                                              layers=10)  # FP16, else FP32, per layer
-    assert not any(option.get("fallback") for stage in stages(AutoSettings(max_fallback=0.1), layers=9) for option in stage)
+    assert [RecipeSettings(fallback=0.1, fallback_format=("fp16", "fp32"))] in stages(
+        AutoSettings(max_fallback=0.1), layers=10)  # FP16, else FP32, per layer
+    assert not any(option.fallback for stage in stages(AutoSettings(max_fallback=0.1), layers=9) for option in stage)
 
 
 def test_a_gain_is_taken_only_where_it_stands_out_of_the_paired_spread():
@@ -227,15 +228,14 @@ def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(
     pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml")  # nothing evaluated yet
     store, search = pipeline.store, pipeline.recipes.search("dw", "int8")
     assert search is not None and search.complete
-    with_fallback = [c.settings for c in search.candidates if c.settings.get("fallback")]
-    assert any(settings.get("gptq") for settings in with_fallback)
-    rankings = {json.dumps({k: v for k, v in settings.items() if k not in ("gptq", "fallback_format")}, sort_keys=True)
-                for settings in with_fallback}
+    with_fallback = [c.settings for c in search.candidates if c.settings.fallback]
+    assert any(settings.gptq for settings in with_fallback)
+    rankings = {settings.unset("gptq", "fallback_format") for settings in with_fallback}
     layers = weighted_layers(store, "dw", get_recipe("int8").for_target("emulated"))
     assert len(evaluated) == len(rankings) * len(layers) < len(with_fallback) * len(layers)
     recipe = pipeline.recipes.recipe("dw", "int8", "emulated")
-    if search.chosen.get("fallback"):
-        unrounded = get_recipe("int8").for_target("emulated").configured({**search.chosen, "gptq": False,
+    if search.chosen.fallback:
+        unrounded = get_recipe("int8").for_target("emulated").configured({**search.chosen.to_dict(), "gptq": False,
                                                                           "fallback_format": "fp32"})
         assert list(recipe.options.fallback_layers) == list(choose_fallback(store, "dw", unrounded))
     assert len(evaluated) == len(rankings) * len(layers)  # the chosen recipe's ranking read, not made
@@ -289,7 +289,7 @@ def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, q
     assert main(["compare-recipes", "block", "--manifest", str(repo / "models.yaml"), "--json", str(out),
                  "--cache-dir", str(qv_pipeline.cache.root)]) == 0
     harness = json.loads(out.read_text())["quantizers"][0]
-    assert harness["label"] == "harness" and not harness["error"] and harness["settings"] == CALIBRATORS[0]
+    assert harness["label"] == "harness" and not harness["error"] and harness["settings"] == CALIBRATORS[0].to_dict()
 
 
 @pytest.mark.int8
@@ -320,16 +320,16 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
                                          "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1))
     pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest)
     store, search = pipeline.store, pipeline.recipes.search("dw", "int8")
-    assert search is not None and search.complete and "fallback" not in search.chosen
+    assert search is not None and search.complete and not search.chosen.fallback
     layers = len(weighted_layers(store, "dw", get_recipe("int8").for_target("emulated")))
-    assert [int(c.settings["fallback"] * layers) for c in search.beyond] == [layers // 2]  # half missed: no fewer tried
-    assert all(c.passed is False and c.settings.items() >= {k: v for k, v in search.chosen.items()
-                                                             if k != "fallback"}.items() for c in search.beyond)
+    assert [int(c.settings.fallback * layers) for c in search.beyond] == [layers // 2]  # half missed: no fewer tried
+    assert all(c.passed is False and c.settings.unset("fallback", "fallback_format") == search.chosen
+               for c in search.beyond)
     assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP16/FP32 ({layers // 2 / layers:.0%}); "
             "max_fallback is 10%") in search.note
     easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert easy is not None and not easy.beyond
-    met = [Candidate({"fallback": 0.35}, 31.5, True), Candidate({"fallback": 0.25}, 20.0, False)]
+    met = [Candidate(RecipeSettings(fallback=0.35), 31.5, True), Candidate(RecipeSettings(fallback=0.25), 20.0, False)]
     assert beyond_note(met, 10, 0.1).endswith(
         "keeping 3 of the 10 weighted layers in FP32 (30%) meets them (31.50 dB), the fewest found; max_fallback is 10%")
 
@@ -342,7 +342,7 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
     def judged(needs: int, tried: list[int]):
         def judge(share: float) -> Candidate:
             tried.append(int(share * 48))
-            return Candidate({"fallback": share}, 0.0, tried[-1] >= needs)
+            return Candidate(RecipeSettings(fallback=share), 0.0, tried[-1] >= needs)
         return judge
 
     for needs, expected in [(13, [24, 14, 9, 11, 12, 13]), (5, [24, 14, 9, 6, 5]), (25, [24]), (24, [24, 14, 19, 21,
@@ -350,7 +350,7 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
         tried: list[int] = []
         found = fewest_in_float(judged(needs, tried), 48, 0.1, lambda: True)
         assert tried == expected, needs
-        met = [int(c.settings["fallback"] * 48) for c in found if c.passed]
+        met = [int(c.settings.fallback * 48) for c in found if c.passed]
         assert (min(met) if met else None) == (needs if needs <= 24 else None)
     assert fewest_in_float(judged(1, []), 4, 0.5, lambda: True) == []  # the user's share is already half
     from quantverdict.tune.beyond import share_of
@@ -368,16 +368,18 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     from quantverdict.tune.result import Candidate
     from quantverdict.tune.progress import time_left, upcoming
 
-    timed = [Candidate({"calibration": "max"}, seconds=4.0), Candidate({"calibration": "mse"}, seconds=6.0)]
-    plan = [{"calibration": "mse", "smoothquant": 0.8}, {"fallback": 0.1}, {"fallback": 0.1, "gptq": True}]
+    timed = [Candidate(RecipeSettings(calibration="max"), seconds=4.0),
+             Candidate(RecipeSettings(calibration="mse"), seconds=6.0)]
+    plan = [RecipeSettings(calibration="mse", smoothquant=0.8), RecipeSettings(fallback=0.1),
+            RecipeSettings(fallback=0.1, gptq=True)]
     assert time_left(plan, timed) == "about 10 s left, and 1 candidate that ranks layers, not timed yet"
-    timed.append(Candidate({"fallback": 0.1}, seconds=40.0))
+    timed.append(Candidate(RecipeSettings(fallback=0.1), seconds=40.0))
     assert time_left(plan, timed) == "about 15 s left"  # ranked already: they read its ranking
-    assert time_left([{"calibration": "max", "fallback": 0.1}], timed) == "about 40 s left"
+    assert time_left([RecipeSettings(calibration="max", fallback=0.1)], timed) == "about 40 s left"
     assert time_left([], timed) == "about 0 s left"
-    later = upcoming({"calibration": "mse"}, [{"smoothquant": 0.8}, {"fallback": 0.1}, {"gptq": True},
-                                              {"calibration": "max"}])
-    assert [bool(each.get("fallback")) for each in later] == [False, True, True, True]
+    later = upcoming(RecipeSettings(calibration="mse"), [RecipeSettings(smoothquant=0.8), RecipeSettings(fallback=0.1),
+                                                         RecipeSettings(gptq=True), RecipeSettings(calibration="max")])
+    assert [bool(each.fallback) for each in later] == [False, True, True, True]
     assert time_left(later, timed[:2]) == "about 10 s left, and 2 candidates that rank layers, not timed yet"
 
 
@@ -454,12 +456,12 @@ def test_fallback_keeps_its_layers_in_fp32_only_where_fp16_is_worse(repo):
         """), "  "))
     pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml")
     search = pipeline.recipes.search("tiny", "int8")
-    assert search.chosen.get("fallback") and search.chosen["fallback_format"] == ["fp16", "fp32"]
+    assert search.chosen.fallback and search.chosen.fallback_format == ("fp16", "fp32")
     kept = pipeline.recipes.recipe("tiny", "int8", "emulated").options.kept()
     assert kept and set(kept.values()) == {"fp32"}
-    assert all(c.score > 20 for c in search.candidates if c.settings.get("fallback") and c.score is not None)
+    assert all(c.score > 20 for c in search.candidates if c.settings.fallback and c.score is not None)
     in_fp16 = Pipeline(repo / "cache", manifest=repo / "models.yaml", recipe_settings={"int8": {
-        **search.chosen, "fallback_format": "fp16"}})
+        **search.chosen.to_dict(), "fallback_format": "fp16"}})
     recipe = in_fp16.recipes.recipe("tiny", "int8", "emulated")
     assert recipe.options.fallback_layers == tuple(kept)
     assert evaluate_recipe(in_fp16.store, "tiny", recipe, Tolerance(), "calibration").metrics["y"]["snr_db"] < 1.0

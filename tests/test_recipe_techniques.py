@@ -17,6 +17,7 @@ from quantverdict.precision import get_recipe
 from quantverdict.precision.calibrate import calibrate, channel_ranges
 from quantverdict.precision.grids import INT8
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.settings import RecipeSettings
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 
@@ -558,7 +559,8 @@ def test_compare_recipes_reports_the_others_when_one_quantizer_fails(tmp_path, m
         raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : indices element out of data bounds\nmore")
 
     monkeypatch.setattr(ort_cpu.OrtCpuInt8, "apply_batches", fails)
-    variants = {"harness": {}, "onnxruntime": {"quantizer": "onnxruntime"}, "mse": {"calibration": "mse"}}
+    variants = {"harness": RecipeSettings(), "onnxruntime": RecipeSettings(quantizer="onnxruntime"),
+                "mse": RecipeSettings(calibration="mse")}
     pipeline = Pipeline(tmp_path / "cache")  # a cold cache: the quantizer really runs
     results, differences = compare_quantizers(pipeline.store, "resblock", "int8", variants,
                                               functools.partial(pipeline.recipes.with_fallback, "resblock"))

@@ -134,8 +134,8 @@ def test_the_search_offers_the_formats_the_user_allows_and_the_lock_names_each_l
     """``wider_formats`` in ``recipe: auto``: the search's fallback keeps layers in the narrowest of them that holds
     each; the lock writes each float layer with its format, one per line, and a run with the lock builds the same Q/DQ
     graph; a lock that names no format, or one not offered, is one line."""
-    assert stages(AutoSettings(max_fallback=0.5, wider_formats=("fp8", "fp16", "fp32")), layers=4)[2] == [
-        {"fallback": 0.5, "fallback_format": OFFERED}]
+    assert [option.to_dict() for option in stages(AutoSettings(max_fallback=0.5, wider_formats=("fp8", "fp16", "fp32")),
+                                                  layers=4)[2]] == [{"fallback": 0.5, "fallback_format": OFFERED}]
     assert main(["lock", "--manifest", "models.yaml", "--precisions", "int8", "--cache-dir", "cache"]) == 0
     capsys.readouterr()
     path = repo / "quantverdict.lock"

@@ -34,6 +34,7 @@ from quantverdict.precision.graph import initializer_names
 from quantverdict.precision.grids import QuantFormat, weight_scales
 from quantverdict.precision.placement import WEIGHTED_OPS, activation_readers, weight_axis
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.settings import RecipeSettings
 
 PRECISIONS = ("int8", "fp8")
 
@@ -74,10 +75,10 @@ def format_recipes(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, QDQ]:
     the weights: not the format's doing), every layer either could quantize."""
     recipes = {}
     for precision in PRECISIONS:
-        method = (settings.get(precision) or {}).get("calibration")
+        method = RecipeSettings.known(settings.get(precision) or {}, precision).calibration
         recipe = get_recipe(precision)
         assert isinstance(recipe, QDQ)
-        recipes[precision] = recipe.configured({"calibration": method} if method else {})  # type: ignore[assignment]
+        recipes[precision] = recipe.with_settings(RecipeSettings(calibration=method))
     return recipes
 
 

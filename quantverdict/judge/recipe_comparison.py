@@ -15,6 +15,7 @@ from quantverdict.judge.compare import compare
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.coverage import quantized_layers
+from quantverdict.precision.settings import RecipeSettings
 
 
 @dataclass
@@ -27,11 +28,11 @@ class QuantizerResult:
     error: str = ""  # why this quantizer made no graph (its own failure, in one line); the others still count
 
 
-def compare_quantizers(store: Workbench, model: str, precision: str, variants: Mapping[str, Mapping[str, Any]],
+def compare_quantizers(store: Workbench, model: str, precision: str, variants: Mapping[str, RecipeSettings],
                        finish: Callable[[Recipe], Recipe]) -> tuple[list[QuantizerResult], dict[str, list[str]]]:
-    """Each variant (label → recipe settings, e.g. ``{"quantizer": "modelopt"}``) judged, its recipe finished by
-    ``finish`` (the fallback layers it chooses on the calibration set), and the weighted layers not every variant
-    quantizes (layer → the labels that do)."""
+    """Each variant (label → recipe settings, e.g. ``RecipeSettings(quantizer="modelopt")``) judged, its recipe
+    finished by ``finish`` (the fallback layers it chooses on the calibration set), and the weighted layers not every
+    variant quantizes (layer → the labels that do)."""
     spec = store.spec(model)
     reference, output = store.fp32_outputs(model, "evaluation"), spec.outputs[0]
     results = []
@@ -47,10 +48,11 @@ def compare_quantizers(store: Workbench, model: str, precision: str, variants: M
             if interrupted(exc):
                 raise KeyboardInterrupt from exc
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            results.append(QuantizerResult(label, dict(settings), {}, {}, time.perf_counter() - start,
+            results.append(QuantizerResult(label, settings.to_dict(), {}, {}, time.perf_counter() - start,
                                            f"{type(exc).__name__}: {first}"[:300]))
             continue
-        results.append(QuantizerResult(label, dict(settings), metrics, quantized_layers(onnx.load(str(path))), seconds))
+        results.append(QuantizerResult(label, settings.to_dict(), metrics, quantized_layers(onnx.load(str(path))),
+                                       seconds))
     made = [r for r in results if not r.error]
     every = set().union(*(r.coverage["quantized_layers"] for r in made)) if made else set()
     differences = {layer: [r.label for r in made if layer in r.coverage["quantized_layers"]] for layer in sorted(every)}

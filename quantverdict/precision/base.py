@@ -1,11 +1,13 @@
 """The recipe interface: turn an FP32 ONNX graph into the graph for one precision."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
+if TYPE_CHECKING:
+    from quantverdict.precision.settings import RecipeSettings
 
 ChannelRanges = Callable[[bytes, Sequence[str], int], Mapping[str, np.ndarray]]
 """(graph bytes, tensor names, channel axis) → per-channel amax of each over the calibration set."""
@@ -62,13 +64,16 @@ class Recipe:
         quantize fewer layers (sensitivity, fallback) reuse one calibration pass."""
         return self
 
-    def configured(self, settings: Mapping[str, Any]) -> "Recipe":
-        """This recipe with named settings (a manifest's ``recipe:``, ``--recipe-option``); most
-        recipes take none."""
-        if settings:
+    def configured(self, settings: "RecipeSettings | Mapping[str, object]") -> "Recipe":
+        """This recipe with named settings (a manifest's ``recipe:``, ``--recipe-option``: :class:`RecipeSettings`);
+        most recipes take none."""
+        from quantverdict.precision.settings import RecipeSettings
+
+        given = settings.given() if isinstance(settings, RecipeSettings) else tuple(settings)
+        if given:
             from quantverdict.errors import HarnessError
 
-            raise HarnessError(f"recipe {self.name!r} takes no settings; got {sorted(settings)}")
+            raise HarnessError(f"recipe {self.name!r} takes no settings; got {sorted(given)}")
         return self
 
     def for_target(self, target: str) -> "Recipe":

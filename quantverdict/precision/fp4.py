@@ -20,6 +20,7 @@ from quantverdict.precision.base import Recipe
 from quantverdict.precision.graph import int_attribute
 from quantverdict.precision.coverage import layers
 from quantverdict.precision.placement import WEIGHTED_OPS
+from quantverdict.precision.settings import RecipeSettings, Unset
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -85,11 +86,13 @@ class NVFP4Weights(Recipe):
         self.gptq = gptq
         self.calibration_data = gptq  # GPTQ's H comes from the calibration batches
 
-    def configured(self, settings: Mapping[str, Any]) -> Recipe:
-        unknown = set(settings) - {"gptq"}
+    def configured(self, settings: RecipeSettings | Mapping[str, object]) -> Recipe:
+        """FP4 takes GPTQ's rounding alone (:class:`RecipeSettings`)."""
+        given = RecipeSettings.parse(settings, self.name)
+        unknown = given.unset("gptq").given()
         if unknown:
             raise CalibrationError(f"unknown fp4 recipe setting(s) {sorted(unknown)}; known: ['gptq']")
-        return NVFP4Weights(bool(settings.get("gptq", self.gptq)))
+        return NVFP4Weights(self.gptq if isinstance(given.gptq, Unset) else given.gptq)
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "block": BLOCK, "scale": "e4m3 per block, fp32 per tensor", "activations": None,

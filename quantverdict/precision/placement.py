@@ -12,7 +12,7 @@ import onnx
 from quantverdict.precision.coverage import RECURRENT, layers
 from quantverdict.precision.graph import initializer_names, int_attribute
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
-from quantverdict.precision.wider_layers import formats_words
+from quantverdict.precision.settings import formats_words
 
 # op type → indices of inputs that are quantized (activations, or weights when initializers)
 QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}

@@ -24,14 +24,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quantverdict.documents import suggest
 from quantverdict.errors import CalibrationError
 from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
-from quantverdict.precision.qdq_settings import SETTINGS, other_quantizer
-from quantverdict.precision.wider_layers import Formats, formats_setting, kept_formats, layers_in_fp16
+from quantverdict.precision.qdq_settings import other_quantizer
+from quantverdict.precision.settings import UNSET, Formats, RecipeSettings, formats_setting
+from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16
 from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
                                               residual_inputs, tensorrt_quantizes_conv, weight_axis)
 
@@ -104,25 +104,18 @@ class QDQ(Recipe):
     def fallback_pending(self) -> bool:
         return self.options.fallback is not None and self.options.fallback_layers is None
 
-    def configured(self, settings: Mapping[str, Any]) -> Recipe:
-        """Settings by name: ``calibration`` (a calibrator method), ``smoothquant`` (α, or null),
-        ``equalize``, ``gptq`` and ``bias_correction`` (bools), ``exclude`` (node-name patterns kept in float),
-        ``fallback`` (the share of weighted layers accuracy-aware fallback keeps in FP32), and
-        ``quantizer``:
-        ``harness`` (this recipe), ``modelopt`` (NVIDIA Model Optimizer's ONNX PTQ, its own placement
-        and calibration) or ``onnxruntime`` (ONNX Runtime's quantize_static, INT8 only), so that one
-        run can set them side by side on the same data."""
-        quantizer = settings.get("quantizer", "harness")
-        if quantizer != "harness":
-            others = {k: v for k, v in settings.items() if k != "quantizer"}
-            return other_quantizer(self.name, self.fmt, quantizer, others)
-        unknown = sorted(set(settings) - set(SETTINGS))
-        if unknown:
-            raise CalibrationError(f"unknown {self.name} recipe setting{suggest(unknown[0], sorted(SETTINGS))}")
-        try:
-            return self.with_options(**{SETTINGS[k][0]: SETTINGS[k][1](v) for k, v in settings.items()})
-        except (TypeError, ValueError) as exc:  # smoothquant: banana
-            raise CalibrationError(f"{self.name} recipe settings {dict(settings)}: {exc}") from None
+    def configured(self, settings: RecipeSettings | Mapping[str, object]) -> Recipe:
+        """This recipe with ``settings`` (:class:`RecipeSettings`) over its options, or, where their ``quantizer`` is
+        not ``harness``, NVIDIA Model Optimizer's ONNX PTQ (``modelopt``: its own placement and calibration) or ONNX
+        Runtime's quantize_static (``onnxruntime``, INT8 only), so that one run can set them side by side on the same
+        data."""
+        given = RecipeSettings.parse(settings, self.name)
+        if given.quantizer not in (UNSET, "harness"):
+            return other_quantizer(self.name, self.fmt, given)
+        return self.with_settings(given)
+
+    def with_settings(self, settings: RecipeSettings) -> "QDQ":
+        return self.with_options(**settings.qdq_options())
 
     def params(self) -> dict[str, Any]:
         opts = self.options

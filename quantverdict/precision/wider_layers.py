@@ -36,36 +36,8 @@ from quantverdict.errors import CalibrationError
 from quantverdict.precision.floating import round_trip, saturate
 from quantverdict.precision.graph import topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
+from quantverdict.precision.settings import Formats, formats_words, wider_formats
 
-WIDER_FORMATS = ("fp8", "fp16", "fp32")  # a fallback layer's format, narrowest first (FP8: only out of INT8)
-Formats = tuple[str, ...]  # the formats a recipe's fallback may keep a layer in, narrowest first
-
-
-def wider_formats(value: object, setting: str = "fallback_format") -> Formats:
-    """A recipe's ``fallback_format`` setting, checked: one format (every fallback layer in it), or several, narrowest
-    first, each layer then kept in the narrowest that costs the output, alone, no more than the worst layer left in
-    the recipe's own format (:func:`quantverdict.tune.fallback.choose_formats`)."""
-    given = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    unknown = [item for item in given if item not in WIDER_FORMATS]
-    if unknown or not given:
-        raise CalibrationError(f"{setting} {value!r}: expected one of {', '.join(WIDER_FORMATS)}, or several "
-                               "of them, narrowest first (e.g. [fp16, fp32])")
-    order = [WIDER_FORMATS.index(str(item)) for item in given]
-    if order != sorted(set(order)):
-        raise CalibrationError(f"{setting} {list(given)}: list each format once, narrowest first "
-                               f"({', '.join(WIDER_FORMATS)}): each layer is kept in the first that holds")
-    return tuple(str(item) for item in given)
-
-
-def formats_setting(formats: Formats) -> str | list[str]:
-    """``formats`` as a setting and a graph's params write them: one format as its name, several as a list."""
-    return formats[0] if len(formats) == 1 else list(formats)
-
-
-def formats_words(value: object) -> str:
-    """A ``fallback_format`` setting's value (or a recipe's formats) as one word: ``fp16``, or ``fp16/fp32`` (chosen
-    per layer)."""
-    return "/".join(wider_formats(value))
 
 
 def precisions_needed(precision: str, settings: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from quantverdict.tune.progress import describe
+from quantverdict.precision.settings import RecipeSettings
 from quantverdict.report.render import figure
 
 
@@ -46,7 +46,8 @@ def tradeoff_section(record: dict[str, Any]) -> str:
         f"<td>{point['score_db']:.2f}</td>"
         f"<td>{'met' if point['passed'] else 'missed' if point['passed'] is False else '–'}</td>"
         f"<td>{'chosen' if point['chosen'] else ''}</td>"
-        f"<td style='text-align:left'>{html.escape(describe(point['settings']))}</td></tr>"
+        f"<td style='text-align:left'>{html.escape(RecipeSettings.parse(point['settings'], precision).words())}</td>"
+        "</tr>"
         for (model, precision), points in searched.items() for point in points)
     png = figure(draw, width=7, height=3.2)
     chart = f'<img alt="recipe search trade-off" src="data:image/png;base64,{png}">' if png else ""

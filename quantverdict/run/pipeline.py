@@ -19,6 +19,7 @@ from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.models import ModelSpec
 from quantverdict.tune.search import Progress
 from quantverdict.precision.calibrators import Calibrator
+from quantverdict.precision.settings import RecipeSettings
 from quantverdict.registry import Registry
 from quantverdict.report.gate import case_unjudged, judge_case, load_policy, rules_for, runner_class, runner_class_note
 from quantverdict.report.load import load_record
@@ -114,9 +115,9 @@ def with_calibration(settings: Mapping[str, Mapping[str, Any]],
     that name a precision's calibration themselves; the method checked before anything runs."""
     out = {precision: dict(values) for precision, values in settings.items()}
     if calibration is not None:
-        Calibrator(calibration)
+        given = RecipeSettings(calibration=Calibrator(calibration).method).to_dict()
         for precision in ("int8", "fp8"):
-            out[precision] = {"calibration": calibration, **out.get(precision, {})}
+            out[precision] = {**given, **out.get(precision, {})}
     return out
 
 

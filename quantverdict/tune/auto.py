@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from quantverdict.errors import CalibrationError
-from quantverdict.precision.wider_layers import Formats, wider_formats
+from quantverdict.precision.settings import Formats, wider_formats
 
 AUTO_KEYS = ("auto", "budget_s", "max_fallback", "wider_formats")
 DEFAULT_BUDGET_S = 7200.0  # a stop for a search that runs away, not a budget: the work is fixed (stages)

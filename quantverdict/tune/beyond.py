@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from quantverdict.tune.result import Candidate
 from quantverdict.tune.fallback import layers_kept
-from quantverdict.precision.wider_layers import formats_words
+from quantverdict.precision.settings import formats_words
 
 BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds
 MISSES = ("the choice misses the case's bounds on held-out calibration samples (a lower bound by one standard error of "
@@ -50,17 +50,17 @@ def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -
     """What the case's bounds need on held-out calibration samples, in layers kept in a wider format, against what
     the user allows (``max_fallback``)."""
     def kept(candidate: Candidate) -> str:
-        count = layers_kept(candidate.settings["fallback"], layers)
-        wider = formats_words(candidate.settings.get("fallback_format", "fp32")).upper()
+        count = layers_kept(candidate.settings.fallback or None, layers)
+        wider = formats_words(candidate.settings.fallback_formats()).upper()
         return f"{count} of the {layers} weighted layers in {wider} ({count / layers:.0%})"
 
     met = [candidate for candidate in beyond if candidate.passed]
     allowed = f"max_fallback is {max_fallback:.0%}"
     if met:
-        fewest = min(met, key=lambda candidate: candidate.settings["fallback"])
+        fewest = min(met, key=lambda candidate: candidate.settings.fallback or 0.0)
         return (f"{MISSES}; keeping {kept(fewest)} meets "
                 f"them ({fewest.score:.2f} dB), the fewest found; {allowed}")
     if not beyond:
         return f"{MISSES}; {allowed}"
     return (f"{MISSES}, and so does keeping "
-            f"{kept(max(beyond, key=lambda candidate: candidate.settings['fallback']))}; {allowed}")
+            f"{kept(max(beyond, key=lambda candidate: candidate.settings.fallback or 0.0))}; {allowed}")

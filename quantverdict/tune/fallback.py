@@ -17,10 +17,11 @@ from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.grids import FP8_E4M3
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.settings import RecipeSettings
 
-# The recipe settings a fallback ranking ignores, and what it ranks with instead (each the option of the same name): a
-# search's candidates that differ only in these read one ranking.
-RANKED_AS = {"fallback": None, "fallback_format": ("fp32",), "gptq": False}
+# The recipe settings a fallback ranking ignores, and what it ranks with instead: a search's candidates that differ only
+# in these read one ranking.
+RANKED_AS = RecipeSettings(fallback=None, fallback_format=("fp32",), gptq=False)
 
 
 
@@ -51,7 +52,7 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ,
     once for each calibration and preparation, not again for each with GPTQ (a ranking evaluates a graph per weighted
     layer: on a 35M-parameter encoder, as long as ten candidates' folds). Ranked with GPTQ's weights, the layers chosen
     scored within 0.1 dB on held-out samples (MiniLM-L6 and a T5-small-sized encoder)."""
-    base = recipe.with_options(fallback_layers=(), **RANKED_AS)  # any share, format or rounding: read once
+    base = recipe.with_settings(RANKED_AS).with_options(fallback_layers=())  # any share, format or rounding: read once
     layers = weighted_layers(store, model, base)
     budget = layers_kept(recipe.options.fallback, len(layers))
     if budget == 0:
@@ -96,7 +97,7 @@ def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ra
         return [{layer: offered[0] for layer in part.kept} for part in parts]
     output = store.spec(model).outputs[0]
     reference = per_sample(store.fp32_outputs(model, "calibration")[output])
-    base = recipe.with_options(fallback_layers=(), layer_formats=(), only=(), **RANKED_AS)
+    base = recipe.with_settings(RANKED_AS).with_options(fallback_layers=(), layer_formats=(), only=())
     fp8_kernels: set[str] = set()  # the layers TensorRT has an FP8 kernel for (another would stay FP32)
     if FP8_E4M3.name in offered:  # the FP32 graph read only where FP8 is offered: not on a search's default path
         graph = onnx.load(str(store.fp32_onnx(model)))

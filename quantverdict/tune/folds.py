@@ -17,6 +17,7 @@ from quantverdict.tune.search import Progress, search
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import get_recipe
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.settings import RecipeSettings
 
 if TYPE_CHECKING:
     from quantverdict.tune.resolve import TuningBench
@@ -75,7 +76,7 @@ class HeldOut:
 
 
 def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSettings,
-                  incumbent: dict[str, Any] | None = None, progress: Progress | None = None) -> SearchResult:
+                  incumbent: RecipeSettings | None = None, progress: Progress | None = None) -> SearchResult:
     """The search for ``precision``'s settings (:func:`quantverdict.tune.search.search`), with ``incumbent``
     judged beside its candidates; cached by the FP32 graph, the calibration data, the tolerance, the search's settings,
     the incumbent and the code. ``progress`` hears of a search that runs, not of one read from the cache."""
@@ -84,14 +85,14 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     assert isinstance(base, QDQ)
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [file_sha256(store.fp32_onnx(model)), precision, asdict(auto), tolerance.to_dict(),
-             store.data_key(model, "calibration"), store.variant(), incumbent,
+             store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.to_dict(),
              *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune")]
 
     def searched() -> dict[str, Any]:
         whole = {model: store.calibration_batches(model)}
         if len(whole[model]) < 2:
-            return SearchResult({}, note="one calibration batch: nothing to hold out and judge candidates on, so "
-                                         "the default recipe").to_dict()
+            return SearchResult(RecipeSettings(), note="one calibration batch: nothing to hold out and judge "
+                                                       "candidates on, so the default recipe").to_dict()
         numbers = range(folds(whole[model]))
         views = [store.on_batches(HeldOut(store.calibration_batches, fold, whole)) for fold in numbers]
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.documents import DocumentError, read_yaml, validate
 from quantverdict.errors import HarnessError
+from quantverdict.tune.result import Candidate, SearchResult
 
 VERSION = 1
 HEADER = """\
@@ -33,20 +34,34 @@ class _Closed(BaseModel):
 
 
 class Evidence(_Closed):
-    """One candidate of the search: its settings and mean per-sample SNR on held-out calibration samples."""
+    """One candidate of the search (:class:`quantverdict.tune.result.Candidate`) as the lock file writes it: its
+    settings and mean per-sample SNR on held-out calibration samples."""
 
     settings: dict[str, Setting]
     score_db: float | None
     passed: bool | None
     error: str | None = None
 
+    @classmethod
+    def of(cls, candidate: Candidate) -> "Evidence":
+        return cls(settings=candidate.settings.to_dict(), score_db=candidate.score, passed=candidate.passed,
+                   error=candidate.error)
 
-class Search(_Closed):
+
+class SearchEvidence(_Closed):
+    """A search (:class:`quantverdict.tune.result.SearchResult`) as the lock file writes it."""
+
     folds: int
     held_out_samples: int
     candidates: list[Evidence]
     note: str | None = None  # what the case's bounds need where the choice misses them (or the wall-time stop)
     beyond: list[Evidence] = []  # the choice with more layers in FP32 than the user allows, tried for that note
+
+    @classmethod
+    def of(cls, searched: SearchResult) -> "SearchEvidence":
+        return cls(folds=searched.folds, held_out_samples=searched.held_out_samples,
+                   candidates=[Evidence.of(c) for c in searched.candidates], note=searched.note or None,
+                   beyond=[Evidence.of(c) for c in searched.beyond])
 
 
 class LockedRecipe(_Closed):
@@ -56,7 +71,7 @@ class LockedRecipe(_Closed):
     calibration_data: str  # content key of the calibration batches
     qdq_sha256: str | None = None  # the Q/DQ graph the locking runner built (another CPU's differs where rounding flipped)
     chosen_by: dict[str, str]  # package versions and the runner class
-    search: Search
+    search: SearchEvidence
 
     def kept(self, offered: tuple[str, ...]) -> dict[str, str]:
         """Each float layer with its format: its own where the lock names one, else the one ``offered``."""
@@ -171,16 +186,17 @@ def _readable(entry: LockedRecipe) -> dict[str, Any]:
 def _check(path: Path, model: str, precision: str, entry: LockedRecipe) -> list[str]:
     from quantverdict.precision import get_recipe, known_precisions
     from quantverdict.precision.qdq import QDQ
-    from quantverdict.precision.wider_layers import formats_words
+    from quantverdict.precision.settings import RecipeSettings, formats_words
 
     where = f"{path}: recipes.{model}.{precision}"
     if precision not in known_precisions():
         return [f"{where}: unknown precision (known: {', '.join(known_precisions())})"]
     try:
-        recipe = get_recipe(precision).configured(entry.settings)
+        settings = RecipeSettings.parse(entry.settings, precision)
+        recipe = get_recipe(precision).configured(settings)
     except HarnessError as exc:
         return [f"{where}.settings: {str(exc).splitlines()[0]}"]
-    if entry.float_layers and entry.settings.get("fallback") is None:
+    if entry.float_layers and not settings.fallback:
         return [f"{where}.float_layers: layers kept in float by a recipe whose settings name no fallback share"]
     offered = recipe.options.fallback_format if isinstance(recipe, QDQ) else ("fp32",)
     if len(offered) > 1 and entry.float_layers and not isinstance(entry.float_layers, dict):

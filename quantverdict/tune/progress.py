@@ -1,41 +1,42 @@
-"""What a recipe search says as it goes: each candidate's settings in a line, and the time its remaining candidates
-take, priced by kind."""
+"""What a recipe search says as it goes: the time its remaining candidates take, priced by kind (each candidate's
+settings in a line are :meth:`RecipeSettings.words`)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
+from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.fallback import RANKED_AS
 
 
 class Timed(Protocol):
     """A candidate tried: its settings and how long it took."""
 
-    settings: dict[str, Any]
+    settings: RecipeSettings
     seconds: float
 
 
-def upcoming(settings: Mapping[str, Any], options: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def upcoming(settings: RecipeSettings, options: Sequence[RecipeSettings]) -> list[RecipeSettings]:
     """The candidates ``options`` would make after ``settings``, as far as their cost goes: a share kept wider once
     tried is assumed kept by the stages after it (it usually wins: it removes the most noise)."""
-    carried, out = dict(settings), []
+    carried, out = settings, []
     for option in options:
-        out.append({**carried, **option})
-        if option.get("fallback"):
-            carried.update(option)
+        out.append(option.over(carried))
+        if option.fallback:
+            carried = option.over(carried)
     return out
 
 
-def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
+def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed]) -> str:
     """About how long the candidates ``plan`` take, each timed as the mean of those ``timed`` of its kind: one that
     keeps layers wider with a calibration and preparation no candidate before it ranked layers for ranks every
     layer quantized alone and costs several others (:func:`quantverdict.tune.fallback.fallback_per_part`)."""
-    ranked: list[dict[str, Any]] = []
+    ranked: list[RecipeSettings] = []
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:
-        by = {key: value for key, value in settings.items() if key not in RANKED_AS}
-        ranks = bool(settings.get("fallback")) and by not in ranked
+        by = settings.unset(*RANKED_AS.given())
+        ranks = bool(settings.fallback) and by not in ranked
         kinds.append(ranks)
         if ranks:
             ranked.append(by)
@@ -48,9 +49,3 @@ def time_left(plan: Sequence[Mapping[str, Any]], timed: Sequence[Timed]) -> str:
         many = untimed > 1
         said += f", and {untimed} candidate{'s' if many else ''} that rank{'' if many else 's'} layers, not timed yet"
     return said
-
-
-def describe(settings: Mapping[str, Any]) -> str:
-    """``calibration=percentile smoothquant=0.5 fallback_format=fp16/fp32`` for a progress line."""
-    return " ".join(f"{key}={'/'.join(map(str, value)) if isinstance(value, list) else value}"
-                    for key, value in settings.items()) or "defaults"

@@ -24,7 +24,8 @@ from quantverdict.models.data import BatchSource
 from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.qdq import QDQ
-from quantverdict.tune.lock import Evidence, LockedRecipe, LockState, RecipeLock, Search
+from quantverdict.precision.settings import RecipeSettings
+from quantverdict.tune.lock import LockedRecipe, LockState, RecipeLock, SearchEvidence
 from quantverdict.tune.auto import AUTO_KEYS, AutoSettings, auto_settings
 from quantverdict.tune.result import SearchResult
 from quantverdict.tune.search import Progress
@@ -50,7 +51,7 @@ class TuningBench(Workbench, Protocol):
 
 
 # (bench, model, precision, the search's settings, settings judged beside the candidates, progress) → the search
-Searcher = Callable[[TuningBench, str, str, AutoSettings, "dict[str, Any] | None", "Progress | None"], SearchResult]
+Searcher = Callable[[TuningBench, str, str, AutoSettings, "RecipeSettings | None", "Progress | None"], SearchResult]
 LOCKED_PACKAGES = ("quantverdict", "onnx", "onnxruntime", "numpy", "torch")
 Origin = Literal["settings", "lock", "search"]
 
@@ -95,17 +96,17 @@ class Resolver:
             return recipe
         return self.with_fallback(model, recipe.configured(self.settings(model, precision)))
 
-    def settings(self, model: str, precision: str) -> dict[str, Any]:
+    def settings(self, model: str, precision: str) -> RecipeSettings:
         """The settings the lock holds, else those the search chose, else the model's own with this run's over
         them."""
         locked = self.locked(model, precision)
         if locked is not None:
-            return dict(locked.settings)
+            return RecipeSettings.parse(locked.settings, precision)
         searched = self.search(model, precision)
         if searched is not None:
-            return dict(searched.chosen)
+            return searched.chosen
         own = {k: v for k, v in self.bench.spec(model).recipe.get(precision, {}).items() if k not in AUTO_KEYS}
-        return {**own, **self.options.settings.get(precision, {})}
+        return RecipeSettings.parse({**own, **self.options.settings.get(precision, {})}, precision)
 
     def auto(self, model: str, precision: str) -> AutoSettings | None:
         """The search's settings where ``precision``'s recipe is the search's to choose: the model asks for one
@@ -132,7 +133,7 @@ class Resolver:
         if auto is None or searcher is None or self.locked(model, precision) is not None:
             return None
         entry = self.options.lock.get(model, precision) if self.options.lock and self.options.check else None
-        incumbent = dict(entry.settings) if entry else None
+        incumbent = RecipeSettings.parse(entry.settings, precision) if entry else None
         return self._searches.get((model, precision), lambda: searcher(self.bench, model, precision, auto, incumbent,
                                                                         self.options.progress))
 
@@ -190,16 +191,12 @@ class Resolver:
         recipe = self.recipe(model, precision, "emulated")
         bench = self.bench
         return LockedRecipe(
-            settings=dict(searched.chosen), float_layers=float_layers(recipe),
+            settings=searched.chosen.to_dict(), float_layers=float_layers(recipe),
             graph_sha256=file_sha256(bench.fp32_onnx(model)), calibration_data=bench.data_key(model, "calibration"),
             qdq_sha256=file_sha256(bench.precision_onnx(model, recipe)),
             chosen_by={**{name: package_version(name) or "absent" for name in LOCKED_PACKAGES},
                        "runner_class": bench.caps.runner_class},
-            search=Search(folds=searched.folds, held_out_samples=searched.held_out_samples,
-                          candidates=[Evidence(settings=c.settings, score_db=c.score, passed=c.passed, error=c.error)
-                                      for c in searched.candidates], note=searched.note or None,
-                          beyond=[Evidence(settings=c.settings, score_db=c.score, passed=c.passed, error=c.error)
-                                  for c in searched.beyond]))
+            search=SearchEvidence.of(searched))
 
     def with_fallback(self, model: str, recipe: Recipe) -> Recipe:
         """``recipe`` with the layers its accuracy-aware fallback keeps wider, each in its format: the lock's, else the

@@ -6,26 +6,33 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from quantverdict.precision.settings import RecipeSettings, formats_words
 from quantverdict.tune.fallback import layers_kept
-from quantverdict.precision.wider_layers import formats_words
 
 
 @dataclass
 class Candidate:
-    settings: dict[str, Any]
+    settings: RecipeSettings
     score: float | None = None  # mean per-sample output SNR (dB) on the held-out samples; higher is better
     passed: bool | None = None  # within the precision's tolerance on the held-out samples
     seconds: float = 0.0
     error: str | None = None  # a technique this graph refuses (its message), not a failed search
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "settings": self.settings.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":
+        return cls(**{**data, "settings": RecipeSettings.parse(data["settings"], "searched")})
+
 
 @dataclass
 class SearchResult:
-    chosen: dict[str, Any]
+    chosen: RecipeSettings
     candidates: list[Candidate] = field(default_factory=list)
     held_out_samples: int = 0  # every calibration sample, each judged by recipes calibrated without it
     folds: int = 0
-    not_tried: list[dict[str, Any]] = field(default_factory=list)  # left when the wall-time stop came
+    not_tried: list[RecipeSettings] = field(default_factory=list)  # left when the wall-time stop came
     note: str = ""
     incumbent: Candidate | None = None  # settings judged beside the candidates (a lock's), on the same samples
     beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
@@ -43,22 +50,29 @@ class SearchResult:
         candidate is judged for this, so the other settings may differ between points (each point names them)."""
         best: dict[int, Candidate] = {}
         for candidate in [*self.candidates, *self.beyond]:
-            count = layers_kept(candidate.settings.get("fallback"), self.layers)
+            count = layers_kept(candidate.settings.fallback or None, self.layers)
             if candidate.score is not None and (count not in best or candidate.score > best[count].score):
                 best[count] = candidate
         return [{"share": round(count / max(self.layers, 1), 4), "layers_in_float": count,
-                 "format": formats_words(candidate.settings.get("fallback_format", "fp32")) if count else None,
+                 "format": formats_words(candidate.settings.fallback_formats()) if count else None,
                  "score_db": candidate.score,
-                 "passed": candidate.passed, "settings": candidate.settings,
+                 "passed": candidate.passed, "settings": candidate.settings.to_dict(),
                  "chosen": candidate.settings == self.chosen} for count, candidate in sorted(best.items())]
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "complete": self.complete, "tradeoff": self.tradeoff()}
+        """As the cache and the run record keep it."""
+        return {"chosen": self.chosen.to_dict(), "candidates": [c.to_dict() for c in self.candidates],
+                "held_out_samples": self.held_out_samples, "folds": self.folds,
+                "not_tried": [settings.to_dict() for settings in self.not_tried], "note": self.note,
+                "incumbent": None if self.incumbent is None else self.incumbent.to_dict(),
+                "beats_incumbent": self.beats_incumbent, "beyond": [c.to_dict() for c in self.beyond],
+                "layers": self.layers, "complete": self.complete, "tradeoff": self.tradeoff()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SearchResult":
         incumbent = data.get("incumbent")
-        return cls(data["chosen"], [Candidate(**c) for c in data["candidates"]], data["held_out_samples"],
-                   data["folds"], data["not_tried"], data["note"], None if incumbent is None else Candidate(**incumbent),
-                   data.get("beats_incumbent"), [Candidate(**c) for c in data.get("beyond", [])],
-                   data.get("layers", 0))
+        return cls(RecipeSettings.parse(data["chosen"], "searched"),
+                   [Candidate.from_dict(c) for c in data["candidates"]], data["held_out_samples"], data["folds"],
+                   [RecipeSettings.parse(settings, "searched") for settings in data["not_tried"]], data["note"],
+                   None if incumbent is None else Candidate.from_dict(incumbent), data.get("beats_incumbent"),
+                   [Candidate.from_dict(c) for c in data.get("beyond", [])], data.get("layers", 0))

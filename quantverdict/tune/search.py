@@ -37,8 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -49,12 +48,12 @@ from quantverdict.judge.tolerances import Tolerance
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
-from quantverdict.precision.wider_layers import formats_setting
+from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_counts, beyond_note, fewest_in_float
 from quantverdict.tune.fallback import error_energy, fallback_per_part, layers_kept, per_sample
 from quantverdict.tune.margin import short_of_margin
-from quantverdict.tune.progress import describe, time_left, upcoming
+from quantverdict.tune.progress import time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
 
 LOG = logging.getLogger(__name__)
@@ -62,9 +61,10 @@ MIN_GAIN_DB = 0.1  # the mean per-sample SNR gain that makes a more elaborate ca
 GAIN_SE = 2.0  # … where it also exceeds this many standard errors of the paired per-sample gains
 MAX_DB = 1e3  # a sample the candidate reproduces exactly
 Progress = Callable[[str], None]  # told one line as a search starts and as each candidate ends
-CALIBRATORS: list[dict[str, Any]] = [{"calibration": "max"}, {"calibration": "percentile"}, {"calibration": "mse"}]
-MIGRATION: list[dict[str, Any]] = [{"smoothquant": 0.5}, {"smoothquant": 0.8}, {"equalize": True}]
-ROUNDING: list[dict[str, Any]] = [{"gptq": True}]
+CALIBRATORS = [RecipeSettings(calibration="max"), RecipeSettings(calibration="percentile"),
+               RecipeSettings(calibration="mse")]
+MIGRATION = [RecipeSettings(smoothquant=0.5), RecipeSettings(smoothquant=0.8), RecipeSettings(equalize=True)]
+ROUNDING = [RecipeSettings(gptq=True)]
 
 
 def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -95,7 +95,7 @@ def better(samples: np.ndarray, than: np.ndarray | None, meets: bool | None = No
     return float(gain.mean()) > max(MIN_GAIN_DB, spread)
 
 
-def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
+def stages(auto: AutoSettings, layers: int) -> list[list[RecipeSettings]]:
     """Each stage's alternatives, each tried on top of the best of the stages before it. Fallback comes before
     weight rounding: a technique is judged by its gain in output SNR, and the few layers fallback keeps in FP16
     carry most of the noise, and while they do, rounding the other layers better moves the output's SNR little
@@ -105,7 +105,7 @@ def stages(auto: AutoSettings, layers: int) -> list[list[dict[str, Any]]]:
     each layer in the narrowest of ``wider_formats`` that holds it
     (:func:`quantverdict.tune.fallback.choose_formats`): FP16, and FP32 where FP16 flushes magnitudes below 6e-8
     to zero or overflows past 65504 (an untrained MobileNetV3-small's logits, ~1e-9: 0 dB in FP16)."""
-    fallback = [[{"fallback": auto.max_fallback, "fallback_format": formats_setting(auto.wider_formats)}]]
+    fallback = [[RecipeSettings(fallback=auto.max_fallback, fallback_format=auto.wider_formats)]]
     return [CALIBRATORS, MIGRATION, *(fallback if layers_kept(auto.max_fallback, layers) > 0 else []), ROUNDING,
             CALIBRATORS]
 
@@ -146,7 +146,7 @@ class Trials:
                                spec.describe("metric"))
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
-    def judge(self, settings: dict[str, Any], ahead: list[dict[str, Any]],
+    def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings],
               among: Sequence[Candidate] = ()) -> tuple[Candidate, np.ndarray | None]:
         """``settings`` judged (a fold's graph is not kept): its held-out samples' SNR (None where the technique does
         not apply to this graph), reported beside the best of the search's candidates ``among`` and the time the
@@ -154,8 +154,7 @@ class Trials:
         begun = time.perf_counter()
         candidate, samples, output = Candidate(settings), None, self.spec.outputs[0]
         try:
-            recipe = self.base.configured(settings)
-            assert isinstance(recipe, QDQ)
+            recipe = self.base.with_settings(settings)
             recipes = ([recipe.with_kept(kept) for kept in fallback_per_part(self.whole, self.model, recipe,
                                                                              self.held_out)]
                        if recipe.fallback_pending else [recipe] * len(self.folds))
@@ -173,20 +172,20 @@ class Trials:
         self.done += 1
         leader = max((c.score for c in [*among, candidate] if c.score is not None), default=None)
         self.report(f"recipe search {self.model} {self.base.name}: {self.done}/{self.planned} "
-                    f"{describe(settings)}: {candidate.error or f'{candidate.score:.2f} dB'} in "
+                    f"{settings.words()}: {candidate.error or f'{candidate.score:.2f} dB'} in "
                     f"{candidate.seconds:.0f} s; best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
                     f"{time_left(ahead, [*among, candidate])}")
         return candidate, samples
 
 
 def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
-           tolerance: Tolerance, auto: AutoSettings, incumbent: dict[str, Any] | None = None,
+           tolerance: Tolerance, auto: AutoSettings, incumbent: RecipeSettings | None = None,
            progress: Progress | None = None) -> SearchResult:
     """The best settings for ``base`` (a Q/DQ recipe) on ``model``, each candidate judged on every fold's held-out
     part (:class:`Trials`). ``incumbent`` (a lock's settings) is judged first on the same samples, and the choice
     against it by :func:`better`; ``progress`` hears of each candidate as it ends."""
     trials = Trials(whole, folds, held_out, model, base, tolerance, progress or (lambda line: LOG.info("%s", line)))
-    result = SearchResult(chosen={}, held_out_samples=trials.samples, folds=len(folds),
+    result = SearchResult(chosen=RecipeSettings(), held_out_samples=trials.samples, folds=len(folds),
                           layers=len(weighted_layers(folds[0], model, base)))
     best: tuple[Candidate, np.ndarray] | None = None
     planned = stages(auto, result.layers)
@@ -195,12 +194,12 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
                   f"judged on {len(folds)} folds of {result.held_out_samples} calibration samples")
     kept = None
     if incumbent is not None:
-        result.incumbent, kept = trials.judge(dict(incumbent), [option for stage in planned for option in stage])
-    seen: list[dict[str, Any]] = []  # settings tried or left untried: a later stage may name them again
+        result.incumbent, kept = trials.judge(incumbent, [option for stage in planned for option in stage])
+    seen: list[RecipeSettings] = []  # settings tried or left untried: a later stage may name them again
     for number, stage in enumerate(planned):
         stage_best = best
         for index, option in enumerate(stage):  # each alternative on top of the previous stages' best
-            settings = {**(best[0].settings if best else {}), **option}
+            settings = option.over(best[0].settings) if best else option
             if settings in seen:
                 continue
             seen.append(settings)
@@ -221,13 +220,13 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if best is None:
         raise CalibrationError(f"recipe auto for {model!r}: every candidate failed; the first: "
                                f"{result.candidates[0].error}")
-    result.chosen = dict(best[0].settings)
+    result.chosen = best[0].settings
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
         low, high = beyond_counts(result.layers, auto.max_fallback)
         trials.planned += (high > low) + max(0, high - low - 1).bit_length()
-        wider = {"fallback_format": formats_setting(auto.wider_formats)}
         result.beyond = fewest_in_float(
-            lambda share: trials.judge({**result.chosen, **wider, "fallback": share}, [], result.candidates)[0],
+            lambda share: trials.judge(RecipeSettings(fallback=share, fallback_format=auto.wider_formats).over(
+                result.chosen), [], result.candidates)[0],
             result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s))
         result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, result.layers,
                                                                       auto.max_fallback)]))

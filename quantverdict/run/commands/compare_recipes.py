@@ -5,7 +5,6 @@ import argparse
 import functools
 import json
 from pathlib import Path
-from typing import Any
 
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.run.commands import common
@@ -27,23 +26,24 @@ def run(args: argparse.Namespace) -> int:
     """The harness's recipe (the model's settings, or those its recipe search chose), ONNX Runtime's quantize_static (INT8) and
     Model Optimizer's (where installed), plus ``--variant``s, on the same data."""
     from quantverdict.judge.recipe_comparison import compare_quantizers
+    from quantverdict.precision.settings import RecipeSettings
     from quantverdict.precision.modelopt import modelopt_python
 
     pipeline = common.pipeline(args)
     own = pipeline.recipes.settings(args.model, args.precision)
     if pipeline.recipes.auto(args.model, args.precision):  # recipe: auto, a manifest model's default
-        print(f"(harness: the settings recipe auto chose for {args.model}: {own or 'the defaults'})")
-    variants: dict[str, dict[str, Any]] = {"harness": own}
+        print(f"(harness: the settings recipe auto chose for {args.model}: {own.to_dict() or 'the defaults'})")
+    variants = {"harness": own}
     if args.precision == "int8":
-        variants["onnxruntime"] = {"quantizer": "onnxruntime"}
+        variants["onnxruntime"] = RecipeSettings(quantizer="onnxruntime")
     if modelopt_python() is not None:
-        variants["modelopt"] = {"quantizer": "modelopt"}
+        variants["modelopt"] = RecipeSettings(quantizer="modelopt")
     else:
         print("(Model Optimizer not compared: set QUANTVERDICT_MODELOPT_PYTHON to a Python with nvidia-modelopt[onnx])")
     for variant in args.variant:
         label, _, assignments = variant.partition(":")
         settings = recipe_settings([f"{args.precision}:{a}" for a in assignments.split(",") if a])
-        variants[label] = {**own, **settings.get(args.precision, {})}
+        variants[label] = RecipeSettings.parse(settings.get(args.precision, {}), args.precision).over(own)
     results, differences = compare_quantizers(pipeline.store, args.model, args.precision, variants,
                                               functools.partial(pipeline.recipes.with_fallback, args.model))
     print(f"{'quantizer':<14} {'top1':>6} {'(all)':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  "

@@ -24,8 +24,11 @@ def run(args: argparse.Namespace) -> int:
     from quantverdict.judge.sensitivity import fallback_until_within, layer_sensitivity
     from quantverdict.judge.tolerances import Tolerance
 
+    from quantverdict.precision.settings import RecipeSettings
+
     settings = recipe_settings(args.recipe_option)
-    settings.setdefault(args.precision, {}).setdefault("fallback", None)  # every layer ranked, the model's fallback off
+    off = RecipeSettings(fallback=None).to_dict()  # every layer ranked: the model's fallback off
+    settings[args.precision] = {**off, **settings.get(args.precision, {})}
     shared = common.settings(args)
     pipeline = Pipeline(shared["cache-dir"], manifest=shared["manifest"], calibration=args.calibration,
                         recipe_settings=settings)
