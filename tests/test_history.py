@@ -7,6 +7,7 @@ import pytest
 
 from quantverdict.judge.changepoint import classify
 from quantverdict.report.history import judge_history, load_policies
+from quantverdict.report.schema import RunRecord
 from quantverdict.run.cli import main
 
 NIGHTLY_TIME = load_policies(None, "nightly")["time"]
@@ -75,6 +76,12 @@ def test_a_real_history_with_a_slowdown_and_an_accuracy_change(tmp_path, monkeyp
     assert "<td>mlp-fp32-onnxruntime</td><td>snr_db</td>" not in changes
 
 
+def _typed(record: dict) -> RunRecord:
+    """A hand-made record with what the schema requires and it leaves out (a duration, each case's coordinates)."""
+    cases = [{"model": "m", "precision": "fp32", "backend": "onnxruntime", **case} for case in record["cases"]]
+    return RunRecord.model_validate({"schema_version": 1, "duration_s": 1.0, **record, "cases": cases})
+
+
 def _record(run: int, latency: float, runner_class: str, torch_version: str) -> dict:
     case = {"id": "cnn-fp32-onnxruntime", "status": "passed",
             "metrics": {"latency": {"median_ms": latency, "items_per_s": 8 / latency}}}
@@ -95,9 +102,9 @@ def test_the_history_page_shows_what_changed_since_the_last_good_run(tmp_path):
     db = tmp_path / "history.sqlite"
     for run in range(1, 29):
         slow = run >= 20
-        append(db, _record(run, 10 * (1.15 if slow else 1) * (1 + 0.01 * rng.standard_normal()), "x86_64-avx512-vnni",
-                           "2.14.1" if slow else "2.14.0"))
-        append(db, _record(run, 20 * (1 + 0.01 * rng.standard_normal()), "x86_64-avx2", "2.14.0"))
+        append(db, _typed(_record(run, 10 * (1.15 if slow else 1) * (1 + 0.01 * rng.standard_normal()),
+                                  "x86_64-avx512-vnni", "2.14.1" if slow else "2.14.0")))
+        append(db, _typed(_record(run, 20 * (1 + 0.01 * rng.standard_normal()), "x86_64-avx2", "2.14.0")))
     verdicts = judge_history(db, load_policies(None, "nightly"))
     states = {(v.runner_class, v.metric): v.verdict.state for v in verdicts}
     assert states[("x86_64-avx512-vnni", "latency_ms")] == "regression"
@@ -123,7 +130,7 @@ def test_a_hand_edited_history_is_judged_on_the_rows_that_are_measurements(tmp_p
 
     db = tmp_path / "history.sqlite"
     for run in range(1, 13):
-        append(db, _record(run, 10.0 + 0.01 * run, "x86_64-avx2", "2.14.0"))
+        append(db, _typed(_record(run, 10.0 + 0.01 * run, "x86_64-avx2", "2.14.0")))
     with sqlite3.connect(db) as connection:
         connection.execute("UPDATE points SET value = 'fast' WHERE rowid IN (SELECT rowid FROM points LIMIT 2)")
         connection.execute("UPDATE points SET value = NULL WHERE rowid IN (SELECT rowid FROM points LIMIT 2 OFFSET 4)")
@@ -144,14 +151,14 @@ def test_a_case_judged_in_one_run_and_not_in_the_next_fails_the_history(tmp_path
         record = _record(run, 10.0, "x86_64-avx2", "2.14.0")
         record["cases"] += [{**record["cases"][0], "id": name} for name in ("b", "c", "d")]
         record["cases"].append({"id": "e", "status": "skipped", "message": "no GPU", "metrics": {}})
-        append(db, record)
+        append(db, _typed(record))
     assert unjudged(db) == []
     assert main(["history", "--history-db", str(db)]) == 0
     last = _record(13, 10.0, "x86_64-avx2", "2.14.0")
     last["cases"] += [{"id": "b", "status": "skipped", "message": "onnxruntime missing", "metrics": {}},
                       {"id": "c", "status": "error", "message": "worker crashed", "metrics": {}},
                       {"id": "e", "status": "skipped", "message": "no GPU", "metrics": {}}]
-    append(db, last)
+    append(db, _typed(last))
     lines = unjudged(db)
     assert [line.split()[:2] for line in lines] == [["unjudged", "b"], ["unjudged", "c"], ["missing", "d"]]
     assert "skipped in run x86_64-avx2-13, passed in run x86_64-avx2-12" in lines[0]
@@ -159,5 +166,5 @@ def test_a_case_judged_in_one_run_and_not_in_the_next_fails_the_history(tmp_path
     assert main(["history", "--history-db", str(db), "--profile", "premerge"]) == 1  # whatever the profile
     shard = _record(14, 10.0, "x86_64-avx2", "2.14.0")
     shard["shard"] = {"index": 1, "count": 2}
-    append(db, shard)
+    append(db, _typed(shard))
     assert [line.split()[:2] for line in unjudged(db)] == [["unjudged", "b"], ["unjudged", "c"], ["missing", "d"]]

@@ -51,7 +51,7 @@ def test_ctrl_c_ends_a_run_with_130_one_line_no_record_and_a_whole_cache(tmp_pat
         if list(reports.glob("run-*.json")):  # a warm run can finish before a late signal: then it is whole
             from quantverdict.report.load import load_record
 
-            assert len(load_record(next(reports.glob("run-*.json")))["cases"]) == 9 and "record:" in result.stdout
+            assert len(load_record(next(reports.glob("run-*.json"))).cases) == 9 and "record:" in result.stdout
             continue
         assert result.returncode == EXIT_CODE, (delay_s, result.returncode, result.stderr[-3000:])
         assert result.stderr.strip().splitlines()[-1] == MESSAGE and "Traceback" not in result.stderr

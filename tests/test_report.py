@@ -335,16 +335,18 @@ def test_a_page_of_thousands_of_cases_draws_the_most_telling_ones(record_path):
     each per-case chart keeps the 60 of lowest SNR, accuracy change or speedup, and says so."""
     import copy
 
-    from quantverdict.report.render import MAX_BARS, _most_telling, html_page
+    from quantverdict.report.charts import MAX_BARS, most_telling
+    from quantverdict.report.load import check_record
+    from quantverdict.report.render import html_page
 
     record = json.loads(record_path.read_text())
     ran = [c for c in record["cases"] if c["status"] == "passed" and c["precision"] != "fp32"]
     record["cases"] = [dict(copy.deepcopy(case), id=f"{case['id']}-{i}") for i in range(400) for case in ran]
-    kept, note = _most_telling(record["cases"], lambda c: c["metrics"]["metrics"]["logits"]["snr_db"])
+    kept, note = most_telling(record["cases"], lambda c: c["metrics"]["metrics"]["logits"]["snr_db"])
     assert len(kept) == MAX_BARS and note == f" ({MAX_BARS} lowest of {len(record['cases'])})"
     worst = min(c["metrics"]["metrics"]["logits"]["snr_db"] for c in record["cases"])
     assert min(c["metrics"]["metrics"]["logits"]["snr_db"] for c in kept) == worst
-    assert html_page(record, []).count("data:image/png;base64,") >= 3
+    assert html_page(check_record(record, "many"), []).count("data:image/png;base64,") >= 3
 
 
 def test_a_record_round_trips_through_its_types(record_path):
@@ -419,28 +421,27 @@ def test_near_valid_records_are_judged_or_refused_by_every_reader_never_crash_th
     from quantverdict.report.merge import merge_records
     from quantverdict.report.render import html_page, markdown
 
-    original = json.loads(record_path.read_text())
-    policy = load_policy(None)
+    document = json.loads(record_path.read_text())
+    original, policy = check_record(document, "original"), load_policy(None)
 
     @settings(max_examples=100, deadline=None, derandomize=True)
     @given(changes())
     def check(edits):
-        record = mutated(original, edits)
+        edited = mutated(document, edits)
         try:
-            check_record(record, "mutated")
+            record = check_record(edited, "mutated")
         except RecordError:
             return
         gate(original, record, policy).report()
         gate(record, original, policy).report()
         markdown(record)
         html_page(record, [original], [])
-        for case in record["cases"]:
-            old = next((c for c in original["cases"] if c["id"] == case["id"]), None)
+        for case in record.cases:
+            old = next((c for c in original.cases if c.id == case.id), None)
             if old is not None:
-                judge_case(case["id"], old, case, rules_for(policy, case["precision"]), True)
-        shard = {**record, "shard": {"index": 1, "count": 1}}
+                judge_case(case.id, old, case, rules_for(policy, case.precision), True)
         try:
-            merge_records([shard], ["shard.json"])
+            merge_records([check_record({**edited, "shard": {"index": 1, "count": 1}}, "shard")], ["shard.json"])
         except RecordError:
             pass
 
@@ -452,13 +453,15 @@ def test_text_from_a_record_reads_as_text_in_the_markdown(record_path):
     parser: the same text comes back, in the table's own columns, with no element the record's text made."""
     from markdown_it import MarkdownIt
 
+    from quantverdict.report.load import check_record
     from quantverdict.report.render import markdown
 
     record = json.loads(record_path.read_text())
     hostile = "*a*_b_ [l](http://x) `c` | <b>d</b> ~~e~~ \\"
     case = _int8(record)
     case.update(id=f"{hostile}-int8-onnxruntime", model=hostile, status="failed", message=f"worse: {hostile}")
-    html_text = MarkdownIt("commonmark").enable("table").enable("strikethrough").render(markdown(record))
+    html_text = MarkdownIt("commonmark").enable("table").enable("strikethrough").render(
+        markdown(check_record(record, "hostile")))
     for tag in ("<em>", "<a ", "<code>", "<b>", "<s>"):  # (the verdict of a failed row is bold on purpose)
         assert tag not in html_text, tag
     assert html_text.count("*a*_b_ [l](http://x) `c` | &lt;b&gt;d&lt;/b&gt; ~~e~~ \\") == 3  # row, id, message

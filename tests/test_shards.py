@@ -1,6 +1,4 @@
 """A matrix split into shards and merged back equals the unsharded run (timings aside)."""
-import json
-
 import pytest
 
 from quantverdict.errors import HarnessError
@@ -20,7 +18,7 @@ def _run(tmp_path, name, *extra):
 
 
 def _without_timings(case):
-    return {k: v for k, v in case.items() if k not in TIMING_KEYS}
+    return case.model_dump(exclude=TIMING_KEYS)
 
 
 def test_two_shards_merge_into_the_unsharded_run(tmp_path):
@@ -28,20 +26,20 @@ def test_two_shards_merge_into_the_unsharded_run(tmp_path):
     first, second = _run(tmp_path, "a", "--shard", "1/2"), _run(tmp_path, "b", "--shard", "2/2")
     assert main(["merge", str(second), str(first), "--out", str(tmp_path / "merged.json")]) == 0
     merged = load_record(tmp_path / "merged.json")
-    assert [c["id"] for c in merged["cases"]] == [c["id"] for c in whole["cases"]]
-    assert [_without_timings(c) for c in merged["cases"]] == [_without_timings(c) for c in whole["cases"]]
-    assert merged["summary"] == whole["summary"] and [m["index"] for m in merged["merged_from"]] == [1, 2]
+    assert [c.id for c in merged.cases] == [c.id for c in whole.cases]
+    assert [_without_timings(c) for c in merged.cases] == [_without_timings(c) for c in whole.cases]
+    assert merged.summary == whole.summary and [m["index"] for m in merged.model_extra["merged_from"]] == [1, 2]
 
 
 def test_shards_of_other_commits_or_overlapping_cases_are_refused(tmp_path):
     first, second = (load_record(_run(tmp_path, n, "--shard", s)) for n, s in (("a", "1/2"), ("b", "2/2")))
-    other = json.loads(json.dumps(second))
-    other["environment"]["git_commit"] = "0" * 40
+    other = second.model_copy(deep=True)
+    other.environment.git_commit = "0" * 40
     with pytest.raises(RecordError, match="different git commits"):
         merge_records([first, other], ["a.json", "b.json"])
-    overlapping = json.loads(json.dumps(second))
-    overlapping["cases"].append(first["cases"][0])
-    with pytest.raises(RecordError, match=f"case {first['cases'][0]['id']} is in both a.json and b.json"):
+    overlapping = second.model_copy(deep=True)
+    overlapping.cases.append(first.cases[0])
+    with pytest.raises(RecordError, match=f"case {first.cases[0].id} is in both a.json and b.json"):
         merge_records([first, overlapping], ["a.json", "b.json"])
     with pytest.raises(RecordError, match=r"missing \[2\]"):
         merge_records([first], ["a.json"])

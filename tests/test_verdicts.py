@@ -12,6 +12,7 @@ import pytest
 from quantverdict.judge.mutations import Mutation
 from quantverdict.models import BUILTIN
 from quantverdict.report.gate import gate, load_policy
+from quantverdict.report.load import load_record
 from quantverdict.run.cases import Case
 from quantverdict.run.mutate import mutated
 from quantverdict.run.pipeline import Pipeline
@@ -133,13 +134,13 @@ def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(qv_pipeline
 @pytest.mark.int8
 def test_gate_compares_runtimes_only_within_a_runner_class(qv_pipeline, tmp_path):
     case = Case("cnn", "int8", "onnxruntime")
-    base = json.loads(_record(qv_pipeline, [case], tmp_path / "a.json", "x86_64 avx2; no GPU").read_text())
-    current = json.loads(json.dumps(base))
-    current["environment"]["runner_class"] = "x86_64 avx512_vnni; no GPU"
-    current["cases"][0]["metrics"]["metrics"]["logits"]["snr_db"] -= 10  # the runtime differs on another CPU
+    base = load_record(_record(qv_pipeline, [case], tmp_path / "a.json", "x86_64 avx2; no GPU"))
+    current = base.model_copy(deep=True)
+    current.environment.runner_class = "x86_64 avx512_vnni; no GPU"
+    current.cases[0].metrics.metrics["logits"].snr_db -= 10  # the runtime differs on another CPU
     result = gate(base, current, load_policy(None))
     assert result.exit_code == 0 and "not compared across runner classes" in result.notes[0]
-    current["cases"][0]["metrics"]["recipe"]["metrics"]["logits"]["snr_db"] -= 10  # the recipe itself got worse
+    current.cases[0].metrics.recipe.metrics["logits"].snr_db -= 10  # the recipe itself got worse
     assert gate(base, current, load_policy(None)).exit_code == 1
 
 

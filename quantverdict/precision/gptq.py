@@ -39,7 +39,7 @@ from onnx import numpy_helper
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
 from quantverdict.precision.grids import stored_format
-from quantverdict.precision.hessian import Inputs, measured
+from quantverdict.precision.hessian import LayerInputs, measured
 from quantverdict.precision.kept_bytes import KeptBytes
 
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
@@ -67,8 +67,8 @@ class _Layer:
     vectors: int = 0  # input column vectors summed into it (per group)
 
     @property
-    def inputs(self) -> Inputs:
-        return Inputs(self.node, self.weight.shape, self.groups, self.rows(self.weight).shape[-1])
+    def inputs(self) -> LayerInputs:
+        return LayerInputs(self.node, self.weight.shape, self.groups, self.rows(self.weight).shape[-1])
 
 
 def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch]) -> onnx.ModelProto:
@@ -254,14 +254,14 @@ def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequ
     return graph
 
 
-def _roundable(fp32: onnx.ModelProto) -> list[Inputs]:
+def _roundable(fp32: onnx.ModelProto) -> list[LayerInputs]:
     """Every layer of ``fp32`` whose weight GPTQ can round, as the inputs its H is measured on."""
     out = []
     for _, node, weight in _twins(fp32, fp32):
         shapes = _shapes(node, weight.shape)
         columns = None if shapes is None else shapes[0](weight).shape[-1]
         if columns is not None and columns <= MAX_COLUMNS:
-            out.append(Inputs(node, weight.shape, shapes[2], columns))
+            out.append(LayerInputs(node, weight.shape, shapes[2], columns))
     return out
 
 

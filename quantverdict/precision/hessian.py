@@ -36,7 +36,7 @@ _MEASURED: KeptBytes[dict[tuple, Moments]] = KeptBytes(MEASURED_BYTES,
 
 
 @dataclass(frozen=True)
-class Inputs:
+class LayerInputs:
     """How a weighted layer's input becomes the column vectors its weight multiplies (what H sums over)."""
 
     node: onnx.NodeProto  # in the FP32 graph
@@ -57,9 +57,9 @@ class Inputs:
         return self.groups * self.columns * self.columns * 8
 
 
-def measured(fp32: onnx.ModelProto, asked: Sequence[Inputs], batches: Sequence[Batch],
-             every: Callable[[], list[Inputs]]) -> tuple[str, dict[tuple, Moments]]:
-    """H and vector count of each layer ``asked`` for (by :attr:`Inputs.key`), from those kept for ``fp32`` and
+def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Sequence[Batch],
+             every: Callable[[], list[LayerInputs]]) -> tuple[str, dict[tuple, Moments]]:
+    """H and vector count of each layer ``asked`` for (by :attr:`LayerInputs.key`), from those kept for ``fp32`` and
     ``batches``; where one is missing, ``every()`` layer is measured in one pass (those asked for alone where all
     would take more than ``MEASURED_BYTES``). First, the content hash of ``fp32`` and ``batches`` they are of."""
     model = fp32.SerializeToString()
@@ -79,7 +79,7 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[Inputs], batches: Sequence[B
     return key, out
 
 
-def _second_moment_sums(model: bytes, layers: list[Inputs],
+def _second_moment_sums(model: bytes, layers: list[LayerInputs],
                         batches: Sequence[Batch]) -> dict[tuple, Moments]:
     """Σ x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, and their number, in
     one pass over ``batches``."""
@@ -94,7 +94,7 @@ def _second_moment_sums(model: bytes, layers: list[Inputs],
     return sums
 
 
-def _second_moments(layer: Inputs, value: np.ndarray) -> Moments:
+def _second_moments(layer: LayerInputs, value: np.ndarray) -> Moments:
     """Σ x xᵀ over the layer's input column vectors, and their number, a few samples at a time: a
     Conv's unfolded patches are its kernel size times the size of its input."""
     taps = int(np.prod(layer.shape[2:])) if layer.node.op_type == "Conv" else 1
@@ -107,7 +107,7 @@ def _second_moments(layer: Inputs, value: np.ndarray) -> Moments:
     return total, vectors
 
 
-def _columns(layer: Inputs, value: np.ndarray) -> "torch.Tensor":
+def _columns(layer: LayerInputs, value: np.ndarray) -> "torch.Tensor":
     """The layer's input as [groups, vectors, columns] in the column order of its reshaped weight (a 1-D
     convolution as a 2-D one of height 1)."""
     import torch

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict
 
 from quantverdict.documents import DocumentError, layers
 from quantverdict.precision import known_precisions
-from quantverdict.report.load import RecordError, primary_metrics
+from quantverdict.report.load import RecordError
+from quantverdict.report.schema import CaseRecord, RunRecord, ViewRecord
 
 
 class Rules(BaseModel):
@@ -88,8 +89,8 @@ def rules_for(policy: dict[str, Any], precision: str) -> dict[str, float]:
     return {rule: limit for rule, limit in merged.items() if limit is not None}
 
 
-def runner_class(record: dict[str, Any]) -> str:
-    return record.get("environment", {}).get("runner_class") or "unknown (record predates runner classes)"
+def runner_class(record: RunRecord) -> str:
+    return record.environment.runner
 
 
 def runner_class_note(baseline_class: str, current_class: str) -> str | None:
@@ -99,8 +100,8 @@ def runner_class_note(baseline_class: str, current_class: str) -> str | None:
             "not compared across runner classes; recipe accuracy (the graphs' semantics) is")
 
 
-def gate(baseline: dict[str, Any], current: dict[str, Any], policy: dict[str, Any]) -> GateResult:
-    if not current["cases"]:
+def gate(baseline: RunRecord, current: RunRecord, policy: dict[str, Any]) -> GateResult:
+    if not current.cases:
         raise RecordError("the current run holds no cases: there is nothing to gate")
     result = GateResult()
     note = runner_class_note(runner_class(baseline), runner_class(current))
@@ -108,142 +109,137 @@ def gate(baseline: dict[str, Any], current: dict[str, Any], policy: dict[str, An
         result.notes.append(note)
     for label, record in (("baseline", baseline), ("current", current)):
         result.regressions += duplicates(record, label)
-    base = {case["id"]: case for case in baseline["cases"]}
-    cur = {case["id"]: case for case in current["cases"]}
+    base = {case.id: case for case in baseline.cases}
+    cur = {case.id: case for case in current.cases}
     result.only_in_baseline = sorted(set(base) - set(cur))
     result.only_in_current = sorted(set(cur) - set(base))
-    for case in current["cases"]:
-        result.regressions += [f"{case['id']}: {name} is {value}, not a number: a regression whatever the bounds"
+    for case in current.cases:
+        result.regressions += [f"{case.id}: {name} is {value}, not a number: a regression whatever the bounds"
                                for name, value in non_finite(case)]
     result.regressions += unjudged(base, cur, policy.get("allow_unjudged", []))
-    result.skipped = [f"{case['id']}: {case.get('message', '').splitlines()[0] if case.get('message') else ''}"
-                      for case in current["cases"] if case["status"] == "skipped"]
+    result.skipped = [f"{case.id}: {case.reason}" for case in current.cases if case.status == "skipped"]
     for case_id in sorted(set(base) & set(cur)):
         regressions, improvements = judge_case(case_id, base[case_id], cur[case_id],
-                                               rules_for(policy, cur[case_id]["precision"]), same_runner=note is None)
+                                               rules_for(policy, cur[case_id].precision), same_runner=note is None)
         result.regressions += regressions
         result.improvements += improvements
     return result
 
 
-JUDGED = ("passed", "failed")
-
-
-def case_unjudged(case_id: str, old: dict[str, Any] | None, new: dict[str, Any] | None, allowed: list[str]
-                  ) -> str | None:
+def case_unjudged(case_id: str, old: CaseRecord | None, new: CaseRecord | None, allowed: list[str]) -> str | None:
     """Why ``new`` (None: missing from the run) leaves unjudged a case the baseline judged (``old``), unless
     ``allowed`` (case-id patterns) names it; None where there is nothing to say."""
     import fnmatch
 
-    if old is None or old["status"] not in JUDGED or any(fnmatch.fnmatchcase(case_id, p) for p in allowed):
+    if old is None or not old.judged or any(fnmatch.fnmatchcase(case_id, p) for p in allowed):
         return None
     if new is None:
-        return f"{case_id}: judged in the baseline ({old['status']}), missing from the current run"
-    if new["status"] == "skipped":
-        reason = (new.get("message") or "").splitlines()[:1]
-        return f"{case_id}: judged in the baseline ({old['status']}), skipped now: {reason[0] if reason else ''}"
+        return f"{case_id}: judged in the baseline ({old.status}), missing from the current run"
+    if new.status == "skipped":
+        return f"{case_id}: judged in the baseline ({old.status}), skipped now: {new.reason}"
     return None
 
 
-def unjudged(base: dict[str, dict[str, Any]], cur: dict[str, dict[str, Any]], allowed: list[str]) -> list[str]:
+def unjudged(base: dict[str, CaseRecord], cur: dict[str, CaseRecord], allowed: list[str]) -> list[str]:
     """What the current run did not judge that it should have: a case the baseline judged, missing or skipped now
     (:func:`case_unjudged`), a case that errored, a passed case without metrics, or no case judged at all."""
     found = [problem for case_id, old in sorted(base.items())
              if (problem := case_unjudged(case_id, old, cur.get(case_id), allowed))]
     for case_id, new in sorted(cur.items()):
-        if new["status"] == "error" and (base.get(case_id) or {}).get("status") != "passed":  # else: judge_case's
-            found.append(f"{case_id}: error: {(new.get('message') or '').splitlines()[:1]}")
-        elif new["status"] == "passed" and not (new.get("metrics") or {}).get("metrics"):
+        old = base.get(case_id)
+        if new.status == "error" and (old is None or old.status != "passed"):  # else: judge_case's
+            found.append(f"{case_id}: error: {new.message.splitlines()[:1]}")
+        elif new.status == "passed" and not new.metrics.metrics:
             found.append(f"{case_id}: passed with no metrics: nothing was judged")
-    if cur and not any(case["status"] in JUDGED for case in cur.values()):
+    if cur and not any(case.judged for case in cur.values()):
         found.append(f"the current run judged none of its {len(cur)} case(s): nothing passed the gate")
     return found
 
 
-def duplicates(record: dict[str, Any], label: str) -> list[str]:
+def duplicates(record: RunRecord, label: str) -> list[str]:
     """A case id the record holds more than once: which copy counts is undefined, so the run is not clean."""
     statuses: dict[str, list[str]] = {}
-    for case in record["cases"]:
-        statuses.setdefault(case["id"], []).append(case["status"])
+    for case in record.cases:
+        statuses.setdefault(case.id, []).append(case.status)
     return [f"{case_id}: {len(found)} copies in the {label} run ({', '.join(found)}): a run judges each case once"
             for case_id, found in sorted(statuses.items()) if len(found) > 1]
 
 
-def non_finite(case: dict[str, Any]) -> list[tuple[str, float]]:
+def non_finite(case: CaseRecord) -> list[tuple[str, float]]:
     """(name, value) of each judged metric of ``case`` that is NaN or infinite (an SNR of +inf, exact
     outputs, excepted)."""
-    if case["status"] not in ("passed", "failed"):
+    if not case.judged:
         return []
-    metrics, found = case.get("metrics", {}), []
-    views = [("", metrics), *((("recipe ", metrics["recipe"]),) if metrics.get("recipe") else ())]
+    metrics, found = case.metrics, []
+    views: list[tuple[str, ViewRecord]] = [("", metrics), *((("recipe ", metrics.recipe),) if metrics.recipe else ())]
     for label, view in views:
-        for output, values in view.get("metrics", {}).items():
+        for output, values in view.metrics.items():
             for name in ("cosine", "snr_db", "max_norm_err", "top1_agreement"):
-                value = values.get(name)
+                value = getattr(values, name)
                 if value is not None and not math.isfinite(value) and not (name == "snr_db" and value > 0):
                     found.append((f"{label}{output} {name}", value))
-        task = view.get("task")
-        for name in ("accuracy", "reference_accuracy"):
-            if task and not math.isfinite(task[name]):
-                found.append((f"{label}task {name}", task[name]))
-    for output in (metrics.get("fidelity") or {}).get("outputs", []):
-        if not math.isfinite(output["flip_fraction"]):
-            found.append((f"runtime fidelity flip fraction of {output.get('output', '?')}", output["flip_fraction"]))
+        for name, value in ((("accuracy", view.task.accuracy), ("reference_accuracy", view.task.reference_accuracy))
+                            if view.task else ()):
+            if not math.isfinite(value):
+                found.append((f"{label}task {name}", value))
+    for output in metrics.fidelity.outputs if metrics.fidelity else ():
+        if not math.isfinite(output.flip_fraction):
+            found.append((f"runtime fidelity flip fraction of {output.output}", output.flip_fraction))
     return found
 
 
-def judge_case(case_id: str, old: dict[str, Any], new: dict[str, Any], rules: dict[str, float],
+def judge_case(case_id: str, old: CaseRecord, new: CaseRecord, rules: dict[str, float],
                same_runner: bool) -> tuple[list[str], list[str]]:
     """(regressions, improvements) of one case against its baseline, each a sentence."""
     regressions: list[str] = []
     improvements: list[str] = []
-    if old["status"] == "passed" and new["status"] in ("failed", "error"):
-        regressions.append(f"{case_id}: was passed, now {new['status']}: {new.get('message', '').splitlines()[:1]}")
-    old_recipe, new_recipe = old.get("metrics", {}).get("recipe"), new.get("metrics", {}).get("recipe")
-    views = []
+    if old.status == "passed" and new.status in ("failed", "error"):
+        regressions.append(f"{case_id}: was passed, now {new.status}: {new.message.splitlines()[:1]}")
+    old_recipe, new_recipe = old.metrics.recipe, new.metrics.recipe
+    views: list[tuple[ViewRecord, ViewRecord, str]] = []
     if old_recipe and new_recipe:
-        views.append(("recipe ", old_recipe))
+        views.append((old_recipe, new_recipe, "recipe "))
     if same_runner or not views:
-        views.append(("", old.get("metrics", {})))
-    for label, old_view in views:
-        new_view = new_recipe if label else new.get("metrics", {})
+        views.append((old.metrics, new.metrics, ""))
+    for old_view, new_view, label in views:
         _compare_view(f"{case_id}: {label}", old_view, new_view, rules, regressions, improvements)
-    old_cover, new_cover = (old_recipe or {}).get("coverage"), (new_recipe or {}).get("coverage")
+    old_cover = old_recipe.coverage if old_recipe else None
+    new_cover = new_recipe.coverage if new_recipe else None
     if old_cover and new_cover:  # the schema lets a record leave coverage null
-        went_float = sorted(set(new_cover.get("float_layers", [])) & set(old_cover.get("quantized_layers", [])))
-        lost = max(old_cover["quantized"] - new_cover["quantized"], len(went_float))
+        went_float = sorted(set(new_cover.float_layers) & set(old_cover.quantized_layers))
+        lost = max(old_cover.quantized - new_cover.quantized, len(went_float))
         limit = rules.get("max_quantized_layers_lost")
         if limit is not None and lost > limit:
             named = f": {', '.join(went_float[:5])}{', …' if len(went_float) > 5 else ''}" if went_float else ""
-            regressions.append(f"{case_id}: {new_cover['quantized']} of {new_cover['layers']} weighted layers "
-                               f"quantized, baseline {old_cover['quantized']}: {lost} layer(s) quantized in the "
+            regressions.append(f"{case_id}: {new_cover.quantized} of {new_cover.layers} weighted layers "
+                               f"quantized, baseline {old_cover.quantized}: {lost} layer(s) quantized in the "
                                f"baseline left in float{named}")
     return regressions, improvements
 
 
-def _compare_view(prefix: str, old: dict[str, Any], new: dict[str, Any], rules: dict[str, float],
+def _compare_view(prefix: str, old: ViewRecord, new: ViewRecord, rules: dict[str, float],
                   regressions: list[str], improvements: list[str]) -> None:
-    old_task, new_task = old.get("task"), new.get("task")
+    old_task, new_task = old.task, new.task
     if old_task and new_task:
-        delta = 100 * (new_task["accuracy"] - old_task["accuracy"])
+        delta = 100 * (new_task.accuracy - old_task.accuracy)
         limit = rules.get("max_accuracy_drop_vs_baseline")
-        text = (f"{prefix}task accuracy {100 * old_task['accuracy']:.2f}% → {100 * new_task['accuracy']:.2f}% "
+        text = (f"{prefix}task accuracy {100 * old_task.accuracy:.2f}% → {100 * new_task.accuracy:.2f}% "
                 f"({delta:+.2f} points)")
         if limit is not None and -delta > limit:
             regressions.append(f"{text}, limit −{limit:g}")
         elif delta > 0:
             improvements.append(text)
         fraction = rules.get("min_fraction_of_fp32_accuracy")
-        if fraction is not None and new_task["reference_accuracy"] > 0:
-            ratio = new_task["accuracy"] / new_task["reference_accuracy"]
+        if fraction is not None and new_task.reference_accuracy > 0:
+            ratio = new_task.accuracy / new_task.reference_accuracy
             if ratio < fraction:
                 regressions.append(f"{prefix}{100 * ratio:.2f}% of FP32 accuracy, needs ≥ {100 * fraction:g}%")
-    old_m, new_m = primary_metrics({"metrics": old}), primary_metrics({"metrics": new})
-    if "cosine" in old_m and "cosine" in new_m:
-        drop, limit = old_m["cosine"] - new_m["cosine"], rules.get("max_cosine_drop_vs_baseline")
+    old_m, new_m = old.first(), new.first()
+    if old_m.cosine is not None and new_m.cosine is not None:
+        drop, limit = old_m.cosine - new_m.cosine, rules.get("max_cosine_drop_vs_baseline")
         if limit is not None and drop > limit:
-            regressions.append(f"{prefix}cosine {old_m['cosine']:.6f} → {new_m['cosine']:.6f}, limit −{limit:g}")
-    if "snr_db" in old_m and "snr_db" in new_m and old_m["snr_db"] != float("inf"):
-        drop, limit = old_m["snr_db"] - new_m["snr_db"], rules.get("max_snr_drop_db")
+            regressions.append(f"{prefix}cosine {old_m.cosine:.6f} → {new_m.cosine:.6f}, limit −{limit:g}")
+    if old_m.snr_db is not None and new_m.snr_db is not None and old_m.snr_db != float("inf"):
+        drop, limit = old_m.snr_db - new_m.snr_db, rules.get("max_snr_drop_db")
         if limit is not None and not drop <= limit:
-            regressions.append(f"{prefix}SNR {old_m['snr_db']:.1f} → {new_m['snr_db']:.1f} dB, limit −{limit:g} dB")
+            regressions.append(f"{prefix}SNR {old_m.snr_db:.1f} → {new_m.snr_db:.1f} dB, limit −{limit:g} dB")

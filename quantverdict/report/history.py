@@ -11,7 +11,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Iterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from quantverdict.documents import load
 from quantverdict.errors import HarnessError
 from quantverdict.judge.changepoint import Policy, Verdict, classify
-from quantverdict.report.load import primary_metrics
+from quantverdict.report.schema import CaseRecord, RunRecord
 
 # metric → (higher is better, kind for the policy's thresholds)
 METRICS = {"latency_ms": (False, "time"), "items_per_s": (True, "time"), "build_s": (False, "time"),
@@ -37,22 +37,15 @@ CREATE TABLE IF NOT EXISTS whole_runs (run_id TEXT PRIMARY KEY);
 JUDGED = ("passed", "failed")
 
 
-def case_metrics(case: dict[str, Any]) -> dict[str, float]:
+def case_metrics(case: CaseRecord) -> dict[str, float]:
     """The headline numbers of one case of a run record, by the names in ``METRICS``."""
-    metrics, out = case.get("metrics", {}), {}
-    primary = primary_metrics(case)
-    for name in ("cosine", "snr_db"):
-        if name in primary:
-            out[name] = primary[name]
-    recipe = primary_metrics({"metrics": metrics["recipe"]}) if metrics.get("recipe") else {}
-    if "snr_db" in recipe:
-        out["recipe_snr_db"] = recipe["snr_db"]
-    if metrics.get("task"):
-        out["accuracy"] = metrics["task"]["accuracy"]
-    if metrics.get("latency"):
-        out["latency_ms"], out["items_per_s"] = metrics["latency"]["median_ms"], metrics["latency"]["items_per_s"]
-    if "prepare_s" in case.get("timings", {}):
-        out["build_s"] = case["timings"]["prepare_s"]
+    metrics, first = case.metrics, case.metrics.first()
+    out = {"cosine": first.cosine, "snr_db": first.snr_db,
+           "recipe_snr_db": metrics.recipe.first().snr_db if metrics.recipe else None,
+           "accuracy": metrics.task.accuracy if metrics.task else None,
+           "latency_ms": metrics.latency.median_ms if metrics.latency else None,
+           "items_per_s": metrics.latency.items_per_s if metrics.latency else None,
+           "build_s": case.timings.get("prepare_s")}
     return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}
 
 
@@ -68,21 +61,21 @@ def open_history(db: Path) -> sqlite3.Connection:
     return connection
 
 
-def append(db: Path, record: dict[str, Any]) -> None:
+def append(db: Path, record: RunRecord) -> None:
     """Add a run record's passed and failed cases' metrics and every case's status, and whether the record holds
     the whole matrix (no shard), for :func:`unjudged` (idempotent: a run is keyed by its run_id)."""
-    env = record.get("environment", {})
-    run_id = record.get("run_id") or f"{record['started']}|{env.get('host', '')}|{record.get('shard', {}).get('index', '')}"
+    env = record.environment
+    run_id = record.run_id or f"{record.started}|{env.host or ''}|{record.shard.index if record.shard else ''}"
     with open_history(db) as connection:
         connection.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?)",
-                           (run_id, record["started"], env.get("git_commit"), env.get("runner_class", "unknown"),
-                            json.dumps(env.get("packages", {}), sort_keys=True)))
+                           (run_id, record.started, env.git_commit, env.runner_class or "unknown",
+                            json.dumps(env.packages, sort_keys=True)))
         connection.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?)",
-                               [(run_id, case["id"], name, value) for case in record["cases"]
-                                if case["status"] in JUDGED for name, value in case_metrics(case).items()])
+                               [(run_id, case.id, name, value) for case in record.cases
+                                if case.judged for name, value in case_metrics(case).items()])
         connection.executemany("INSERT OR REPLACE INTO statuses VALUES (?, ?, ?)",
-                               [(run_id, case["id"], case["status"]) for case in record["cases"]])
-        if not record.get("shard"):
+                               [(run_id, case.id, case.status) for case in record.cases])
+        if not record.shard:
             connection.execute("INSERT OR REPLACE INTO whole_runs VALUES (?)", (run_id,))
 
 

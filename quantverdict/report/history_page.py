@@ -18,7 +18,7 @@ import numpy as np
 
 from quantverdict.judge.changepoint import worse
 from quantverdict.report.history import METRICS, SeriesVerdict, run_packages
-from quantverdict.report.render import figure
+from quantverdict.report.charts import figure
 
 FLAGGED = ("regression", "suspicious", "improvement")
 MAX_CHARTS = 60  # a page a person reads; the table lists every flagged series

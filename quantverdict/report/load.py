@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,9 @@ class RecordError(HarnessError):
     """A run record that is missing, unreadable, or not of this schema (the gate's exit code 2)."""
 
 
-def load_record(path: Path) -> dict[str, Any]:
-    """A run record as a dict, checked against :mod:`quantverdict.report.schema`: every problem is a
-    :class:`RecordError` naming the file and the field's path, never a traceback later."""
+def load_record(path: Path) -> RunRecord:
+    """A run record, read as :mod:`quantverdict.report.schema`'s types: every problem is a :class:`RecordError` naming
+    the file and the field's path, never a traceback later."""
     try:
         if not path.resolve().is_file():  # a FIFO would block the reader, /dev/zero has no size to check
             raise RecordError(f"run record {path} is not a regular file") if path.exists() else FileNotFoundError
@@ -37,25 +38,25 @@ def load_record(path: Path) -> dict[str, Any]:
     if record["schema_version"] != SCHEMA_VERSION:
         raise RecordError(f"{path} has schema_version {record['schema_version']!r}; "
                           f"this harness reads schema_version {SCHEMA_VERSION}")
-    check_record(record, str(path))
-    return record
+    return check_record(record, str(path))
 
 
-def check_record(record: dict[str, Any], where: str) -> None:
-    """Raise :class:`RecordError` unless ``record`` has the schema's shape; cases are checked one at a time,
-    so a record of 100,000 cases is never held twice."""
+def check_record(record: dict[str, Any], where: str) -> RunRecord:
+    """``record`` as the schema's types, or :class:`RecordError` with a line per problem (the first 20); cases are
+    read one at a time, each dict let go as its type is made, so a record of 100,000 cases is never held twice."""
     from pydantic import ValidationError
 
     problems: list[str] = []
+    cases = record.get("cases")
     try:
-        RunRecord.model_validate({**record, "cases": []})
+        run = RunRecord.model_validate({**record, "cases": []})
     except ValidationError as exc:
         problems += error_lines(exc.errors(), RunRecord, record, where)
-    cases = record.get("cases")
+    typed: list[CaseRecord] = []
     if isinstance(cases, list):
         for index, case in enumerate(cases):
             try:
-                CaseRecord.model_validate(case)
+                typed.append(CaseRecord.model_validate(case))
             except ValidationError as exc:
                 errors = [{**error, "loc": ("cases", index, *error["loc"])} for error in exc.errors()]
                 problems += error_lines(errors, RunRecord, record, where, _case_name)
@@ -65,6 +66,8 @@ def check_record(record: dict[str, Any], where: str) -> None:
         problems.append(f"{where}: cases: Input should be a valid list")
     if problems:
         raise RecordError("\n".join(problems))
+    run.cases = typed
+    return run
 
 
 def _case_name(record: Any, loc: tuple[Any, ...]) -> str:
@@ -72,7 +75,7 @@ def _case_name(record: Any, loc: tuple[Any, ...]) -> str:
     return f"case {case['id']!r}" if isinstance(case, dict) and isinstance(case.get("id"), str) else ""
 
 
-def history(directory: Path) -> list[dict[str, Any]]:
+def history(directory: Path) -> list[RunRecord]:
     """Every readable record under ``directory`` (recursively), oldest first; others are skipped."""
     records = []
     for path in sorted(directory.rglob("run-*.json")):
@@ -80,54 +83,56 @@ def history(directory: Path) -> list[dict[str, Any]]:
             records.append(load_record(path))
         except RecordError:
             continue
-    return sorted(records, key=lambda r: r.get("started", ""))
+    return sorted(records, key=lambda r: r.started)
 
 
-def case_margin(case: dict[str, Any]) -> float | None:
+def case_margin(case: CaseRecord) -> float | None:
     """How much of the tolerance budget is left: 1 = exact, 0 = at the bound, < 0 = failed.
 
     For a "≥ bound" metric whose ideal is 1 (cosine, top-1) the budget is 1 − bound; for a
     "≤ bound" metric it is the bound itself. The case's margin is its smallest.
     """
     margins = []
-    for check in case.get("metrics", {}).get("checks", []):
-        bound, observed = check["bound"], check["observed"]
-        if check["higher_is_better"]:
-            budget, used = 1.0 - bound, 1.0 - observed
+    for check in case.metrics.checks:
+        if check.higher_is_better:
+            budget, used = 1.0 - check.bound, 1.0 - check.observed
         else:
-            budget, used = bound, observed
+            budget, used = check.bound, check.observed
         if budget > 0:
             margins.append(1.0 - used / budget)
-        elif not check["passed"]:
+        elif not check.passed:
             margins.append(-1.0)
     if not margins:
         return None
     return min(margins)
 
 
-def primary_metrics(case: dict[str, Any]) -> dict[str, Any]:
-    """The metrics of the case's first output, those the record leaves null left out (a reader compares numbers)."""
-    first = next(iter((case.get("metrics") or {}).get("metrics", {}).values()), {})
-    return {name: value for name, value in first.items() if value is not None}
+@dataclass(frozen=True)
+class Verdicts:
+    """The recipe and runtime-fidelity verdicts of a quantized case, and the case's headline confidence interval
+    (accuracy drop where labelled, else top-1 agreement), for tables."""
 
+    recipe: str | None = None  # "ok" / "FAIL"
+    recipe_snr_db: float | None = None
+    fidelity: str | None = None
+    flip_fraction: float | None = None
+    interval: str | None = None
 
-def verdicts(case: dict[str, Any]) -> dict[str, Any]:
-    """The recipe and runtime-fidelity verdicts of a quantized case, and the case's headline
-    confidence interval (accuracy drop where labelled, else top-1 agreement), for tables."""
-    metrics = case.get("metrics", {})
-    recipe, fidelity = metrics.get("recipe"), metrics.get("fidelity")
-    out: dict[str, Any] = {"recipe": None, "recipe_snr_db": None, "fidelity": None, "flip_fraction": None,
-                           "interval": None}
-    if recipe:
-        out["recipe"] = "ok" if recipe.get("passed") else "FAIL"
-        out["recipe_snr_db"] = primary_metrics({"metrics": recipe}).get("snr_db")
-    if fidelity and fidelity.get("outputs"):
-        out["fidelity"] = "ok" if fidelity.get("passed") else "FAIL"
-        out["flip_fraction"] = max(o["flip_fraction"] for o in fidelity["outputs"])
-    task, intervals = metrics.get("task"), primary_metrics(case).get("intervals", {})
-    drop = ((task or {}).get("intervals") or {}).get("accuracy_drop_points")
-    if drop:
-        out["interval"] = f"Δacc [{-drop['high']:+.2f}, {-drop['low']:+.2f}]"
-    elif "top1_agreement" in intervals:
-        out["interval"] = f"top1 [{intervals['top1_agreement']['low']:.2f}, {intervals['top1_agreement']['high']:.2f}]"
-    return out
+    @classmethod
+    def of(cls, case: CaseRecord) -> "Verdicts":
+        metrics = case.metrics
+        recipe, fidelity = metrics.recipe, metrics.fidelity
+        verdict, snr, agreement = None, None, None
+        if recipe is not None:
+            verdict, snr = "ok" if recipe.passed else "FAIL", recipe.first().snr_db
+        runtime = flips = None
+        if fidelity is not None and fidelity.outputs:
+            runtime = "ok" if fidelity.passed else "FAIL"
+            flips = max(output.flip_fraction for output in fidelity.outputs)
+        drop = metrics.task.intervals.get("accuracy_drop_points") if metrics.task else None
+        top1 = metrics.first().intervals.get("top1_agreement")
+        if drop:
+            agreement = f"Δacc [{-drop.high:+.2f}, {-drop.low:+.2f}]"
+        elif top1:
+            agreement = f"top1 [{top1.low:.2f}, {top1.high:.2f}]"
+        return cls(verdict, snr, runtime, flips, agreement)

@@ -12,46 +12,48 @@ from typing import Any, Sequence
 
 from quantverdict.report.load import RecordError
 from quantverdict.report.record import summarize
-from quantverdict.report.schema import SCHEMA_VERSION
+from quantverdict.report.schema import SCHEMA_VERSION, RunRecord
 
 
-def merge_records(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
-    shards = [r.get("shard") for r in records]
-    for shard, name in zip(shards, names):
-        if not shard:
+def merge_records(records: Sequence[RunRecord], names: Sequence[str]) -> dict[str, Any]:
+    """The shards' records as one record (as it is written: each case as its shard holds it)."""
+    for record, name in zip(records, names):
+        if not record.shard:
             raise RecordError(f"{name} is not a shard record (no 'shard'; made without --shard i/n)")
-    counts = {s["count"] for s in shards}
+    shards = [record.shard for record in records if record.shard]
+    counts = {s.count for s in shards}
     if len(counts) != 1:
-        raise RecordError(f"shards of different counts: {dict(zip(names, (s['count'] for s in shards)))}")
+        raise RecordError(f"shards of different counts: {dict(zip(names, (s.count for s in shards)))}")
     count = counts.pop()
-    indexes = Counter(s["index"] for s in shards)
+    indexes = Counter(s.index for s in shards)
     missing = sorted(set(range(1, count + 1)) - set(indexes))
     repeated = sorted(i for i, n in indexes.items() if n > 1)
     if missing or repeated:
         raise RecordError(f"shards of {count}: missing {missing or 'none'}, repeated {repeated or 'none'}")
     for key in ("git_commit", "runner_class"):
-        values = {r["environment"].get(key) for r in records}
+        values = {getattr(r.environment, key) for r in records}
         if len(values) != 1:
             raise RecordError(f"shards from different {key.replace('_', ' ')}s: "
-                              f"{dict(zip(names, (r['environment'].get(key) for r in records)))}")
+                              f"{dict(zip(names, (getattr(r.environment, key) for r in records)))}")
     seen: dict[str, str] = {}
     for record, name in zip(records, names):
-        for case in record["cases"]:
-            if case["id"] in seen:
-                raise RecordError(f"case {case['id']} is in both {seen[case['id']]} and {name}")
-            seen[case["id"]] = name
-    ordered = sorted(zip(records, names), key=lambda pair: pair[0]["shard"]["index"])
-    cases = [case for group in zip_longest(*(r["cases"] for r, _ in ordered)) for case in group if case is not None]
+        for case in record.cases:
+            if case.id in seen:
+                raise RecordError(f"case {case.id} is in both {seen[case.id]} and {name}")
+            seen[case.id] = name
+    ordered = sorted(zip(records, shards, names), key=lambda triple: triple[1].index)
+    cases = [case.model_dump(exclude_unset=True) for group in zip_longest(*(r.cases for r, _, _ in ordered))
+             for case in group if case is not None]
     cache: Counter = Counter()
     for record in records:
-        cache.update(record.get("cache", {}))
+        cache.update(record.cache)
     return {
         "schema_version": SCHEMA_VERSION,
-        "started": min(r["started"] for r in records),
-        "duration_s": max(r["duration_s"] for r in records),
+        "started": min(r.started for r in records),
+        "duration_s": max(r.duration_s for r in records),
         "command": ["quantverdict", "merge", *names],
-        "environment": records[0]["environment"],
-        "merged_from": [{"file": name, **r["shard"], "started": r["started"]} for r, name in ordered],
+        "environment": records[0].environment.model_dump(exclude_unset=True),
+        "merged_from": [{"file": name, **shard.model_dump(), "started": r.started} for r, shard, name in ordered],
         "summary": summarize(cases),
         "cache": dict(cache),
         "cases": cases,

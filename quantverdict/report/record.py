@@ -115,10 +115,11 @@ def record_run(record: dict[str, Any], report_dir: Path, history: Path | None = 
     or None). The record is written first: a history that fails never loses it."""
     path = write_record(record, report_dir)
     from quantverdict.report.history import append
+    from quantverdict.report.load import RecordError, load_record
 
     db = history_path(report_dir, history)
     try:
-        append(db, record)
-    except (sqlite3.Error, OSError) as exc:
+        append(db, load_record(path))  # the record as every reader reads it
+    except (sqlite3.Error, OSError, RecordError) as exc:
         return path, f"the run was not added to the history {db} ({exc}); its record is {path}"
     return path, None

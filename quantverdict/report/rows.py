@@ -3,9 +3,10 @@ all render (each chooses its columns and its formatting; none re-derives a value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
-from quantverdict.report.load import primary_metrics, verdicts
+from quantverdict.report.load import Verdicts
+from quantverdict.report.schema import CaseRecord, RunRecord
 
 
 @dataclass(frozen=True)
@@ -34,38 +35,36 @@ class CaseRow:
     coverage: str | None  # "quantized/weighted layers" the backend ran in the precision
 
     @classmethod
-    def of(cls, case: dict[str, Any], speedup: float | None = None) -> "CaseRow":
-        metrics, task = primary_metrics(case), case.get("metrics", {}).get("task") or {}
-        verdict = verdicts(case)
-        return cls(case["id"], case["model"], case["precision"], case["backend"], case["status"], case.get("message", ""),
-                   metrics.get("cosine"), metrics.get("snr_db"), metrics.get("top1_agreement"), task.get("accuracy"),
-                   0.0 - task["accuracy_drop_points"] if task else None, verdict["recipe"], verdict["recipe_snr_db"],
-                   verdict["fidelity"], verdict["flip_fraction"], verdict["interval"], speedup, _coverage(case))
+    def of(cls, case: CaseRecord, speedup: float | None = None) -> "CaseRow":
+        first, task, verdict = case.metrics.first(), case.metrics.task, Verdicts.of(case)
+        return cls(case.id, case.model, case.precision, case.backend, case.status, case.message, first.cosine,
+                   first.snr_db, first.top1_agreement, task.accuracy if task else None,
+                   0.0 - task.accuracy_drop_points if task else None, verdict.recipe, verdict.recipe_snr_db,
+                   verdict.fidelity, verdict.flip_fraction, verdict.interval, speedup, _coverage(case))
 
 
-def _coverage(case: dict[str, Any]) -> str | None:
-    metrics = case.get("metrics", {})
-    coverage = metrics.get("coverage") or (metrics.get("recipe") or {}).get("coverage")
-    return f"{coverage['quantized']}/{coverage['layers']}" if coverage else None
+def _coverage(case: CaseRecord) -> str | None:
+    metrics = case.metrics
+    coverage = metrics.coverage or (metrics.recipe.coverage if metrics.recipe else None)
+    return f"{coverage.quantized}/{coverage.layers}" if coverage else None
 
 
-def speedups(record: dict[str, Any]) -> dict[str, float]:
+def speedups(record: RunRecord) -> dict[str, float]:
     """Median latency of the FP32 case over each case's, per model and backend."""
-    fp32 = {(c["model"], c["backend"]): c["metrics"]["latency"]["median_ms"] for c in record["cases"]
-            if c["precision"] == "fp32" and "latency" in c.get("metrics", {})}
+    fp32 = {(c.model, c.backend): c.metrics.latency.median_ms for c in record.cases
+            if c.precision == "fp32" and c.metrics.latency is not None}
     out = {}
-    for case in record["cases"]:
-        latency = case.get("metrics", {}).get("latency")
-        base = fp32.get((case["model"], case["backend"]))
-        if latency and base and case["precision"] != "fp32":
-            out[case["id"]] = base / latency["median_ms"]
+    for case in record.cases:
+        latency, base = case.metrics.latency, fp32.get((case.model, case.backend))
+        if latency and base and case.precision != "fp32":
+            out[case.id] = base / latency.median_ms
     return out
 
 
-def rows(record: dict[str, Any]) -> list[CaseRow]:
+def rows(record: RunRecord) -> list[CaseRow]:
     """Every case of a record, in its order, with its speedup where timed."""
     found = speedups(record)
-    return [CaseRow.of(case, found.get(case["id"])) for case in record["cases"]]
+    return [CaseRow.of(case, found.get(case.id)) for case in record.cases]
 
 
 def number(value: float | None, spec: str, suffix: str = "", missing: str = "–") -> str:

@@ -1,4 +1,5 @@
-"""The shape of a run record: what the gate, history, merge and the page read from one. A record that
+"""The shape of a run record, and the typed record the gate, history, merge and the page read (what
+:func:`quantverdict.report.load.load_record` returns). A record that
 does not have it (a case that is a number, metrics as a list, a cosine as a string, no environment, a
 status nobody defined) is refused when read, one line per problem naming the field's path, with the
 gate's exit code for bad input (2), instead of a traceback halfway through judging it.
@@ -20,7 +21,7 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # machine-written: a string is never a number
 
 
-class Check(_Open):
+class CheckRecord(_Open):
     output: str
     metric: str
     observed: float
@@ -29,7 +30,7 @@ class Check(_Open):
     passed: bool
 
 
-class Interval(_Open):
+class IntervalRecord(_Open):
     low: float
     high: float
 
@@ -39,7 +40,8 @@ class OutputMetrics(_Open):
     snr_db: float | None = None
     max_norm_err: float | None = None
     top1_agreement: float | None = None
-    intervals: dict[str, Interval] = {}
+    nonfinite: float | None = None
+    intervals: dict[str, IntervalRecord] = {}
     error_histogram: list[float] | None = None
 
 
@@ -47,7 +49,7 @@ class Task(_Open):
     accuracy: float
     reference_accuracy: float
     accuracy_drop_points: float  # every reader takes it: a record leaves it out or null only by hand
-    intervals: dict[str, Interval] = {}
+    intervals: dict[str, IntervalRecord] = {}
 
 
 class Coverage(_Open):
@@ -57,12 +59,16 @@ class Coverage(_Open):
     float_layers: list[str] = []
 
 
-class Verdict(_Open):
+class ViewRecord(_Open):
     """The metrics of one view of a case: the runtime's outputs, or the recipe's semantics."""
 
     metrics: dict[str, OutputMetrics] = {}
-    checks: list[Check] = []
+    checks: list[CheckRecord] = []
     task: Task | None = None
+
+    def first(self) -> OutputMetrics:
+        """The metrics of the case's first output (all None where it has none): the headline a reader compares."""
+        return next(iter(self.metrics.values()), OutputMetrics())
 
 
 class TradeoffPoint(_Open):
@@ -72,29 +78,31 @@ class TradeoffPoint(_Open):
     passed: bool | None = None
     settings: dict[str, str | float | int | bool | list[str] | None] = {}
     chosen: bool = False
+    format: str | None = None  # the formats the layers kept wider were offered (fp16/fp32), None where none
 
 
-class Search(_Open):
+class SearchRecord(_Open):
     """What ``recipe: auto`` found (every candidate is kept as written; the page reads the trade-off)."""
 
     tradeoff: list[TradeoffPoint] = []
     note: str = ""
 
 
-class RecipeVerdict(Verdict):
+class RecipeVerdict(ViewRecord):
     passed: bool | None = None
     coverage: Coverage | None = None
-    search: Search | None = None
+    search: SearchRecord | None = None
 
 
-class OutputFidelity(_Open):
+class OutputFidelityRecord(_Open):
     flip_fraction: float
     bound: float
+    output: str = "?"
 
 
-class Fidelity(_Open):
+class FidelityRecord(_Open):
     passed: bool
-    outputs: list[OutputFidelity] = []
+    outputs: list[OutputFidelityRecord] = []
 
 
 class Latency(_Open):
@@ -102,11 +110,20 @@ class Latency(_Open):
     items_per_s: float
 
 
-class CaseMetrics(Verdict):
+class Divergence(_Open):
+    """The first layer of the precision graph, evaluated as written, that leaves the FP32 graph."""
+
+    node: str
+    op: str
+    summary: str = ""
+
+
+class CaseMetrics(ViewRecord):
     coverage: Coverage | None = None  # what the backend ran in the precision, of the layers it should quantize
     recipe: RecipeVerdict | None = None
-    fidelity: Fidelity | None = None
+    fidelity: FidelityRecord | None = None
     latency: Latency | None = None
+    first_divergence: Divergence | None = None
 
 
 class CaseRecord(_Open):
@@ -119,6 +136,16 @@ class CaseRecord(_Open):
     metrics: CaseMetrics = CaseMetrics()
     timings: dict[str, float] = {}
     cache: dict[str, int] = {}
+
+    @property
+    def judged(self) -> bool:
+        """Passed or failed: a verdict was reached (not skipped, not an error)."""
+        return self.status in ("passed", "failed")
+
+    @property
+    def reason(self) -> str:
+        """The message's first line (a skip's reason, an error's cause)."""
+        return (self.message.splitlines() or [""])[0]
 
 
 class GPUInfo(_Open):
@@ -133,8 +160,12 @@ class Environment(_Open):
     gpu: GPUInfo | None = None
     packages: dict[str, str | None] = {}
 
+    @property
+    def runner(self) -> str:
+        return self.runner_class or "unknown (record predates runner classes)"
 
-class Shard(_Open):
+
+class ShardRecord(_Open):
     index: int
     count: int
 
@@ -147,5 +178,5 @@ class RunRecord(_Open):
     environment: Environment
     summary: dict[str, int] = {}
     cache: dict[str, int] = {}
-    shard: Shard | None = None  # a shard's record (run --shard i/n), for merge
+    shard: ShardRecord | None = None  # a shard's record (run --shard i/n), for merge
     cases: list[CaseRecord]

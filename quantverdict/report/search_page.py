@@ -8,20 +8,21 @@ import html
 from typing import Any
 
 from quantverdict.precision.settings import RecipeSettings
-from quantverdict.report.render import figure
+from quantverdict.report.charts import figure
+from quantverdict.report.schema import RunRecord, TradeoffPoint
 
 
-def _searched(record: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def _searched(record: RunRecord) -> dict[tuple[str, str], list[TradeoffPoint]]:
     """Each (model, precision)'s trade-off, once (every backend of a case reads the same search)."""
-    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for case in record["cases"]:
-        search = ((case.get("metrics") or {}).get("recipe") or {}).get("search") or {}
-        if search.get("tradeoff"):
-            found.setdefault((case["model"], case["precision"]), search["tradeoff"])
+    found: dict[tuple[str, str], list[TradeoffPoint]] = {}
+    for case in record.cases:
+        search = case.metrics.recipe.search if case.metrics.recipe else None
+        if search is not None and search.tradeoff:
+            found.setdefault((case.model, case.precision), search.tradeoff)
     return found
 
 
-def tradeoff_section(record: dict[str, Any]) -> str:
+def tradeoff_section(record: RunRecord) -> str:
     """The page's section on the searches' trade-offs; empty where no case's recipe was searched in this run."""
     searched = _searched(record)
     if not searched:
@@ -29,24 +30,24 @@ def tradeoff_section(record: dict[str, Any]) -> str:
 
     def draw(ax: Any) -> bool:
         for (model, precision), points in searched.items():
-            shares = [100 * point["share"] for point in points]
-            line = ax.plot(shares, [point["score_db"] for point in points], label=f"{model} {precision}")
+            shares = [100 * point.share for point in points]
+            line = ax.plot(shares, [point.score_db for point in points], label=f"{model} {precision}")
             for point, share in zip(points, shares):
-                ax.plot([share], [point["score_db"]], marker="o" if point["passed"] else "x",
-                        markersize=11 if point["chosen"] else 7, color=line[0].get_color(),
-                        fillstyle="full" if point["chosen"] else "none", linestyle="none")
+                ax.plot([share], [point.score_db], marker="o" if point.passed else "x",
+                        markersize=11 if point.chosen else 7, color=line[0].get_color(),
+                        fillstyle="full" if point.chosen else "none", linestyle="none")
         ax.set_xlabel("weighted layers kept in FP16 or FP32 (%)")
         ax.set_ylabel("held-out output SNR (dB)")
         ax.legend(fontsize=8)
         return True
 
     rows = "".join(
-        f"<tr><td>{html.escape(model)}</td><td>{html.escape(precision)}</td><td>{point['share']:.0%}</td>"
-        f"<td>{point['layers_in_float']}</td><td>{(point.get('format') or '').upper()}</td>"
-        f"<td>{point['score_db']:.2f}</td>"
-        f"<td>{'met' if point['passed'] else 'missed' if point['passed'] is False else '–'}</td>"
-        f"<td>{'chosen' if point['chosen'] else ''}</td>"
-        f"<td style='text-align:left'>{html.escape(RecipeSettings.parse(point['settings'], precision).words())}</td>"
+        f"<tr><td>{html.escape(model)}</td><td>{html.escape(precision)}</td><td>{point.share:.0%}</td>"
+        f"<td>{point.layers_in_float}</td><td>{(point.format or '').upper()}</td>"
+        f"<td>{point.score_db:.2f}</td>"
+        f"<td>{'met' if point.passed else 'missed' if point.passed is False else '–'}</td>"
+        f"<td>{'chosen' if point.chosen else ''}</td>"
+        f"<td style='text-align:left'>{html.escape(RecipeSettings.parse(point.settings, precision).words())}</td>"
         "</tr>"
         for (model, precision), points in searched.items() for point in points)
     png = figure(draw, width=7, height=3.2)

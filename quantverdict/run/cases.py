@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 from quantverdict.errors import HarnessError
 from quantverdict.precision import get_recipe, precision_rank
+
+if TYPE_CHECKING:
+    from quantverdict.report.schema import CaseRecord
 
 Status = Literal["passed", "failed", "skipped", "error"]
 
@@ -48,6 +51,14 @@ class CaseResult:
         return {**asdict(self.case), "id": self.case.id, "status": self.status, "message": self.message,
                 "metrics": self.metrics, "tolerance": self.tolerance, "timings": self.timings, "cache": self.cache,
                 **({"trace": self.trace} if self.trace else {})}
+
+    def record(self) -> "CaseRecord":
+        """The case as a run record holds it: the schema's type, read from the JSON it is written as."""
+        import json
+
+        from quantverdict.report.schema import CaseRecord
+
+        return CaseRecord.model_validate(json.loads(json.dumps(self.to_dict(), default=str)))
 
 
 def enumerate_cases(model_names: Iterable[str], backend_names: Iterable[str],

@@ -87,7 +87,7 @@ class ModelEntry(_Strict):
         return self
 
 
-class ManifestFile(_Strict):
+class ManifestDocument(_Strict):
     models: list[ModelEntry] = []
     # registered models (built-in, zoo, installed packages') to run beside this manifest's own; "all": every one
     include: list[str] = []
@@ -110,7 +110,7 @@ class Manifest:
 def load_manifest(path: Path) -> Manifest:
     """Parse and validate a manifest; every problem is one line naming the file, model and field."""
     document = read_yaml(path, "model manifest")
-    entries = validate({} if document is None else document, ManifestFile, str(path), _describe)
+    entries = validate({} if document is None else document, ManifestDocument, str(path), _describe)
     root = path.parent.resolve()
     if str(root) not in sys.path:  # lets "module:callable" refer to files beside the manifest
         sys.path.insert(0, str(root))

@@ -24,6 +24,7 @@ from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.judge.mutations import NO_SITE, Mutation
 from quantverdict.models.spec import Batch
 from quantverdict.report.gate import judge_case, load_policy, rules_for
+from quantverdict.report.schema import CaseRecord
 from quantverdict.run.artifacts import Planter
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
@@ -124,7 +125,7 @@ def run_campaign(pipeline: Pipeline, models: list[str], mutations: list[Mutation
     ``fresh_pipeline(cache_dir)`` (default: built-ins and ``pipeline``'s tolerances only)."""
     gate_policy = load_policy(policy)
     precisions = sorted({p for m in mutations for p in m.precisions})
-    clean = {case.id: pipeline.run(case).to_dict() for model in models for case in
+    clean = {case.id: pipeline.run(case).record() for model in models for case in
              [Case(model, p, backend) for p in precisions]}
     campaign = Campaign()
     for mutation in mutations:
@@ -136,46 +137,41 @@ def run_campaign(pipeline: Pipeline, models: list[str], mutations: list[Mutation
                 if result.status == "error" and NO_SITE in result.message:
                     campaign.not_applicable.append(f"{mutation.name} on {case.id}")
                     continue
-                campaign.planted.append(_judge(case, mutation, clean[case.id], result.to_dict(), gate_policy))
+                campaign.planted.append(_judge(case, mutation, clean[case.id], result.record(), gate_policy))
     for _ in range(reruns):
         with tempfile.TemporaryDirectory(prefix="quantverdict-rerun-") as cold:  # a cold cache: export, calibrate again
             fresh = (fresh_pipeline or (lambda cache: Pipeline(cache, capabilities=pipeline.caps)))(Path(cold))
             for case_id, old in clean.items():
-                new = fresh.run(Case(old["model"], old["precision"], old["backend"])).to_dict()
-                regressions, _ = judge_case(case_id, old, new, rules_for(gate_policy, old["precision"]), True)
-                if new["status"] != old["status"] or regressions:
-                    campaign.false_alarms.append(f"{case_id}: {new['status']}; {'; '.join(regressions)}")
+                new = fresh.run(Case(old.model, old.precision, old.backend)).record()
+                regressions, _ = judge_case(case_id, old, new, rules_for(gate_policy, old.precision), True)
+                if new.status != old.status or regressions:
+                    campaign.false_alarms.append(f"{case_id}: {new.status}; {'; '.join(regressions)}")
         campaign.clean_reruns += 1
     return campaign
 
 
-def _judge(case: Case, mutation: Mutation, old: dict[str, Any], new: dict[str, Any], policy: dict[str, Any]) -> Planted:
+def _judge(case: Case, mutation: Mutation, old: CaseRecord, new: CaseRecord, policy: dict[str, Any]) -> Planted:
     regressions, _ = judge_case(case.id, old, new, rules_for(policy, case.precision), same_runner=True)
     caught = []
-    if new["status"] in ("failed", "error"):
+    if new.status in ("failed", "error"):
         caught.append("tolerance")
     if regressions:
         caught.append("baseline")
     if caught:
         caught.append("any")
     snr_cost, accuracy_cost = _costs(old, new)
-    detail = (new.get("message") or "; ".join(regressions)).splitlines()[0] if caught else ""
+    detail = (new.message or "; ".join(regressions)).splitlines()[0] if caught else ""
     return Planted(case.model, case.precision, mutation.name, mutation.kind, snr_cost, accuracy_cost, caught,
-                   new["status"], detail)
+                   new.status, detail)
 
 
-def _costs(old: dict[str, Any], new: dict[str, Any]) -> tuple[float, float | None]:
+def _costs(old: CaseRecord, new: CaseRecord) -> tuple[float, float | None]:
     """SNR lost (dB) and task accuracy lost (points), on the graph's semantics where there is one."""
-    def view(case: dict[str, Any]) -> dict[str, Any]:
-        metrics = case.get("metrics", {})
-        return metrics.get("recipe") or metrics
-
-    old_view, new_view = view(old), view(new)
-    old_m = next(iter(old_view.get("metrics", {}).values()), {})
-    new_m = next(iter(new_view.get("metrics", {}).values()), {})
-    new_snr = new_m.get("snr_db", math.nan)
-    lost = "snr_db" not in old_m or math.isnan(new_snr) or new_snr == -math.inf or new_m.get("nonfinite", 0) > 0
-    snr_cost = math.inf if lost else old_m["snr_db"] - new_snr  # lost: gone, misshapen or non-finite output
-    old_task, new_task = old_view.get("task"), new_view.get("task")
-    accuracy_cost = 100 * (old_task["accuracy"] - new_task["accuracy"]) if old_task and new_task else None
+    old_view, new_view = old.metrics.recipe or old.metrics, new.metrics.recipe or new.metrics
+    old_m, new_m = old_view.first(), new_view.first()
+    new_snr = math.nan if new_m.snr_db is None else new_m.snr_db
+    lost = old_m.snr_db is None or math.isnan(new_snr) or new_snr == -math.inf or (new_m.nonfinite or 0) > 0
+    snr_cost = math.inf if lost else old_m.snr_db - new_snr  # lost: gone, misshapen or non-finite output
+    old_task, new_task = old_view.task, new_view.task
+    accuracy_cost = 100 * (old_task.accuracy - new_task.accuracy) if old_task and new_task else None
     return snr_cost, accuracy_cost

@@ -23,6 +23,7 @@ from quantverdict.precision.settings import RecipeSettings
 from quantverdict.registry import Registry
 from quantverdict.report.gate import case_unjudged, judge_case, load_policy, rules_for, runner_class, runner_class_note
 from quantverdict.report.load import load_record
+from quantverdict.report.schema import RunRecord
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, enumerate_cases
 from quantverdict.run.execute import CaseExecutor
@@ -124,15 +125,15 @@ def with_calibration(settings: Mapping[str, Mapping[str, Any]],
 class BaselineJudge:
     """One case against the same case of a baseline run, under the release gate's rules."""
 
-    def __init__(self, record: dict[str, Any], path: Path, policy: dict[str, Any], current_class: str):
-        self.cases = {case["id"]: case for case in record["cases"]}
+    def __init__(self, record: RunRecord, path: Path, policy: dict[str, Any], current_class: str):
+        self.cases = {case.id: case for case in record.cases}
         self.path, self.policy = path, policy
         self.note = runner_class_note(runner_class(record), current_class)
 
     def judge(self, result: CaseResult) -> None:
         """Fail ``result`` (keeping its own verdicts' message) on a regression against the baseline."""
-        old = self.cases.get(result.case.id)
-        problem = case_unjudged(result.case.id, old, result.to_dict(), self.policy.get("allow_unjudged", []))
+        old, new = self.cases.get(result.case.id), result.record()
+        problem = case_unjudged(result.case.id, old, new, self.policy.get("allow_unjudged", []))
         if problem:  # skipped here, judged there: not a pass
             result.metrics["baseline"] = {"path": str(self.path), "found": True, "regressions": [problem]}
             result.status, result.message = "failed", f"{problem} (baseline {self.path})"
@@ -140,7 +141,7 @@ class BaselineJudge:
         if old is None or result.status not in ("passed", "failed"):
             result.metrics["baseline"] = {"path": str(self.path), "found": old is not None}
             return
-        regressions, improvements = judge_case(result.case.id, old, result.to_dict(),
+        regressions, improvements = judge_case(result.case.id, old, new,
                                                rules_for(self.policy, result.case.precision), self.note is None)
         result.metrics["baseline"] = {"path": str(self.path), "found": True, "regressions": regressions,
                                       "improvements": improvements, "note": self.note}

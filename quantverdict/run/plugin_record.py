@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 RESULT_PROPERTY = "quantverdict_result"  # the user property a case item reports its result under
 
 
-class RunRecord:
+class SessionRecord:
     """A pytest plugin object: the results of this session's cases, and the record they make."""
 
     def __init__(self, settings: "Settings", cases: Callable[[], list["Case"]]):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator
 
 import pytest
 
-from quantverdict.run.plugin_record import RESULT_PROPERTY, RunRecord
+from quantverdict.run.plugin_record import RESULT_PROPERTY, SessionRecord
 
 if TYPE_CHECKING:
     from quantverdict.run.cases import Case
@@ -29,7 +29,7 @@ OTHER_MARKERS = {"gpu": "needs an NVIDIA GPU", "slow": "large models (ResNet-50/
 
 _settings_key = pytest.StashKey["Settings"]()
 _pipeline_key = pytest.StashKey["Pipeline"]()
-_record_key = pytest.StashKey[RunRecord]()
+_record_key = pytest.StashKey[SessionRecord]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -53,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
     settings = _resolve(config)
     config.stash[_settings_key] = settings
-    config.stash[_record_key] = RunRecord(settings, functools.partial(_cases, config))
+    config.stash[_record_key] = SessionRecord(settings, functools.partial(_cases, config))
     config.pluginmanager.register(config.stash[_record_key], "quantverdict-record")
     from quantverdict.run.interrupt import note_sigint
 

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out_dir or args.record.parent
     check_writable(out, "the report")
     record = load_record(args.record)
-    past = [r for r in history(args.history) if r.get("started") != record.get("started")] if args.history else []
+    past = [r for r in history(args.history) if r.started != record.started] if args.history else []
     text = markdown(record)
     atomic_write_bytes(out / f"{args.record.stem}.md", text.encode())
     db = getattr(args, "history_db", None) or args.record.parent / HISTORY_DB
@@ -40,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
         profile = getattr(args, "profile", "nightly")
         verdicts = judge_history(db, load_policies(None, profile))
-        sections.append(history_section(db, verdicts, record["environment"].get("runner_class", "unknown"),
-                                        profile=profile))
+        sections.append(history_section(db, verdicts, record.environment.runner_class or "unknown", profile=profile))
     page = out / f"{args.record.stem}.html"
     atomic_write_bytes(page, html_page(record, past, sections).encode())
     print(text)

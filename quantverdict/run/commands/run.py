@@ -49,7 +49,7 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
                       file=sys.stderr, flush=True)
     if received():  # a Ctrl-C some library swallowed: this run did not finish
         raise KeyboardInterrupt
-    print(terminal_table(CaseRow.of(r.to_dict()) for r in results))
+    print(terminal_table(CaseRow.of(r.record()) for r in results))
     record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats),
                           shard.to_dict() if shard else None)
     path, history_problem = record_run(record, settings["report-dir"], settings["history-db"])
