@@ -1,4 +1,4 @@
-"""Calibrators, the calibration cache, TensorRT's cache format, FP8 scales, sensitivity and fallback."""
+"""Calibrators, the calibration cache, TensorRT's cache format, FP8 scales and sensitivity (fallback: test_fallback.py)."""
 import re
 from pathlib import Path
 
@@ -7,7 +7,6 @@ import onnx
 import pytest
 
 from quantverdict.errors import CalibrationError
-from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 from quantverdict.precision import get_recipe
 from quantverdict.precision import calibrate
@@ -227,174 +226,6 @@ def test_sensitivity_ranks_layers_and_fallback_meets_a_tight_bound(qv_pipeline):
     assert result.passed and kept and kept[0] == rows[0].layer
     assert chosen.options.fallback_layers == tuple(kept)
     assert len(recipe.quantized_nodes(graph)) - len(chosen.quantized_nodes(graph)) == len(kept)
-
-
-@pytest.mark.int8
-def test_recipe_fallback_keeps_its_share_of_layers_most_sensitive_on_calibration_data(qv_pipeline):
-    """``fallback: 0.5``: the run's recipe keeps half of the weighted layers (rounded down) in FP32,
-    those most sensitive on the calibration set, in that order; it records them, its case's graph has
-    exactly those in float, and it is closer to FP32 there than with none kept."""
-    store = qv_pipeline.store
-    pipeline = Pipeline(store.cache.root, recipe_settings={"int8": {"fallback": 0.5}})
-    recipe = pipeline.recipes.recipe("resblock", "int8", "emulated")
-    kept = list(recipe.options.fallback_layers)
-    base = recipe.with_options(fallback_layers=())
-    ranking = [row.layer for row in layer_sensitivity(store, "resblock", base, data="calibration")]
-    assert kept and kept == ranking[:len(ranking) // 2]
-    snr = [evaluate_recipe(store, "resblock", r, Tolerance(), "calibration").metrics["logits"]["snr_db"]
-           for r in (base, recipe)]
-    assert snr[1] > snr[0]
-    assert recipe.params()["fallback"] == 0.5 and recipe.params()["fallback_layers"] == sorted(kept)
-    result = pipeline.run(Case("resblock", "int8", "onnxruntime"))
-    assert result.metrics["recipe"]["settings"]["fallback_layers"] == sorted(kept)
-    graph = onnx.load(str(pipeline.store.precision_onnx("resblock", recipe)))
-    float_weights = {n.name for n in graph.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")
-                     and not n.input[1].endswith("_dequantized")}
-    assert float_weights == set(kept)
-
-
-def test_fallback_in_fp16_rounds_exactly_the_kept_layers_tensors_and_changes_nothing_else(qv_pipeline):
-    """``fallback_format: fp16``: the same layers kept as in FP32 (the ranking does not depend on the format), each
-    reading its activations and constants rounded to FP16 and its output rounded to FP16 (emulated, for the CPU), or
-    computing natively in FP16 between Casts (TensorRT's graph, typed strictly); every quantized layer is as it was,
-    and the verdict says which format the kept layers ran in. Attention's activation-by-activation products
-    included (a transformer block)."""
-    root, model = qv_pipeline.store.cache.root, "transformer-block"
-    wider = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp16"}})
-    recipe = wider.recipes.recipe(model, "int8", "emulated")
-    plain = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5}}).recipes.recipe(model, "int8", "emulated")
-    kept = recipe.options.fallback_layers
-    assert kept and kept == plain.options.fallback_layers
-    emulated, fp32_kept = (onnx.load(str(wider.store.precision_onnx(model, r))) for r in (recipe, plain))
-    producer = {out: node for node in emulated.graph.node for out in node.output}
-    readers = {name: [node for node in emulated.graph.node if name in node.input] for name in producer}
-    constants = {init.name: onnx.numpy_helper.to_array(init) for init in emulated.graph.initializer}
-
-    def rounded_in(name):  # made by a Cast to FLOAT of a Cast to FLOAT16
-        cast = producer.get(name)
-        return (cast is not None and cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT
-                and producer[cast.input[0]].op_type == "Cast"
-                and producer[cast.input[0]].attribute[0].i == onnx.TensorProto.FLOAT16)
-
-    for node in (n for n in emulated.graph.node if n.name in kept):
-        for name in filter(None, node.input):
-            assert (np.array_equal(constants[name], constants[name].astype(np.float16).astype(np.float32))
-                    if name in constants else rounded_in(name)), (node.name, name)
-        (reader,) = readers[node.output[0]]
-        assert reader.op_type == "Cast" and reader.attribute[0].i == onnx.TensorProto.FLOAT16
-    quantized = [{(n.name, tuple(n.input)) for n in g.graph.node if n.name not in kept} for g in (emulated, fp32_kept)]
-    assert quantized[1] <= quantized[0]  # the rest of the graph is the FP32 fallback's, and what is added is Casts
-    assert {n.op_type for n in emulated.graph.node if (n.name, tuple(n.input)) in quantized[0] - quantized[1]} == {"Cast"}
-    native = onnx.load(str(wider.store.precision_onnx(model, wider.recipes.recipe(model, "int8", "native"))))
-    onnx.checker.check_model(native, full_check=True)  # strict types: an FP16 layer reads FP16 only
-    inferred = onnx.shape_inference.infer_shapes(native, strict_mode=True)
-    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.output]}
-    types.update({init.name: init.data_type for init in inferred.graph.initializer})
-    for node in (n for n in native.graph.node if n.name in kept):
-        assert {types[name] for name in [*filter(None, node.input), *node.output]} == {onnx.TensorProto.FLOAT16}
-    result = wider.run(Case(model, "int8", "onnxruntime"))
-    reasons = result.metrics["coverage"]["kept"]
-    assert set(reasons) == set(kept) and all(r.startswith("fallback: in FP16") for r in reasons.values())
-    assert result.metrics["recipe"]["settings"]["fallback_format"] == "fp16"
-    assert "fallback_format" not in plain.params()  # FP32 fallback's graphs keep the keys they had
-
-
-def test_fallback_format_is_fp32_fp16_or_from_int8_fp8():
-    with pytest.raises(CalibrationError, match="fallback_format 'fp4': expected one of fp8, fp16, fp32, or several"):
-        get_recipe("int8").configured({"fallback_format": "fp4"})
-    with pytest.raises(CalibrationError, match="fallback_format fp8 in the fp8 recipe: only an INT8 recipe keeps"):
-        get_recipe("fp8").configured({"fallback_format": "fp8"})
-    assert get_recipe("int8").configured({"fallback_format": "fp8"}).min_opset == 19  # float8 Q/DQ
-
-
-def test_fallback_in_fp8_quantizes_exactly_the_kept_layers_in_e4m3_and_changes_nothing_else(qv_pipeline):
-    """``fallback_format: fp8`` in an INT8 recipe: the layers FP32 fallback keeps are quantized in E4M3 instead, on the
-    recipe's own calibrated ranges (scale amax / 448, where INT8's is amax / 127) and per-channel weight scales; every
-    INT8 layer is as it was, the graph is opset 19, and the verdict counts those layers as kept in FP8, not as INT8.
-    With GPTQ, the FP8 layers' weights are rounded on E4M3's grid (still stored as E4M3) and the INT8 layers' are the
-    FP32 fallback's. Attention's activation-by-activation products included (a transformer block)."""
-    from onnx import numpy_helper
-
-    from quantverdict.precision.grids import FP8_E4M3
-
-    root, model = qv_pipeline.store.cache.root, "transformer-block"
-    graphs, recipes = {}, {}
-    for name, settings in {"fp8": {"fallback_format": "fp8"}, "fp32": {}, "fp8-gptq": {"fallback_format": "fp8",
-                           "gptq": True}, "fp32-gptq": {"gptq": True}}.items():
-        pipeline = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, **settings}})
-        recipes[name] = pipeline.recipes.recipe(model, "int8", "emulated")
-        graphs[name] = onnx.load(str(pipeline.store.precision_onnx(model, recipes[name])))
-    kept = recipes["fp8"].options.fallback_layers
-    assert kept and kept == recipes["fp32"].options.fallback_layers == recipes["fp8-gptq"].options.fallback_layers
-    graph = graphs["fp8"]
-    assert next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) >= 19
-    onnx.checker.check_model(graph, full_check=True)
-    ranges = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp8"}}).store.ranges(
-        model, recipes["fp8"])
-    producer = {out: node for node in graph.graph.node for out in node.output}
-    constants = {init.name: init for init in graph.graph.initializer}
-    source = {init.name: numpy_helper.to_array(init) for init in onnx.load(str(
-        qv_pipeline.store.recipe_source(model, recipes["fp8"]))).graph.initializer}
-    for node in (n for n in graph.graph.node if n.name in kept):
-        for index in (0, 1):
-            dq = producer[node.input[index]]
-            assert dq.op_type == "DequantizeLinear"
-            scale = numpy_helper.to_array(constants[dq.input[1]])
-            if dq.input[0] in constants:  # a weight: per output channel, nearest on E4M3
-                stored = constants[dq.input[0]]
-                assert stored.data_type == onnx.TensorProto.FLOAT8E4M3FN
-                weight = source[producer[node.input[1]].input[0].removesuffix("_fp8_quantized")]
-                axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-                shape = [1] * weight.ndim
-                shape[axis] = -1
-                expected = FP8_E4M3.scale(np.abs(weight).max(axis=tuple(i for i in range(weight.ndim) if i != axis)))
-                np.testing.assert_array_equal(scale, expected)
-                np.testing.assert_array_equal(numpy_helper.to_array(stored).astype(np.float32),
-                                              FP8_E4M3.quantize(weight / expected.reshape(shape)).astype(np.float32))
-            else:  # an activation: the recipe's range over E4M3's largest value
-                q = producer[dq.input[0]]
-                assert constants[q.input[2]].data_type == onnx.TensorProto.FLOAT8E4M3FN
-                assert scale == FP8_E4M3.scale(ranges[q.input[0]])
-    unchanged = [{(n.name, n.op_type, tuple(n.input)) for n in g.graph.node if n.name not in kept}
-                 for g in (graph, graphs["fp32"])]
-    assert unchanged[1] <= unchanged[0]  # the INT8 part is FP32 fallback's; what is added is E4M3 Q/DQ
-    assert {op for _, op, _ in unchanged[0] - unchanged[1]} == {"QuantizeLinear", "DequantizeLinear"}
-    int8 = {i.name: numpy_helper.to_array(i) for i in graphs["fp32-gptq"].graph.initializer if i.data_type == 3}
-    with_fp8 = {i.name: i for i in graphs["fp8-gptq"].graph.initializer}
-    assert all(np.array_equal(numpy_helper.to_array(with_fp8[name]), value) for name, value in int8.items())
-    rounded = [i for i in graphs["fp8-gptq"].graph.initializer if i.data_type == onnx.TensorProto.FLOAT8E4M3FN
-               and i.dims]
-    nearest = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in graph.graph.initializer}
-    assert rounded and any(not np.array_equal(numpy_helper.to_array(i).astype(np.float32), nearest[i.name])
-                           for i in rounded)  # GPTQ moved some of them, on E4M3's grid
-    result = Pipeline(root, recipe_settings={"int8": {"fallback": 0.5, "fallback_format": "fp8"}}).run(
-        Case(model, "int8", "onnxruntime"))
-    coverage = result.metrics["coverage"]
-    assert set(coverage["kept"]) == set(kept)
-    assert all(reason.startswith("fallback: in FP8") for reason in coverage["kept"].values())
-    assert not set(kept) & set(coverage["quantized_layers"]) and not coverage["missed"]
-    assert result.metrics["recipe"]["settings"]["fallback_format"] == "fp8"
-
-
-def test_fallback_in_fp8_keeps_in_fp32_the_layers_tensorrt_has_no_fp8_kernel_for_and_says_so(qv_pipeline):
-    """FP8 has no TensorRT kernel for a depthwise convolution (Model Optimizer's rules): a kept depthwise layer stays
-    FP32 in the graph, and its reason says FP32 and why, not FP8; the verdict's reasons agree with the graph."""
-    pipeline = Pipeline(qv_pipeline.store.cache.root, recipe_settings={"int8": {"fallback": 0.99,
-                                                                                "fallback_format": "fp8"}})
-    recipe = pipeline.recipes.recipe("dwblock", "int8", "emulated")
-    graph = onnx.load(str(pipeline.store.precision_onnx("dwblock", recipe)))
-    kept = pipeline.run(Case("dwblock", "int8", "onnxruntime")).metrics["coverage"]["kept"]
-    assert set(kept) == set(recipe.options.fallback_layers)
-    in_fp8 = {n.name for n in graph.graph.node if n.name in kept and n.input[1].endswith("_fp8_dequantized")}
-    assert in_fp8 and in_fp8 != set(kept)
-    no_kernel = "fallback: in FP32, as TensorRT has no FP8 kernel for a convolution of"
-    for layer, reason in kept.items():
-        assert reason.startswith("fallback: in FP8" if layer in in_fp8 else no_kernel), (layer, reason)
-
-
-def test_fallback_share_must_be_a_fraction():
-    with pytest.raises(CalibrationError, match="fallback 10: expected a share of the layers between 0 and 1"):
-        get_recipe("int8").configured({"fallback": 10})
 
 
 def test_fp8_mse_weighs_e4m3_rounding_not_int8_steps():

@@ -98,9 +98,9 @@ def test_constant_node_weights_are_quantized_as_fully_as_initializers(qv_pipelin
 @pytest.mark.parametrize("label", [*REWRITES, "external"])
 def test_each_kept_layer_is_in_its_own_format_whatever_wrote_the_graph(qv_pipeline, cnn_graphs, tmp_path, label):
     """Fallback over several formats on the network as other converters write it: each kept layer in the format the
-    rule gives, the graph and the verdict's reasons agreeing (``test_wider_formats._check_formats``), and the same
+    rule gives, the graph and the verdict's reasons agreeing (``test_fallback._check_formats``), and the same
     formats as from torch's own graph (FP16 weights behind a Cast are other weights: their own choice)."""
-    from test_wider_formats import OFFERED, _check_formats
+    from test_fallback import OFFERED, _check_formats
 
     inputs = "[{name: image, shape: [4, 3, 32, 32]}]"
     formats = {}
