@@ -94,7 +94,8 @@ class Resolver:
         recipe = get_recipe(precision).for_target(target)
         if not recipe.configurable:  # FP16, or a runtime's own layout (ONNX Runtime's CPU INT8)
             return recipe
-        return self.with_fallback(model, recipe.configured(self.settings(model, precision)))
+        settings = self.settings(model, precision)
+        return self.with_fallback(model, recipe.configured(settings))
 
     def settings(self, model: str, precision: str) -> RecipeSettings:
         """The settings the lock holds, else those the search chose, else the model's own with this run's over
@@ -199,14 +200,19 @@ class Resolver:
             search=SearchEvidence.of(searched))
 
     def with_fallback(self, model: str, recipe: Recipe) -> Recipe:
-        """``recipe`` with the layers its accuracy-aware fallback keeps wider, each in its format: the lock's, else the
-        most sensitive on the calibration set (:func:`choose_fallback`), once per content key of what decides them."""
+        """``recipe`` with the layers its accuracy-aware fallback keeps wider, each in its format (:meth:`kept`)."""
         if not recipe.fallback_pending:
             return recipe
         assert isinstance(recipe, QDQ)  # the recipes that choose a fallback
+        kept = self.kept(model, recipe)
+        return recipe.with_kept(kept)
+
+    def kept(self, model: str, recipe: QDQ) -> dict[str, str]:
+        """The layers ``recipe``'s fallback keeps wider, each with its format: the lock's, else the most sensitive on the
+        calibration set (:func:`choose_fallback`), once per content key of what decides them."""
         locked = self.locked(model, recipe.name)
         if locked is not None:
-            return recipe.with_kept(self._present(model, recipe, locked))
+            return self._present(model, recipe, locked)
         from quantverdict.tune.fallback import choose_fallback
 
         bench = self.bench
@@ -214,13 +220,11 @@ class Resolver:
         def choose() -> dict[str, str]:
             parts = [file_sha256(bench.fp32_onnx(model)), recipe.params(), bench.data_key(model, "calibration"),
                      *bench.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.tune.fallback"),
-                     source_fingerprint("quantverdict.precision"),
-                     bench.variant()]
+                     source_fingerprint("quantverdict.precision"), bench.variant()]
             return bench.cache.json("fallback", parts, lambda: choose_fallback(bench, model, recipe),
                                     {"model": model, "precision": recipe.name})
 
-        kept = self._fallbacks.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), choose)
-        return recipe.with_kept(kept)
+        return self._fallbacks.get((model, json.dumps(recipe.params(), sort_keys=True, default=str)), choose)
 
     def _present(self, model: str, recipe: QDQ, locked: LockedRecipe) -> dict[str, str]:
         """The lock's float layers with their formats, each a node of the graph the recipe starts from, or one line
