@@ -47,6 +47,12 @@ class CalibrationError(HarnessError):
     """Quantization asked for without usable calibration data."""
 
 
+class ResourceError(HarnessError):
+    """The machine could not give a stage what it needed (a worker the kernel killed, most likely for memory): not
+    the recipe's or the technique's failure, so a search stops on it rather than choosing among fewer candidates than
+    another runner would."""
+
+
 class UnsupportedError(HarnessError):
     """A graph or combination a backend cannot build; ``ops`` names the op types it rejected."""
 

@@ -1,6 +1,7 @@
 """Each layer quantized alone (sensitivity, fallback's ranking) is made from the whole recipe's preparation, calibration
 and rounding, and evaluated in worker processes: the same graph bytes the recipe with ``only`` makes by itself, the
 same outputs, cached one by one."""
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +112,63 @@ def test_the_cpus_are_shared_among_pytest_xdist_workers(monkeypatch):
     for peers, share in [("2", max(1, alone // 2)), (str(alone * 4), 1), ("", alone), ("two", alone)]:
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", peers)
         assert layers_alone.cpus_per_worker() == share
+
+
+def _kill_first_worker(stop: threading.Event) -> None:
+    """SIGKILL the first layers-alone worker this process starts, as the kernel's OOM killer does."""
+    import os
+    import signal
+
+    while not stop.is_set():
+        for proc in Path("/proc").iterdir():
+            try:
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) if proc.name.isdigit() else 0
+                if parent != os.getpid():
+                    continue
+                if b"quantverdict.judge.layers_alone" in (proc / "cmdline").read_bytes():
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    return
+            except (OSError, IndexError, ValueError):
+                continue
+        stop.wait(0.01)
+
+
+def test_a_worker_killed_for_memory_stops_the_search_naming_memory(tmp_path, monkeypatch):
+    """A layers-alone worker the kernel kills (SIGKILL, the OOM killer's signal) is no technique that does not apply:
+    the ranking fails naming memory, and the search fails with it rather than choose among fewer candidates; the case
+    is one line and a record entry."""
+    import textwrap
+
+    from quantverdict.run.cases import Case
+    from test_recipe_search import NETS
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("finding the worker to kill reads /proc (Linux)")
+    (tmp_path / "searchnets.py").write_text(NETS)
+    (tmp_path / "models.yaml").write_text(textwrap.dedent("""\
+        models:
+          - name: dw
+            build: searchnets:dw
+            inputs: [{name: input, shape: [4, 3, 32, 32], range: [0, 1]}]
+            outputs: [logits]
+            task: classification
+            calibration: synthetic
+            recipe: {int8: {auto: true, max_fallback: 0.5}}
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: 2)
+    monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_first_worker, args=(stop,), daemon=True)
+    killer.start()
+    try:
+        result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("dw", "int8", "onnxruntime"))
+        assert not killer.is_alive()  # it found its worker
+    finally:
+        stop.set()
+    assert result.status == "error" and "killed (SIGKILL; most likely out of memory" in result.message, result.message
+    assert "the search stops here rather than choose among fewer candidates" in result.message
+    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")  # no worker killed: it searches again
+    searched = pipeline.recipes.search("dw", "int8")
+    assert searched is not None and searched.complete and not any(
+        "worker" in (candidate.error or "") for candidate in searched.candidates)

@@ -26,7 +26,7 @@ import numpy as np
 from quantverdict import freed_memory
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import cpus_per_worker
-from quantverdict.errors import HarnessError
+from quantverdict.errors import HarnessError, ResourceError
 from quantverdict.export.compat import serialized
 from quantverdict.judge.downstream import Group, Reference
 from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
@@ -128,6 +128,8 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
         failed = [(index, worker.returncode) for index, worker in enumerate(workers) if worker.returncode]
         if failed:
             index, code = failed[0]
+            if code < 0:  # a signal: the kernel's out-of-memory killer sends SIGKILL
+                raise ResourceError(killed(code, count, graphs.prepared.ByteSize()))
             said = (folder / f"worker{index}.log").read_text(errors="replace").strip().splitlines()
             raise HarnessError(f"a worker evaluating layers quantized alone failed (exit {code}): "
                                f"{said[-1] if said else 'it said nothing'}")
@@ -139,6 +141,23 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
                 worker.wait()
         for log in logs:
             log.close()
+
+
+def killed(code: int, workers: int, graph_bytes: int) -> str:
+    """Why a worker ended by signal ``-code``, in words a user can act on."""
+    import signal
+
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    free = _free_memory()
+    memory = f"{free / 2 ** 30:.1f} GiB free now" if free is not None else "the memory free unknown"
+    likely = ("most likely out of memory: the kernel's OOM killer sends it" if name == "SIGKILL"
+              else "it was stopped from outside")
+    return (f"a worker evaluating layers quantized alone was killed ({name}; {likely}), one of {workers} sharing a "
+            f"{graph_bytes / 2 ** 20:.0f} MB graph, {memory}: the search stops here rather than choose among fewer "
+            "candidates than another runner would")
 
 
 def main(folder: Path, index: int, count: int, budget: int, parent: int) -> None:

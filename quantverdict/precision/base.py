@@ -47,6 +47,11 @@ class Recipe:
         :mod:`quantverdict.precision.coverage`), "no kernel: …". A float layer with no reason is one the recipe missed, and no verdict passes it."""
         return {}
 
+    def planned_layers(self, source: onnx.ModelProto) -> set[str] | None:
+        """The layers of the FP32 graph ``source`` this recipe quantizes, known before it calibrates anything (its
+        placement); None where only making its graph tells (another quantizer's own placement)."""
+        return None
+
     def rewritten_layers(self, source: onnx.ModelProto) -> set[str]:
         """The layers of ``source`` this recipe quantizes by rounding their weights in place, which no
         DequantizeLinear marks in its graph (FP4's simulation); most recipes mark theirs."""

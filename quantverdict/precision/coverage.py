@@ -188,6 +188,18 @@ def recipe_coverage(graph: onnx.ModelProto, recipe: "Recipe", source: onnx.Model
                           recipe.quantized_type)
 
 
+def planned_coverage(source: onnx.ModelProto, recipe: "Recipe") -> dict[str, object] | None:
+    """:func:`layer_coverage` of the graph ``recipe`` would make of its FP32 ``source``, from its placement alone
+    (:meth:`~quantverdict.precision.base.Recipe.planned_layers`), before any calibration: the layers its fallback has
+    yet to choose count as quantized, so no choice of them quantizes a larger share. None where only making the graph
+    tells."""
+    planned = recipe.planned_layers(source)
+    if planned is None:
+        return None
+    reasons = recipe.float_reasons(source)
+    return layer_coverage(source, lambda layer: reasons.get(layer.name), planned | recipe.rewritten_layers(source))
+
+
 def left_by(source: onnx.ModelProto, who: str) -> dict[str, str]:
     """Every weighted layer of ``source`` as one ``who`` (another quantizer) may leave in float by its own placement."""
     return {layer.name: f"placement: left in float by {who}" for layer in layers(source)}

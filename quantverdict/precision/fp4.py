@@ -103,6 +103,9 @@ class NVFP4Weights(Recipe):
 
         return round_fake_quantized(self.apply(model), model, batches, _block_scales, round_e2m1)
 
+    def planned_layers(self, source: onnx.ModelProto) -> set[str]:
+        return self.rewritten_layers(source)
+
     def rewritten_layers(self, source: onnx.ModelProto) -> set[str]:
         """The layers whose weights :meth:`apply_impl` rounds to FP4 in place."""
         weights = {init.name for init in source.graph.initializer}

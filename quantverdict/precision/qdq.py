@@ -132,6 +132,9 @@ class QDQ(Recipe):
                 **({"native": opts.native} if "fp16" in opts.fallback_format else {}),
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
+    def planned_layers(self, source: onnx.ModelProto) -> set[str]:
+        return {node.name for node in self.quantized_nodes(source)}
+
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
         """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``fallback_layers``/``only``."""
         return [node for node, _ in self.quantized_inputs(model)]

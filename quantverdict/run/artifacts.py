@@ -5,14 +5,15 @@ and a graph's semantics (:mod:`quantverdict.judge.semantics`).
 
 Each loader keys its artifact on disk by a content hash of everything that affects it, so hundreds of cases
 build each model and compute each reference once, and a warm re-run only reads. The store is the judge's
-:class:`~quantverdict.judge.workbench.Workbench`; its recipes are resolved in :mod:`quantverdict.tune.resolve`.
+:class:`~quantverdict.judge.workbench.Workbench`. It takes finished recipes (resolved in
+:mod:`quantverdict.tune.resolve`, which it never calls); its data and its defect are values it is given (a
+:class:`~quantverdict.models.data.BatchSource`, a :class:`~quantverdict.run.views.Planter`), never subclasses.
 """
 from __future__ import annotations
 
 import functools
 import json
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -34,42 +35,17 @@ from quantverdict.models.data import BatchSource, Data, OwnData, batches_key, bu
 from quantverdict.models.spec import Batch
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.describe import describe_quantization
-from quantverdict.precision.coverage import recipe_coverage
+from quantverdict.precision.coverage import planned_coverage, recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.single_layer import derivable
 from quantverdict.registry import Registry
 from quantverdict.memo import Memo
+from quantverdict.run.views import MEMO_SIZE, Planter, Shared
 
 if TYPE_CHECKING:
     import torch
 
-MEMO_SIZE = 4  # torch modules and reference outputs kept per process (ResNet-101 is large)
-
-
-class Planter:
-    """No defect: the artifacts as the stages make them. A planted defect's planter
-    (:class:`quantverdict.run.mutate.MutationPlanter`) changes one stage's graph or the calibration batches."""
-
-    def graph(self, stage: str, path: Path, precision: str | None = None) -> Path:
-        return path
-
-    def batches(self, batches: list[Batch]) -> list[Batch]:
-        return batches
-
-    def key(self) -> Any:
-        """What besides the data makes a store's choices differ, for their keys."""
-        return None
-
-
-@dataclass(frozen=True)
-class Shared:
-    """What a store makes once per process, each table shareable with a view of the store that it does not differ
-    in: torch modules, FP32 reference outputs, FP32 graphs."""
-
-    modules: Memo = field(default_factory=lambda: Memo(MEMO_SIZE))
-    references: Memo = field(default_factory=lambda: Memo(MEMO_SIZE))
-    fp32: Memo = field(default_factory=Memo)
 
 
 class ArtifactStore:
@@ -269,6 +245,16 @@ class ArtifactStore:
             file_sha256(path), supplied, recipe.params(),
             source_fingerprint("quantverdict.precision", *SEMANTICS_CODE)], read,
             {"model": model, "precision": recipe.name}))
+
+    def planned_coverage(self, model: str, recipe: Recipe) -> dict[str, Any] | None:
+        """:func:`planned_coverage` of ``recipe`` on the model's FP32 graph: what its graph would quantize, known
+        before any calibration (None where only making the graph tells); cached."""
+        import onnx
+
+        source = self.recipe_source(model, recipe)
+        return self.cache.json("planned-coverage", [file_sha256(source), recipe.params(), source_fingerprint(
+            "quantverdict.precision")], lambda: planned_coverage(onnx.load(str(source)), recipe),
+            {"model": model, "precision": recipe.name})
 
     def output_kinds(self, model: str) -> dict[str, str]:
         """What each output of the FP32 graph is (:func:`output_kinds`), the model's declared kinds first; cached."""

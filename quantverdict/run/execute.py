@@ -101,6 +101,12 @@ class CaseExecutor:
         tolerance = self.tolerances.resolve(case.model, case.precision, spec.tolerances, spec.task)
         timings: dict[str, float] = {}
         backend = self.backend(case.backend)
+        if backend.runs_recipe_graph and case.precision not in spec.quantized:
+            decided = self.recipes.decided(case.model, case.precision, backend.recipe_target)
+            if decided is not None:  # by the recipe's placement on the FP32 graph: nothing calibrated or searched
+                why = decided.message if decided.status == "skipped" else f"{case.id}: {decided.message}"
+                return CaseResult(case, decided.status, why, {"coverage": decided.coverage,
+                                                              "decided": "before calibration, by the placement"})
         artifacts = self.artifacts(case.model, case.precision, case.backend)
         coverage = backend.coverage(artifacts)
         if coverage is not None:  # what ran in the precision decides whether a verdict can bear its name

@@ -25,7 +25,7 @@ from quantverdict.judge.mutations import NO_SITE, Mutation
 from quantverdict.models.spec import Batch
 from quantverdict.report.gate import judge_case, load_policy, rules_for
 from quantverdict.report.schema import CaseRecord
-from quantverdict.run.artifacts import Planter
+from quantverdict.run.views import Planter
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 

@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from quantverdict.errors import CalibrationError, HarnessError
+from quantverdict.errors import CalibrationError, HarnessError, ResourceError
 from quantverdict.judge.compare import compare, judge_task_metrics
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.tolerances import Tolerance
@@ -163,6 +163,8 @@ class Trials:
             pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
             samples = sample_snr_db(self.references[output], pooled[output])
             candidate.score = round(float(samples.mean()), 4)
+        except ResourceError:  # the machine's, not the technique's: no runner chooses among fewer candidates
+            raise
         except HarnessError as exc:  # a technique that does not apply to this graph
             candidate.error = str(exc).splitlines()[0]
         if samples is not None:  # the user's metric is the user's code: its failure is not the technique's

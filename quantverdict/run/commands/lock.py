@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
         if kept is not None and recipes.locked(model, precision) is not None:
             print(f"{model} {precision}: locked {_words(kept.settings)}" + _graph_note(recipes, model, precision))
             continue
+        decided = recipes.decided(model, precision, "emulated")
+        if decided is not None:  # the case is skipped or failed by its coverage whatever the search chose
+            print(f"{model} {precision}: not searched: the case is {decided.status} before any calibration: "
+                  f"{decided.message}")
+            continue
         try:
             entry = recipes.entry(model, precision)
         except HarnessError as exc:

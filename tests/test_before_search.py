@@ -1,0 +1,120 @@
+"""A case its recipe's placement decides (most weights in float for want of a kernel, layers the recipe does not see)
+ends before anything is calibrated or searched, with the reason the graph made and judged would give: a recurrent
+network's INT8 and FP8 cases, a network whose weights all live inside an ``If``; ``quantverdict lock`` does not search
+for them. Graphs nobody here trained: torch's LSTM export, and an ``If`` written as exporters of scripted branches do."""
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from quantverdict.judge.coverage import coverage_verdict
+from quantverdict.run.cases import Case
+from quantverdict.run.cli import main
+from quantverdict.run.pipeline import Pipeline
+from test_exporter_corpus import _Recurrent
+from exporters import torch_export
+
+WORK = ("calibration", "recipe-search", "fallback", "semantics", "precision")  # cache kinds a search or a graph makes
+
+
+def _manifest(folder: Path, name: str, graph: Path, inputs: str, outputs: list[str]) -> Path:
+    """A manifest model with no recipe: a search chooses its INT8 and FP8 recipes (recipe: auto, the default)."""
+    (folder / "models.yaml").write_text(textwrap.dedent(f"""\
+        models:
+          - name: {name}
+            onnx: {graph}
+            inputs: {inputs}
+            outputs: {outputs}
+            task: regression
+            calibration: synthetic
+        """))
+    return folder / "models.yaml"
+
+
+def _made(cache: Path) -> list[str]:
+    return sorted(kind for kind in WORK if (cache / kind).exists())
+
+
+@pytest.fixture
+def lstm(tmp_path) -> Path:
+    path = tmp_path / "lstm.onnx"
+    import torch
+
+    onnx.save(torch_export(_Recurrent.make("LSTM"), (torch.zeros(2, 5, 16),), ["tokens"], ["embedding"],
+                           17), str(path))
+    return _manifest(tmp_path, "seq", path, "[{name: tokens, shape: [2, 5, 16]}]", ["embedding"])
+
+
+@pytest.mark.int8
+@pytest.mark.fp8
+def test_a_recurrent_networks_cases_are_skipped_before_any_calibration_or_search(lstm, tmp_path):
+    cache = tmp_path / "cache"
+    pipeline = Pipeline(cache, manifest=lstm)
+    assert pipeline.recipes.auto("seq", "int8") is not None  # a search would choose its recipe
+    for precision in ("int8", "fp8"):
+        result = pipeline.run(Case("seq", precision, "onnxruntime"))
+        assert result.status == "skipped", result.message
+        assert f"runs 1 of 3 weighted layers of 'seq' in {precision.upper()}" in result.message
+        assert "2 LSTM in float" in result.message and result.metrics["decided"]
+        assert result.metrics["coverage"]["kinds"] == {"LSTM": [0, 2], "Gemm": [1, 1]}
+    assert _made(cache) == []  # nothing calibrated, searched, ranked or built
+
+
+@pytest.mark.int8
+def test_the_reason_is_the_one_the_graph_made_and_judged_gives(lstm, tmp_path):
+    """Where no fallback is chosen, the coverage of the recipe's placement is the coverage of the graph it makes: the
+    same counts, kinds, reasons and verdict."""
+    pipeline = Pipeline(tmp_path / "cache", manifest=lstm, recipe_settings={"int8": {"calibration": "max"}})
+    decided = pipeline.recipes.decided("seq", "int8", "emulated")
+    recipe = pipeline.recipes.recipe("seq", "int8", "emulated")
+    built = {key: value for key, value in pipeline.store.coverage("seq", recipe).items()
+             if key not in ("graph", "evaluator")}
+    assert decided is not None and decided.coverage == built
+    assert (decided.status, decided.message) == coverage_verdict(built, "int8", "seq", "the recipe")
+
+
+def _branches() -> onnx.ModelProto:
+    """A network whose every weight is inside an ``If`` (the sign of its input's sum picks the branch)."""
+    rng = np.random.default_rng(5)
+
+    def branch(name: str) -> onnx.GraphProto:
+        weight = numpy_helper.from_array(rng.normal(0, 0.3, (8, 8)).astype(np.float32), f"{name}_w")
+        return helper.make_graph([helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_y"], name=f"{name}_mm")],
+                                 name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [None, 8])],
+                                 [weight])
+
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["wide"]),
+             helper.make_node("If", ["wide"], ["y"], name="by_sign", then_branch=branch("then"),
+                              else_branch=branch("other"))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
+                              [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.int8
+def test_weights_inside_control_flow_fail_the_case_before_any_calibration_or_search(tmp_path):
+    path = tmp_path / "branches.onnx"
+    onnx.save(_branches(), str(path))
+    cache = tmp_path / "cache"
+    result = Pipeline(cache, manifest=_manifest(tmp_path, "branches", path, "[{name: x, shape: [4, 8]}]", ["y"])).run(
+        Case("branches", "int8", "onnxruntime"))
+    assert result.status == "failed", result.message
+    assert result.message.startswith("branches-int8-onnxruntime: INT8 ran on 0 of 2 weighted layers of 'branches': "
+                                     "2 MatMul in float that the recipe did not keep in float by name (inside a If "
+                                     "body, which the recipe does not enter)")
+    assert _made(cache) == []
+
+
+@pytest.mark.int8
+def test_lock_does_not_search_what_coverage_decides(lstm, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["lock", "--manifest", str(lstm), "--precisions", "int8,fp8", "--cache-dir", "cache"]) == 0
+    printed = capsys.readouterr().out
+    assert "seq int8: not searched: the case is skipped before any calibration: the recipe runs 1 of 3" in printed
+    assert "seq fp8: not searched" in printed and not (tmp_path / "quantverdict.lock").exists()
+    assert _made(tmp_path / "cache") == []
