@@ -467,3 +467,26 @@ def test_fallback_keeps_its_layers_in_fp32_only_where_fp16_is_worse(repo):
     assert recipe.options.fallback_layers == tuple(kept)
     assert evaluate_recipe(in_fp16.store, "tiny", recipe, Tolerance(), "calibration").metrics["y"]["snr_db"] < 1.0
 
+
+
+def test_a_long_candidate_says_it_is_still_working_until_it_ends():
+    """A candidate that ranks every layer quantized alone takes minutes: the search says so at least every
+    ``HEARTBEAT_S`` of it (here a twentieth of a second), and nothing once the candidate has ended."""
+    import threading
+
+    from quantverdict.tune.progress import heartbeat
+
+    said: list[float] = []
+    twice = threading.Event()
+
+    def say(seconds: float) -> None:
+        said.append(seconds)
+        if len(said) >= 2:
+            twice.set()
+
+    with heartbeat(say, every=0.05):
+        assert twice.wait(10), said  # the work goes on: it is heard of
+    heard = len(said)
+    assert said == sorted(said) and said[0] > 0
+    threading.Event().wait(0.2)
+    assert len(said) == heard  # the work ended: silence

@@ -2,12 +2,37 @@
 settings in a line are :meth:`RecipeSettings.words`)."""
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.fallback import RANKED_AS
+
+
+HEARTBEAT_S = 10.0  # the longest a search stays silent while it works
+
+
+@contextmanager
+def heartbeat(say: Callable[[float], None], every: float = HEARTBEAT_S) -> Iterator[None]:
+    """``say(seconds so far)`` every ``every`` seconds while the block runs: a candidate that ranks every layer
+    quantized alone takes minutes, and a log that says nothing for them reads as a hang."""
+    stop, begun = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            say(time.monotonic() - begun)
+
+    thread = threading.Thread(target=beat, name="search heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class Timed(Protocol):

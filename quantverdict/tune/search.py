@@ -53,7 +53,7 @@ from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_counts, beyond_note, fewest_in_float
 from quantverdict.tune.fallback import error_energy, fallback_per_part, layers_kept, per_sample
 from quantverdict.tune.margin import short_of_margin
-from quantverdict.tune.progress import time_left, upcoming
+from quantverdict.tune.progress import heartbeat, time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
 
 LOG = logging.getLogger(__name__)
@@ -151,8 +151,25 @@ class Trials:
         """``settings`` judged (a fold's graph is not kept): its held-out samples' SNR (None where the technique does
         not apply to this graph), reported beside the best of the search's candidates ``among`` and the time the
         candidates ``ahead`` take, priced by those."""
-        begun = time.perf_counter()
-        candidate, samples, output = Candidate(settings), None, self.spec.outputs[0]
+        begun, candidate = time.perf_counter(), Candidate(settings)
+        title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
+        with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
+            candidate, samples, pooled = self._judged(candidate)
+        if samples is not None:  # the user's metric is the user's code: its failure is not the technique's
+            candidate.passed = self.meets_bounds(pooled)
+        candidate.seconds = round(time.perf_counter() - begun, 3)
+        self.slowest = max(self.slowest, candidate.seconds)
+        self.done += 1
+        leader = max((c.score for c in [*among, candidate] if c.score is not None), default=None)
+        self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'} in {candidate.seconds:.0f} s; best so "
+                    f"far {'-' if leader is None else f'{leader:.2f} dB'}; {time_left(ahead, [*among, candidate])}")
+        return candidate, samples
+
+    def _judged(self, candidate: Candidate) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
+        """``candidate``'s settings calibrated on each fold and judged on its held-out part: its mean per-sample SNR,
+        each sample's, and the outputs pooled; its error where the technique does not apply to this graph."""
+        samples, pooled, output = None, {}, self.spec.outputs[0]
+        settings = candidate.settings
         try:
             recipe = self.base.with_settings(settings)
             recipes = ([recipe.with_kept(kept) for kept in fallback_per_part(self.whole, self.model, recipe,
@@ -167,17 +184,7 @@ class Trials:
             raise
         except HarnessError as exc:  # a technique that does not apply to this graph
             candidate.error = str(exc).splitlines()[0]
-        if samples is not None:  # the user's metric is the user's code: its failure is not the technique's
-            candidate.passed = self.meets_bounds(pooled)
-        candidate.seconds = round(time.perf_counter() - begun, 3)
-        self.slowest = max(self.slowest, candidate.seconds)
-        self.done += 1
-        leader = max((c.score for c in [*among, candidate] if c.score is not None), default=None)
-        self.report(f"recipe search {self.model} {self.base.name}: {self.done}/{self.planned} "
-                    f"{settings.words()}: {candidate.error or f'{candidate.score:.2f} dB'} in "
-                    f"{candidate.seconds:.0f} s; best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
-                    f"{time_left(ahead, [*among, candidate])}")
-        return candidate, samples
+        return candidate, samples, pooled
 
 
 def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
