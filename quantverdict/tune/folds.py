@@ -12,8 +12,9 @@ from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
 from quantverdict.tune.auto import AutoSettings
-from quantverdict.tune.result import SearchResult
-from quantverdict.tune.search import Progress, search
+from quantverdict.tune.check import check_lock
+from quantverdict.tune.result import Incumbent, SearchResult
+from quantverdict.tune.search import LOG, Progress, search
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import get_recipe
 from quantverdict.precision.qdq import QDQ
@@ -76,16 +77,17 @@ class HeldOut:
 
 
 def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSettings,
-                  incumbent: RecipeSettings | None = None, progress: Progress | None = None) -> SearchResult:
-    """The search for ``precision``'s settings (:func:`quantverdict.tune.search.search`), with ``incumbent``
-    judged beside its candidates; cached by the FP32 graph, the calibration data, the tolerance, the search's settings,
+                  incumbent: Incumbent | None = None, progress: Progress | None = None) -> SearchResult:
+    """The search for ``precision``'s settings (:func:`quantverdict.tune.search.search`); with ``incumbent`` (a lock's
+    recipe), a check from the lock first (:func:`quantverdict.tune.check.check_lock`), and where it does not hold,
+    the search with the lock's recipe judged beside its candidates; cached by the FP32 graph, the calibration data, the tolerance, the search's settings,
     the incumbent and the code. ``progress`` hears of a search that runs, not of one read from the cache."""
     spec = store.spec(model)
     base = get_recipe(precision).for_target("emulated")
     assert isinstance(base, QDQ)
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [file_sha256(store.fp32_onnx(model)), precision, asdict(auto), tolerance.to_dict(),
-             store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.to_dict(),
+             store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.key(),
              *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune")]
 
     def searched() -> dict[str, Any]:
@@ -96,8 +98,12 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         numbers = range(folds(whole[model]))
         views = [store.on_batches(HeldOut(store.calibration_batches, fold, whole)) for fold in numbers]
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
+        report = progress or (lambda line: LOG.info("%s", line))
         with freed_memory.kept():
-            return search(store, views, held_out, model, base, tolerance, auto, incumbent, progress).to_dict()
+            checked = check_lock(store, views, held_out, model, base, tolerance, incumbent, report) \
+                if incumbent else None
+            return (checked or search(store, views, held_out, model, base, tolerance, auto,
+                                      incumbent.settings if incumbent else None, report)).to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
                                                    {"model": model, "precision": precision}))

@@ -28,7 +28,8 @@ from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.lock import LockedRecipe, LockState, RecipeLock, SearchEvidence
 from quantverdict.tune.auto import AUTO_KEYS, AutoSettings, auto_settings
-from quantverdict.tune.result import SearchResult
+from quantverdict.tune.check import NEAREST
+from quantverdict.tune.result import Incumbent, SearchResult
 from quantverdict.tune.search import Progress
 
 
@@ -56,7 +57,7 @@ class TuningBench(Workbench, Protocol):
 
 
 # (bench, model, precision, the search's settings, settings judged beside the candidates, progress) → the search
-Searcher = Callable[[TuningBench, str, str, AutoSettings, "RecipeSettings | None", "Progress | None"], SearchResult]
+Searcher = Callable[[TuningBench, str, str, AutoSettings, "Incumbent | None", "Progress | None"], SearchResult]
 LOCKED_PACKAGES = ("quantverdict", "onnx", "onnxruntime", "numpy", "torch")
 Origin = Literal["settings", "lock", "search"]
 
@@ -174,9 +175,18 @@ class Resolver:
         if auto is None or searcher is None or self.locked(model, precision) is not None:
             return None
         entry = self.options.lock.get(model, precision) if self.options.lock and self.options.check else None
-        incumbent = RecipeSettings.parse(entry.settings, precision) if entry else None
+        incumbent = self._incumbent(entry, precision) if entry else None
         return self._searches.get((model, precision), lambda: searcher(self.bench, model, precision, auto, incumbent,
                                                                         self.options.progress))
+
+    @staticmethod
+    def _incumbent(entry: LockedRecipe, precision: str) -> Incumbent:
+        """A lock entry as a check judges it: its settings, and the best of the others its search judged."""
+        settings = RecipeSettings.parse(entry.settings, precision)
+        others = [(evidence.score_db, RecipeSettings.parse(evidence.settings, precision))
+                  for evidence in entry.search.candidates if evidence.score_db is not None and not evidence.error]
+        nearest = [option for _, option in sorted(others, key=lambda pair: -pair[0]) if option != settings]
+        return Incumbent(settings, tuple(dict.fromkeys(nearest))[:NEAREST])
 
     def declared(self, spec: ModelSpec, precision: str) -> ModelSpec:
         """``spec`` with ``precision``'s recipe settings as the lock holds them, where its entry applies, each float

@@ -26,6 +26,18 @@ class Candidate:
         return cls(**{**data, "settings": RecipeSettings.parse(data["settings"], "searched")})
 
 
+@dataclass(frozen=True)
+class Incumbent:
+    """A lock's recipe, judged beside a search (a nightly check): its settings, and the alternatives nearest to it when
+    it was locked (the best of the others its search judged), which a check judges first."""
+
+    settings: RecipeSettings
+    nearest: tuple[RecipeSettings, ...] = ()
+
+    def key(self) -> list[dict[str, object]]:
+        return [settings.to_dict() for settings in (self.settings, *self.nearest)]
+
+
 @dataclass
 class SearchResult:
     chosen: RecipeSettings
