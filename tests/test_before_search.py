@@ -1,7 +1,8 @@
 """A case its recipe's placement decides (most weights in float for want of a kernel, layers the recipe does not see)
 ends before anything is calibrated or searched, with the reason the graph made and judged would give: a recurrent
-network's INT8 and FP8 cases, a network whose weights all live inside an ``If``; ``quantverdict lock`` does not search
-for them. Graphs nobody here trained: torch's LSTM export, and an ``If`` written as exporters of scripted branches do."""
+network's INT8 and FP8 cases, a network whose weights all live inside an ``If``; ``quantverdict lock`` does not
+search for them. Graphs nobody here trained: torch's LSTM export, and an ``If`` written as exporters of scripted
+branches do."""
 import textwrap
 from pathlib import Path
 
