@@ -15,6 +15,7 @@ from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.run.cases import Case
 from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Pipeline
+from quantverdict.tune.decide import decided_before_calibration
 from test_exporter_corpus import _Recurrent
 from exporters import torch_export
 
@@ -69,7 +70,7 @@ def test_the_reason_is_the_one_the_graph_made_and_judged_gives(lstm, tmp_path):
     """Where no fallback is chosen, the coverage of the recipe's placement is the coverage of the graph it makes: the
     same counts, kinds, reasons and verdict."""
     pipeline = Pipeline(tmp_path / "cache", manifest=lstm, recipe_settings={"int8": {"calibration": "max"}})
-    decided = pipeline.recipes.decided("seq", "int8", "emulated")
+    decided = decided_before_calibration(pipeline.recipes, "seq", "int8", "emulated")
     recipe = pipeline.recipes.recipe("seq", "int8", "emulated")
     built = {key: value for key, value in pipeline.store.coverage("seq", recipe).items()
              if key not in ("graph", "evaluator")}

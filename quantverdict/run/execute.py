@@ -35,6 +35,7 @@ from quantverdict.models.spec import Batch, sample_count
 from quantverdict.perf.bench import time_call
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
+from quantverdict.tune.decide import decided_before_calibration
 from quantverdict.tune.resolve import Resolver
 
 
@@ -102,7 +103,7 @@ class CaseExecutor:
         timings: dict[str, float] = {}
         backend = self.backend(case.backend)
         if backend.runs_recipe_graph and case.precision not in spec.quantized:
-            decided = self.recipes.decided(case.model, case.precision, backend.recipe_target)
+            decided = decided_before_calibration(self.recipes, case.model, case.precision, backend.recipe_target)
             if decided is not None:  # by the recipe's placement on the FP32 graph: nothing calibrated or searched
                 why = decided.message if decided.status == "skipped" else f"{case.id}: {decided.message}"
                 return CaseResult(case, decided.status, why, {"coverage": decided.coverage,

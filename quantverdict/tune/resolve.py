@@ -17,7 +17,6 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 from quantverdict.capabilities import Capabilities, package_version
 from quantverdict.errors import HarnessError
 from quantverdict.hashing import file_sha256, source_fingerprint
-from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.judge.tolerances import ToleranceTable
 from quantverdict.judge.workbench import Workbench
 from quantverdict.memo import Memo
@@ -78,16 +77,6 @@ class RecipeOptions:
 
 
 @dataclass(frozen=True)
-class Decided:
-    """A case its recipe's placement decides before anything is calibrated: skipped or failed, why, and the coverage
-    that says so."""
-
-    status: Literal["failed", "skipped"]
-    message: str
-    coverage: dict[str, Any]
-
-
-@dataclass(frozen=True)
 class ResolvedRecipe:
     """A precision's finished recipe as a case judges it (its settings, and its fallback layers with their formats),
     where it came from, the lock's state where a lock gave it, and the search's evidence where a search chose it."""
@@ -112,31 +101,6 @@ class Resolver:
             return recipe
         settings = self.settings(model, precision)
         return self.with_fallback(model, recipe.configured(settings))
-
-    def planned(self, model: str, precision: str, target: str) -> Recipe:
-        """``precision``'s recipe as far as it is known before anything is calibrated or searched: the lock's where it
-        applies, else the settings given (a search's to choose: the defaults), its fallback layers not chosen."""
-        recipe = get_recipe(precision).for_target(target)
-        if not recipe.configurable:
-            return recipe
-        if self.locked(model, precision) is not None:
-            return self.recipe(model, precision, target)  # the lock names its layers: nothing to calibrate for them
-        given = RecipeSettings() if self.auto(model, precision) is not None else self.settings(model, precision)
-        return recipe.configured(given)
-
-    def decided(self, model: str, precision: str, target: str) -> Decided | None:
-        """A case of ``precision`` that the coverage of its recipe's placement decides before any calibration or
-        search (:func:`quantverdict.judge.coverage.coverage_verdict`: most of the weights in float for want of a
-        kernel, or a layer the recipe does not see), with the verdict's status, message and that coverage; None
-        where only the graph made and judged decides. Where the fallback has layers to choose, they count as
-        quantized: no choice of them would change the verdict."""
-        recipe = self.planned(model, precision, target)
-        coverage = self.bench.planned_coverage(model, recipe) if recipe.quantized else None
-        verdict = coverage_verdict(coverage, precision, model, "the recipe") if coverage is not None else None
-        if verdict is None:
-            return None
-        assert coverage is not None
-        return Decided(*verdict, coverage)
 
     def settings(self, model: str, precision: str) -> RecipeSettings:
         """The settings the lock holds, else those the search chose, else the model's own with this run's over

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from quantverdict.errors import HarnessError
     from quantverdict.precision import known_precisions
     from quantverdict.run.pipeline import Pipeline
+    from quantverdict.tune.decide import decided_before_calibration
 
     settings = common.settings(args)
     path: Path = settings["lock"]
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if kept is not None and recipes.locked(model, precision) is not None:
             print(f"{model} {precision}: locked {_words(kept.settings)}" + _graph_note(recipes, model, precision))
             continue
-        decided = recipes.decided(model, precision, "emulated")
+        decided = decided_before_calibration(recipes, model, precision, "emulated")
         if decided is not None:  # the case is skipped or failed by its coverage whatever the search chose
             print(f"{model} {precision}: not searched: the case is {decided.status} before any calibration: "
                   f"{decided.message}")
