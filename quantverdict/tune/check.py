@@ -3,10 +3,11 @@ same held-out samples a search judges, and a search runs only where they say one
 
 After a change of weights, calibration data or packages, a full search costs as much as the first lock (every
 candidate recalibrated, every fallback ranking made again), though it almost always chooses the lock's recipe again.
-The check judges the locked recipe and the :data:`NEAREST` alternatives its search ranked next when it was locked: the
-lock holds where its recipe still meets the case's bounds on the held-out samples and neither alternative is
-:func:`~quantverdict.tune.search.better` (the search's own paired test); otherwise the full search runs, with the
-locked recipe judged beside its candidates as before (what was judged is read from the cache, not judged again).
+The check judges the locked recipe as the lock holds it (its settings, and the layers it keeps wider: no ranking) and
+the :data:`NEAREST` alternatives its search ranked next when it was locked. The lock holds where its recipe still meets
+the case's bounds on the held-out samples and neither alternative is :func:`~quantverdict.tune.search.better` (the
+search's own paired test); an alternative that is better is proposed in its place; where the lock's recipe misses the
+bounds, the full search runs, the locked recipe judged beside its candidates as before.
 """
 from __future__ import annotations
 
@@ -26,27 +27,31 @@ NEAREST = 2  # the alternatives a check judges beside the locked recipe: the bes
 
 def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
                tolerance: Tolerance, incumbent: Incumbent, report: Progress) -> SearchResult | None:
-    """The lock's recipe and its nearest alternatives judged on the search's folds: a result choosing the lock's
-    recipe where it holds, None where a search must say (it misses the bounds, or an alternative does better)."""
+    """The lock's recipe (its settings and its layers kept wider, as the lock holds them) and its nearest alternatives
+    judged on the search's folds: a result choosing the lock's recipe where it holds, or the best alternative that
+    does better by the search's paired test; None where the lock's recipe misses the case's bounds (a search says)."""
     trials = Trials(whole, folds, held_out, model, base, tolerance, report)
     result = SearchResult(chosen=incumbent.settings, held_out_samples=trials.samples, folds=len(folds),
                           layers=len(weighted_layers(folds[0], model, base)))
     trials.planned = 1 + len(incumbent.nearest)
     report(f"recipe search {model} {base.name}: checking the lock first: its recipe and the {len(incumbent.nearest)} "
            f"alternatives nearest to it, on {len(folds)} folds of {result.held_out_samples} calibration samples")
-    result.incumbent, kept = trials.judge(incumbent.settings, list(incumbent.nearest))
-    if kept is None or not result.incumbent.passed:
+    kept = None if incumbent.kept is None else dict(incumbent.kept)
+    result.incumbent, locked = trials.judge(incumbent.settings, list(incumbent.nearest), kept=kept)
+    if locked is None or not result.incumbent.passed:
         report(f"recipe search {model} {base.name}: the lock's recipe misses the case's bounds on held-out samples: "
                "searching")
         return None
+    best = result.incumbent, locked
     for index, option in enumerate(incumbent.nearest):
         candidate, samples = trials.judge(option, list(incumbent.nearest[index + 1:]), result.candidates)
         result.candidates.append(candidate)
-        if samples is not None and better(samples, kept, candidate.passed, result.incumbent.passed):
-            report(f"recipe search {model} {base.name}: {option.words()} does better than the lock's recipe: "
-                   "searching")
-            return None
-    result.beats_incumbent = False
-    result.note = (f"checked from the lock: its recipe meets the case's bounds on held-out samples and none of the "
+        if samples is not None and better(samples, best[1], candidate.passed, best[0].passed):
+            best = candidate, samples
+    result.chosen, result.beats_incumbent = best[0].settings, best[0] is not result.incumbent
+    result.note = (f"checked from the lock: {best[0].settings.words()} does better than the lock's recipe on held-out "
+                   "samples by the search's paired test (a search of every candidate: quantverdict lock --update "
+                   f"{model})" if result.beats_incumbent else
+                   "checked from the lock: its recipe meets the case's bounds on held-out samples and none of the "
                    f"{len(incumbent.nearest)} alternatives nearest to it does better, so no wider search")
     return result

@@ -139,18 +139,25 @@ class Resolver:
         if auto is None or searcher is None or self.locked(model, precision) is not None:
             return None
         entry = self.options.lock.get(model, precision) if self.options.lock and self.options.check else None
-        incumbent = self._incumbent(entry, precision) if entry else None
+        incumbent = self._incumbent(model, entry, precision) if entry else None
         return self._searches.get((model, precision), lambda: searcher(self.bench, model, precision, auto, incumbent,
                                                                         self.options.progress))
 
-    @staticmethod
-    def _incumbent(entry: LockedRecipe, precision: str) -> Incumbent:
-        """A lock entry as a check judges it: its settings, and the best of the others its search judged."""
+    def _incumbent(self, model: str, entry: LockedRecipe, precision: str) -> Incumbent:
+        """A lock entry as a check judges it: its settings and its layers kept wider (where the graph still has them),
+        and the best of the others its search judged."""
         settings = RecipeSettings.parse(entry.settings, precision)
         others = [(evidence.score_db, RecipeSettings.parse(evidence.settings, precision))
                   for evidence in entry.search.candidates if evidence.score_db is not None and not evidence.error]
         nearest = [option for _, option in sorted(others, key=lambda pair: -pair[0]) if option != settings]
-        return Incumbent(settings, tuple(dict.fromkeys(nearest))[:NEAREST])
+        recipe = get_recipe(precision).for_target("emulated").configured(settings)
+        kept = None
+        if isinstance(recipe, QDQ) and recipe.fallback_pending:
+            try:
+                kept = tuple(sorted(self._present(model, recipe, entry).items()))
+            except HarnessError:  # the graph lost a locked layer: the check ranks them again
+                kept = None
+        return Incumbent(settings, tuple(dict.fromkeys(nearest))[:NEAREST], kept)
 
     def declared(self, spec: ModelSpec, precision: str) -> ModelSpec:
         """``spec`` with ``precision``'s recipe settings as the lock holds them, where its entry applies, each float

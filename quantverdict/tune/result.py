@@ -28,14 +28,16 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Incumbent:
-    """A lock's recipe, judged beside a search (a nightly check): its settings, and the alternatives nearest to it when
-    it was locked (the best of the others its search judged), which a check judges first."""
+    """A lock's recipe, judged beside a search (a nightly check): its settings and the layers it keeps wider, as the
+    lock holds them, and the alternatives nearest to it when it was locked (the best of the others its search judged),
+    which a check judges first."""
 
     settings: RecipeSettings
     nearest: tuple[RecipeSettings, ...] = ()
+    kept: tuple[tuple[str, str], ...] | None = None  # the layers its fallback keeps wider, with their formats
 
-    def key(self) -> list[dict[str, object]]:
-        return [settings.to_dict() for settings in (self.settings, *self.nearest)]
+    def key(self) -> list[object]:
+        return [[settings.to_dict() for settings in (self.settings, *self.nearest)], self.kept]
 
 
 @dataclass

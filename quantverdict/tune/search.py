@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -146,15 +146,16 @@ class Trials:
                                spec.describe("metric"))
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
-    def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings],
-              among: Sequence[Candidate] = ()) -> tuple[Candidate, np.ndarray | None]:
+    def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
+              kept: Mapping[str, str] | None = None) -> tuple[Candidate, np.ndarray | None]:
         """``settings`` judged (a fold's graph is not kept): its held-out samples' SNR (None where the technique does
         not apply to this graph), reported beside the best of the search's candidates ``among`` and the time the
-        candidates ``ahead`` take, priced by those."""
+        candidates ``ahead`` take, priced by those. ``kept``: the layers its fallback keeps wider, as a lock names
+        them (else ranked on each fold)."""
         begun, candidate = time.perf_counter(), Candidate(settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
-            candidate, samples, pooled = self._judged(candidate)
+            candidate, samples, pooled = self._judged(candidate, kept)
         if samples is not None:  # the user's metric is the user's code: its failure is not the technique's
             candidate.passed = self.meets_bounds(pooled)
         candidate.seconds = round(time.perf_counter() - begun, 3)
@@ -165,16 +166,20 @@ class Trials:
                     f"far {'-' if leader is None else f'{leader:.2f} dB'}; {time_left(ahead, [*among, candidate])}")
         return candidate, samples
 
-    def _judged(self, candidate: Candidate) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
+    def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None
+                ) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
         """``candidate``'s settings calibrated on each fold and judged on its held-out part: its mean per-sample SNR,
         each sample's, and the outputs pooled; its error where the technique does not apply to this graph."""
         samples, pooled, output = None, {}, self.spec.outputs[0]
         settings = candidate.settings
         try:
             recipe = self.base.with_settings(settings)
-            recipes = ([recipe.with_kept(kept) for kept in fallback_per_part(self.whole, self.model, recipe,
-                                                                             self.held_out)]
-                       if recipe.fallback_pending else [recipe] * len(self.folds))
+            if recipe.fallback_pending:
+                per_fold = [kept] * len(self.folds) if kept is not None else fallback_per_part(
+                    self.whole, self.model, recipe, self.held_out)
+                recipes = [recipe.with_kept(layers) for layers in per_fold]
+            else:
+                recipes = [recipe] * len(self.folds)
             outputs = [fold.recipe_semantics(self.model, fold_recipe, "evaluation")
                        for fold, fold_recipe in zip(self.folds, recipes)]
             pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
