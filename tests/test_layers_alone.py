@@ -137,24 +137,14 @@ def test_a_worker_killed_for_memory_stops_the_search_naming_memory(tmp_path, mon
     """A layers-alone worker the kernel kills (SIGKILL, the OOM killer's signal) is no technique that does not apply:
     the ranking fails naming memory, and the search fails with it rather than choose among fewer candidates; the case
     is one line and a record entry."""
-    import textwrap
-
     from quantverdict.run.cases import Case
-    from test_recipe_search import NETS
+    from test_recipe_search import MANIFEST, NETS
 
     if not Path("/proc/self/stat").exists():
         pytest.skip("finding the worker to kill reads /proc (Linux)")
     (tmp_path / "searchnets.py").write_text(NETS)
-    (tmp_path / "models.yaml").write_text(textwrap.dedent("""\
-        models:
-          - name: dw
-            build: searchnets:dw
-            inputs: [{name: input, shape: [4, 3, 32, 32], range: [0, 1]}]
-            outputs: [logits]
-            task: classification
-            calibration: synthetic
-            recipe: {int8: {auto: true, max_fallback: 0.5}}
-        """))
+    ranked = "    build_files: []\n    recipe: {int8: {auto: true, max_fallback: 0.5}}\n  - name: block"  # dw's layers
+    (tmp_path / "models.yaml").write_text(MANIFEST.replace("    build_files: []\n  - name: block", ranked))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: 2)
     monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)

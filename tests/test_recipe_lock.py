@@ -27,6 +27,22 @@ def _lock(repo, *extra: str, cache: str = "cache") -> int:
                  *extra])
 
 
+def _weights_changed(repo) -> None:
+    """``changednets:dw_changed``: the same network after a training step, its weights moved."""
+    (repo / "changednets.py").write_text(textwrap.dedent("""\
+        import torch
+
+        from searchnets import dw
+
+
+        def dw_changed():
+            net = dw()
+            with torch.no_grad():
+                next(net.parameters()).mul_(1.01)
+            return net
+        """))
+
+
 def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as_it_searches(repo, capsys):
     assert _lock(repo) == 0
     out, err = capsys.readouterr()
@@ -69,18 +85,7 @@ def test_a_locked_run_searches_nothing_and_builds_the_locked_recipe(repo):
 
 def test_a_changed_graph_keeps_its_locked_recipe_and_the_verdict_says_so(repo, capsys):
     assert _lock(repo) == 0
-    (repo / "changednets.py").write_text(textwrap.dedent("""\
-        import torch
-
-        from searchnets import dw
-
-
-        def dw_changed():  # the same network after a training step: its weights moved
-            net = dw()
-            with torch.no_grad():
-                next(net.parameters()).mul_(1.01)
-            return net
-        """))
+    _weights_changed(repo)
     (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
     pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=repo / "quantverdict.lock")
     assert pipeline.recipes.search("dw", "int8") is None
@@ -236,18 +241,7 @@ def test_the_nightly_check_after_a_weight_change_judges_the_lock_and_its_nearest
     candidates, where a search judges ten); where it misses the bounds, the search runs as before."""
     assert _lock(repo) == 0
     capsys.readouterr()
-    (repo / "changednets.py").write_text(textwrap.dedent("""\
-        import torch
-
-        from searchnets import dw
-
-
-        def dw_changed():  # the same network after a training step: its weights moved
-            net = dw()
-            with torch.no_grad():
-                next(net.parameters()).mul_(1.01)
-            return net
-        """))
+    _weights_changed(repo)
     (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
     assert _lock(repo, "--check") == 0
     out, err = capsys.readouterr()
