@@ -11,14 +11,14 @@ import numpy as np
 from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
-from quantverdict.tune.auto import AutoSettings
-from quantverdict.tune.check import check_lock
-from quantverdict.tune.result import Incumbent, SearchResult
-from quantverdict.tune.search import LOG, Progress, search
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import get_recipe
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
+from quantverdict.tune.auto import AutoSettings
+from quantverdict.tune.check import check_lock
+from quantverdict.tune.result import Incumbent, SearchResult
+from quantverdict.tune.search import LOG, Progress, search
 
 if TYPE_CHECKING:
     from quantverdict.tune.resolve import TuningBench

@@ -25,9 +25,9 @@ from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
-from quantverdict.tune.lock import LockedRecipe, LockState, RecipeLock, SearchEvidence
 from quantverdict.tune.auto import AUTO_KEYS, AutoSettings, auto_settings
 from quantverdict.tune.check import NEAREST
+from quantverdict.tune.lock import LockedRecipe, LockState, RecipeLock, SearchEvidence
 from quantverdict.tune.result import Incumbent, SearchResult
 from quantverdict.tune.search import Progress
 
