@@ -300,6 +300,7 @@ def test_no_field_of_a_record_renders_as_markup_in_chromium(record_path, tmp_pat
     """An ONNX file from a pull request names its nodes and ops; a record can carry anything. Markup in any
     string of a record (case ids, messages, first diverging node and op, runner class, skip reasons…) is
     shown as text: the page has no script of its own, and headless Chromium runs none of the record's."""
+    from quantverdict.report.load import check_record
     from quantverdict.report.render import html_page
 
     record = json.loads(record_path.read_text())
@@ -308,7 +309,7 @@ def test_no_field_of_a_record_renders_as_markup_in_chromium(record_path, tmp_pat
     failing["metrics"]["first_divergence"] = {"node": "conv", "op": "Conv", "tensor": "t", "summary": "cosine 0.5"}
     record = _poisoned(record)
     page = tmp_path / "hostile.html"
-    page.write_text(html_page(record, []))
+    page.write_text(html_page(check_record(record, "hostile"), []))
     import re
     from html.parser import HTMLParser
 
