@@ -39,13 +39,12 @@ from quantverdict.precision.coverage import planned_coverage, recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.single_layer import derivable
-from quantverdict.registry import Registry
 from quantverdict.memo import Memo
+from quantverdict.registry import Registry
 from quantverdict.run.views import MEMO_SIZE, Planter, Shared
 
 if TYPE_CHECKING:
     import torch
-
 
 
 class ArtifactStore:

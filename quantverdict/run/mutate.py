@@ -25,9 +25,9 @@ from quantverdict.judge.mutations import NO_SITE, Mutation
 from quantverdict.models.spec import Batch
 from quantverdict.report.gate import judge_case, load_policy, rules_for
 from quantverdict.report.schema import CaseRecord
-from quantverdict.run.views import Planter
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
+from quantverdict.run.views import Planter
 
 MIN_SNR_COST_DB = 6.0
 MIN_ACCURACY_COST = 1.0

@@ -81,7 +81,8 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     """The search for ``precision``'s settings (:func:`quantverdict.tune.search.search`); with ``incumbent`` (a lock's
     recipe), a check from the lock first (:func:`quantverdict.tune.check.check_lock`), and where it does not hold,
     the search with the lock's recipe judged beside its candidates; cached by the FP32 graph, the calibration data,
-    the tolerance, the search's settings, the incumbent and the code. ``progress`` hears of a search that runs, not of one read from the cache."""
+    the tolerance, the search's settings, the incumbent and the code. ``progress`` hears of a search that runs, not of
+    one read from the cache."""
     spec = store.spec(model)
     base = get_recipe(precision).for_target("emulated")
     assert isinstance(base, QDQ)

@@ -58,7 +58,6 @@ class TuningBench(Workbench, Protocol):
 # (bench, model, precision, the search's settings, settings judged beside the candidates, progress) → the search
 Searcher = Callable[[TuningBench, str, str, AutoSettings, "Incumbent | None", "Progress | None"], SearchResult]
 LOCKED_PACKAGES = ("quantverdict", "onnx", "onnxruntime", "numpy", "torch")
-Origin = Literal["settings", "lock", "search"]
 
 
 @dataclass(frozen=True)
@@ -82,9 +81,12 @@ class ResolvedRecipe:
     where it came from, the lock's state where a lock gave it, and the search's evidence where a search chose it."""
 
     recipe: Recipe
-    origin: Origin
     lock: LockState | None = None
     search: SearchResult | None = None
+
+    @property
+    def origin(self) -> Literal["settings", "lock", "search"]:
+        return "lock" if self.lock is not None else "search" if self.search is not None else "settings"
 
 
 class Resolver:
@@ -155,8 +157,8 @@ class Resolver:
         if isinstance(recipe, QDQ) and recipe.fallback_pending:
             try:
                 kept = tuple(sorted(self._present(model, recipe, entry).items()))
-            except HarnessError:  # the graph lost a locked layer: the check ranks them again
-                kept = None
+            except HarnessError:  # the graph lost a locked layer: the check ranks them again (kept stays None)
+                pass
         return Incumbent(settings, tuple(dict.fromkeys(nearest))[:NEAREST], kept)
 
     def declared(self, spec: ModelSpec, precision: str) -> ModelSpec:
@@ -176,10 +178,8 @@ class Resolver:
 
     def resolved(self, model: str, precision: str) -> ResolvedRecipe:
         """``precision``'s recipe as the case's graph is judged (its emulated target), with where it came from."""
-        recipe, lock, search = self.recipe(model, precision, "emulated"), self.lock_state(model, precision), None
-        if lock is None:
-            search = self.search(model, precision)
-        return ResolvedRecipe(recipe, "lock" if lock else "search" if search else "settings", lock, search)
+        return ResolvedRecipe(self.recipe(model, precision, "emulated"), self.lock_state(model, precision),
+                              self.search(model, precision))  # a lock's recipe is never searched: one of the two
 
     def lock_state(self, model: str, precision: str) -> LockState | None:
         """The lock the recipe came from, whether it was chosen for this very FP32 graph and calibration data, and
@@ -229,8 +229,8 @@ class Resolver:
         return recipe.with_kept(kept)
 
     def kept(self, model: str, recipe: QDQ) -> dict[str, str]:
-        """The layers ``recipe``'s fallback keeps wider, each with its format: the lock's, else the most sensitive on the
-        calibration set (:func:`choose_fallback`), once per content key of what decides them."""
+        """The layers ``recipe``'s fallback keeps wider, each with its format: the lock's, else the most sensitive on
+        the calibration set (:func:`choose_fallback`), once per content key of what decides them."""
         locked = self.locked(model, recipe.name)
         if locked is not None:
             return self._present(model, recipe, locked)
