@@ -22,7 +22,7 @@ def test_calibration_time_harness(benchmark, qv_pipeline, method):
     calibrator = Calibrator(method)
 
     def run():
-        histograms = collect_histograms(model_bytes, tensors, batches, calibrator.bins)
+        histograms = collect_histograms(model_bytes, tensors, [batches], calibrator.bins)[0]
         return {name: calibrator.amax(h) for name, h in histograms.items()}
 
     benchmark.group = f"calibration resnet50 {method}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -27,11 +27,14 @@ from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import CalibrationError
 from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch
-from quantverdict.precision.calibrators import BINS, Calibrator, Histogram
+from quantverdict.precision.batch_sets import siblings, union
+from quantverdict.precision.calibrators import BINS, Calibrator, Histogram, add_to
 
 RANGE_BITS = 10  # relative step 0.1–0.2%
 HISTOGRAM_SETS = 16  # kept in this process (a fold's and the whole set's, for a few graphs): a few MB each
+T = TypeVar("T")
 _HISTOGRAMS: dict[str, dict[str, Histogram]] = {}
+_CHANNEL_RANGES: dict[str, dict[str, np.ndarray]] = {}  # a search's folds' beside the one asked for, until asked
 FORWARD_PASSES: Counter = Counter()
 """Calibration forward passes run in this process, by model graph name (tests count them)."""
 
@@ -49,12 +52,12 @@ def calibrate(
         raise CalibrationError("calibration set is empty")
     import onnxruntime
 
-    data = content_hash(model_bytes, list(tensors), list(batches))
+    data = content_hash(content_hash(model_bytes, list(tensors)), list(batches))
     key = content_hash("calibration", data, calibrator.params,
                        source_fingerprint("quantverdict.precision.calibrate", "quantverdict.precision.calibrators"))
 
     def produce() -> bytes:
-        histograms = _shared_histograms(data, lambda: collect_histograms(model_bytes, tensors, batches))
+        histograms = _shared_histograms(model_bytes, tensors, batches, data)
         ranges = {name: float(portable(calibrator.amax(hist))) for name, hist in histograms.items()}
         document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
                     "ranges": ranges}
@@ -64,15 +67,26 @@ def calibrate(
     return json.loads(path.read_text())["ranges"]
 
 
-def _shared_histograms(data: str, collect: Callable[[], dict[str, Histogram]]) -> dict[str, Histogram]:
+def _shared_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch],
+                       data: str) -> dict[str, Histogram]:
     """The histograms of one graph's tensors over one set of batches (``data``: their hash), collected once per
-    process for every calibrator: a search tries max, percentile and MSE on the same graph and folds, and each
-    forward pass is a pass over the model (MiniLM's search: a fifth of its calibration time)."""
+    process for every calibrator (a search tries max, percentile and MSE on the same graph and folds, and each
+    forward pass is a pass over the model: MiniLM's search, a fifth of its calibration time), with those of the sets
+    planned beside it (:func:`quantverdict.precision.batch_sets.siblings`: a search's folds) in the same pass."""
     if data not in _HISTOGRAMS:
-        while len(_HISTOGRAMS) >= HISTOGRAM_SETS:
-            _HISTOGRAMS.pop(next(iter(_HISTOGRAMS)))
-        _HISTOGRAMS[data] = collect()
+        graph = content_hash(model_bytes, list(tensors))
+        asked, *beside = siblings(batches, graph)
+        sets = [asked, *(found for found in beside if content_hash(graph, found) not in _HISTOGRAMS)]
+        for found, histograms in zip(sets, collect_histograms(model_bytes, tensors, sets)):
+            _kept(_HISTOGRAMS, content_hash(graph, found), histograms)
     return _HISTOGRAMS[data]
+
+
+def _kept(kept: dict[str, T], key: str, value: T) -> None:
+    """``value`` kept under ``key``, the oldest of ``kept`` dropped beyond :data:`HISTOGRAM_SETS`."""
+    while len(kept) >= HISTOGRAM_SETS:
+        kept.pop(next(iter(kept)))
+    kept[key] = value
 
 
 def portable(values: float | np.ndarray) -> np.ndarray:
@@ -95,25 +109,44 @@ def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axi
                        source_fingerprint("quantverdict.precision.calibrate"))
 
     def produce() -> bytes:
-        amax: dict[str, np.ndarray] = {}
-        for values in tensor_values(model_bytes, tensors, batches):
-            for name, value in zip(tensors, values):
-                channels = np.moveaxis(value, axis, -1)
-                batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
-                amax[name] = np.maximum(amax[name], batch_amax) if name in amax else batch_amax
+        data = content_hash(model_bytes, list(tensors), axis, list(batches))
+        if data not in _CHANNEL_RANGES:
+            asked, *beside = siblings(batches, content_hash(model_bytes, list(tensors), axis))
+            sets = [asked, *(found for found in beside
+                             if content_hash(model_bytes, list(tensors), axis, found) not in _CHANNEL_RANGES)]
+            for found, amax in zip(sets, _channel_amax(model_bytes, tensors, axis, sets)):
+                _kept(_CHANNEL_RANGES, content_hash(model_bytes, list(tensors), axis, found), amax)
+        amax = _CHANNEL_RANGES.pop(data)
         return json.dumps({name: portable(v).tolist() for name, v in amax.items()}).encode()
 
     path = cache.get_or_create("channel-ranges", key, ".json", produce, {"tensors": len(tensors)})
     return {name: np.asarray(v, np.float64) for name, v in json.loads(path.read_text()).items()}
 
 
-def collect_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch],
-                       bins: int = BINS) -> dict[str, Histogram]:
-    """One forward pass per batch; every requested tensor's |x| is binned and then dropped."""
-    histograms = {name: Histogram(bins) for name in tensors}
-    for values in tensor_values(model_bytes, tensors, batches):
+def _channel_amax(model_bytes: bytes, tensors: Sequence[str], axis: int,
+                  sets: Sequence[Sequence[Batch]]) -> list[dict[str, np.ndarray]]:
+    """Each set's per-channel amax of ``tensors`` along ``axis``, in one pass over the batches the sets hold."""
+    order, holders = union(sets)
+    amax: list[dict[str, np.ndarray]] = [{} for _ in sets]
+    for values, holding in zip(tensor_values(model_bytes, tensors, order), holders):
         for name, value in zip(tensors, values):
-            histograms[name].add(value)
+            channels = np.moveaxis(value, axis, -1)
+            batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
+            for number in holding:
+                found = amax[number]
+                found[name] = np.maximum(found[name], batch_amax) if name in found else batch_amax
+    return amax
+
+
+def collect_histograms(model_bytes: bytes, tensors: Sequence[str], sets: Sequence[Sequence[Batch]],
+                       bins: int = BINS) -> list[dict[str, Histogram]]:
+    """Each set's histograms of ``tensors``, in one forward pass per batch the sets hold: every requested tensor's
+    |x| is binned into the histograms of the sets holding its batch, and then dropped."""
+    order, holders = union(sets)
+    histograms = [{name: Histogram(bins) for name in tensors} for _ in sets]
+    for values, holding in zip(tensor_values(model_bytes, tensors, order), holders):
+        for name, value in zip(tensors, values):
+            add_to([histograms[number][name] for number in holding], value)
     return histograms
 
 

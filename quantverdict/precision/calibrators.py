@@ -14,7 +14,7 @@ when a batch exceeds it, so no activation is held in memory. Each method turns t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -40,24 +40,7 @@ class Histogram:
         return np.linspace(0.0, self.limit, len(self.counts) + 1)
 
     def add(self, values: np.ndarray) -> None:
-        magnitudes = np.abs(values.astype(np.float32, copy=False)).ravel()
-        if magnitudes.size == 0:
-            return
-        batch_max = float(magnitudes.max())
-        self.max = max(self.max, batch_max)
-        if len(self.counts) == 0:
-            return
-        if not np.isfinite(batch_max):  # an overflowed activation: its max says so; the bins hold the finite values
-            magnitudes = magnitudes[np.isfinite(magnitudes)]
-            if magnitudes.size == 0:
-                return
-            batch_max = float(magnitudes.max())
-        if batch_max > self.limit:
-            self._grow(batch_max)
-        if self.limit == 0.0:
-            self.counts[0] += magnitudes.size
-            return
-        self.counts += np.histogram(magnitudes, bins=len(self.counts), range=(0.0, self.limit))[0]
+        add_to([self], values)
 
     def _grow(self, new_limit: float) -> None:
         if self.limit > 0 and self.counts.any():
@@ -65,6 +48,44 @@ class Histogram:
             index = np.minimum((centers / new_limit * len(self.counts)).astype(int), len(self.counts) - 1)
             self.counts = np.bincount(index, weights=self.counts, minlength=len(self.counts)).astype(np.float64)
         self.limit = new_limit
+
+
+def add_to(histograms: Sequence[Histogram], values: np.ndarray) -> None:
+    """``values``' |x| added to each of ``histograms`` (one tensor's, of several sets of batches that hold this one):
+    binned once for all of them whose range is the same, as each would bin it alone."""
+    magnitudes = np.abs(values.astype(np.float32, copy=False)).ravel()
+    if magnitudes.size == 0:
+        return
+    batch_max = float(magnitudes.max())
+    finite = magnitudes if np.isfinite(batch_max) else magnitudes[np.isfinite(magnitudes)]  # an overflowed
+    finite_max = float(finite.max()) if finite.size else 0.0  # activation: its max says so; the bins hold the rest
+    binned: dict[tuple[int, float], np.ndarray] = {}  # the counts over [0, limit] in so many bins
+    for hist in histograms:
+        hist.max = max(hist.max, batch_max)
+        if len(hist.counts) == 0 or finite.size == 0:
+            continue
+        if finite_max > hist.limit:
+            hist._grow(finite_max)
+        if hist.limit == 0.0:
+            hist.counts[0] += finite.size
+            continue
+        shape = (len(hist.counts), hist.limit)
+        if shape not in binned:
+            binned[shape] = _counts(finite, *shape)
+        hist.counts += binned[shape]
+
+
+def _counts(magnitudes: np.ndarray, bins: int, limit: float) -> np.ndarray:
+    """How many of ``magnitudes`` (float32, within ``[0, limit]``) fall in each of ``bins`` equal bins: the bin is the
+    float32 product's integer part, correctly rounded on every CPU (a value within its last bit of an edge may count in
+    the bin above; ``np.histogram``'s edge checks take 2.4× as long)."""
+    per_unit = bins / limit
+    if per_unit < float(np.finfo(np.float32).max):
+        index = (magnitudes * np.float32(per_unit)).astype(np.intp)
+    else:  # a range of subnormals: the factor itself would overflow float32
+        index = (magnitudes.astype(np.float64) * per_unit).astype(np.intp)
+    np.minimum(index, bins - 1, out=index)
+    return np.bincount(index, minlength=bins)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import onnx
 from quantverdict.capabilities import physical_memory
 from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch
+from quantverdict.precision.batch_sets import siblings, union
 from quantverdict.precision.calibrate import tensor_values
 from quantverdict.precision.graph import ints_attribute
 from quantverdict.precision.kept_bytes import KeptBytes
@@ -64,33 +65,49 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
     would take more than ``MEASURED_BYTES``). First, the content hash of ``fp32`` and ``batches`` they are of."""
     model = fp32.SerializeToString()
     key = content_hash(model, list(batches))
-    kept = _MEASURED.get(key)
-    if kept is None:
-        kept = {}
-        _MEASURED.put(key, kept)
+    kept = _kept(key)
     missing = {inputs.key: inputs for inputs in asked if inputs.key not in kept}
     if missing:
         others = {inputs.key: inputs for inputs in every() if inputs.key not in kept}
         if sum(inputs.hessian_bytes for inputs in {**others, **missing}.values()) <= MEASURED_BYTES:
             missing = {**others, **missing}
-        kept.update(_second_moment_sums(model, list(missing.values()), batches))
+        layers = list(missing.values())
+        asked_of, *beside = siblings(batches, content_hash(model))  # a search's folds, where all of theirs fit too
+        sets = [asked_of, *(found for found in beside if not all(
+            layer.key in (_MEASURED.get(content_hash(model, found)) or {}) for layer in layers))]
+        if len(sets) > 1 and len(sets) * sum(layer.hessian_bytes for layer in layers) > MEASURED_BYTES:
+            sets = sets[:1]
+        for found, sums in zip(sets, _second_moment_sums(model, layers, sets)):
+            (kept if found is sets[0] else _kept(content_hash(model, found))).update(sums)
     out = {inputs.key: kept[inputs.key] for inputs in asked}
     _MEASURED.trim()  # the least recently used pairs' go
     return key, out
 
 
+def _kept(key: str) -> dict[tuple, Moments]:
+    """The H kept for the (graph, batches) pair ``key``: a new, empty entry where there is none."""
+    kept = _MEASURED.get(key)
+    if kept is None:
+        kept = {}
+        _MEASURED.put(key, kept)
+    return kept
+
+
 def _second_moment_sums(model: bytes, layers: list[LayerInputs],
-                        batches: Sequence[Batch]) -> dict[tuple, Moments]:
-    """Σ x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, and their number, in
-    one pass over ``batches``."""
+                        sets: Sequence[Sequence[Batch]]) -> list[dict[tuple, Moments]]:
+    """For each set of batches, Σ x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, and
+    their number, in one pass over the batches the sets hold (each batch's added to every set holding it, in that
+    set's order: the same sums as its own pass)."""
     names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
-    sums: dict[tuple, Moments] = {}
-    for batch_values in tensor_values(model, names, batches):
+    order, holders = union(sets)
+    sums: list[dict[tuple, Moments]] = [{} for _ in sets]
+    for batch_values, holding in zip(tensor_values(model, names, order), holders):
         values = dict(zip(names, batch_values))
         for layer in layers:
             product, vectors = _second_moments(layer, values[layer.node.input[0]])
-            total, count = sums.get(layer.key, (0.0, 0))
-            sums[layer.key] = (total + product, count + vectors)
+            for number in holding:
+                total, count = sums[number].get(layer.key, (0.0, 0))
+                sums[number][layer.key] = (total + product, count + vectors)
     return sums
 
 

@@ -13,6 +13,7 @@ from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import get_recipe
+from quantverdict.precision.batch_sets import planned
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings
@@ -100,7 +101,8 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         views = [store.on_batches(HeldOut(store.calibration_batches, fold, whole)) for fold in numbers]
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
         report = progress or (lambda line: LOG.info("%s", line))
-        with freed_memory.kept():
+        sets = [whole[model], *(split(whole[model], model, fold)[0] for fold in numbers)]
+        with freed_memory.kept(), planned(sets):  # statistics of the folds and the whole set measured in one pass
             checked = check_lock(store, views, held_out, model, base, tolerance, incumbent, report) \
                 if incumbent else None
             return (checked or search(store, views, held_out, model, base, tolerance, auto,

@@ -1,0 +1,89 @@
+"""A search's overlapping sets of calibration batches measured in one pass: each set's statistics (ranges, channel
+ranges, GPTQ's H) are bit for bit those it has measured alone, for fewer forward passes."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from quantverdict.cache import Cache
+from quantverdict.precision import calibrate as calibration, hessian
+from quantverdict.precision.batch_sets import planned, union
+from quantverdict.precision.calibrate import FORWARD_PASSES, calibrate, channel_ranges
+from quantverdict.precision.calibrators import Calibrator
+from quantverdict.precision.hessian import LayerInputs, measured
+from quantverdict.tune.folds import folds, split
+
+
+def _graph(name: str) -> onnx.ModelProto:
+    """x [n, 16] → MatMul → Relu → MatMul → y [n, 4], seeded."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), f"w{index}")
+               for index, shape in enumerate([(16, 8), (8, 4)])]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"], name="first"), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w1"], ["y"], name="second")]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _batches(count: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": (rng.standard_normal((8, 16)) * (1 + index)).astype(np.float32)} for index in range(count)]
+
+
+def _sets(batches: list) -> list[list]:
+    """What a search calibrates on: the whole set and each fold's calibration part."""
+    return [batches, *(split(batches, "m", fold)[0] for fold in range(folds(batches)))]
+
+
+def test_the_union_meets_each_sets_batches_in_its_order_each_batch_once_where_orders_agree():
+    a, b, c, d = ({"x": np.full(1, value, np.float32)} for value in range(4))
+    order, holders = union([[a, b, c, d], [a, b, c], [b, c, d], [a, d]])
+    assert [batch["x"][0] for batch in order] == [0, 1, 2, 3]
+    assert holders == [[0, 1, 3], [0, 1, 2], [0, 1, 2], [0, 2, 3]]
+    order, holders = union([[a, b], [b, a]])  # orders disagree: ``a`` is met again after ``b``
+    assert [batch["x"][0] for batch in order] == [0, 1, 0] and holders == [[0], [0, 1], [1]]
+
+
+@pytest.mark.parametrize("method", ["max", "percentile", "mse"])
+def test_planned_sets_calibrate_as_each_alone_in_fewer_passes(tmp_path, monkeypatch, method):
+    model, batches = _graph(f"sets-{method}"), _batches(5)
+    tensors, sets = ["h", "r", "y"], _sets(batches)
+    alone = [calibrate(Cache(tmp_path / "alone"), model.SerializeToString(), tensors, found, Calibrator(method))
+             for found in sets]
+    monkeypatch.setattr(calibration, "_HISTOGRAMS", {})
+    before = FORWARD_PASSES[model.graph.name]
+    with planned(sets):
+        together = [calibrate(Cache(tmp_path / "together"), model.SerializeToString(), tensors, found,
+                              Calibrator(method)) for found in sets]
+    assert together == alone
+    # the first set alone (5 batches), then the four others in one pass over the 5 batches they hold
+    assert FORWARD_PASSES[model.graph.name] - before == 2 * len(batches)
+
+
+def test_planned_sets_have_the_channel_ranges_each_has_alone(tmp_path):
+    model, batches = _graph("sets-channels"), _batches(4)
+    sets = _sets(batches)
+    alone = [channel_ranges(Cache(tmp_path / "alone"), model.SerializeToString(), ["h"], -1, found) for found in sets]
+    with planned(sets):
+        together = [channel_ranges(Cache(tmp_path / "together"), model.SerializeToString(), ["h"], -1, found)
+                    for found in sets]
+    for mine, theirs in zip(together, alone):
+        assert np.array_equal(mine["h"], theirs["h"])
+
+
+def test_planned_sets_have_the_second_moments_each_has_alone(monkeypatch):
+    model, batches = _graph("sets-hessian"), _batches(4)
+    sets = _sets(batches)
+    layers = [LayerInputs(node, (16, 8) if node.name == "first" else (8, 4), 1, 16 if node.name == "first" else 8)
+              for node in model.graph.node if node.op_type == "MatMul"]
+    monkeypatch.setattr(hessian, "_MEASURED", type(hessian._MEASURED)(1 << 30, hessian._MEASURED.size))
+    alone = [measured(model, layers, found, lambda: layers)[1] for found in sets]
+    monkeypatch.setattr(hessian, "_MEASURED", type(hessian._MEASURED)(1 << 30, hessian._MEASURED.size))
+    before = FORWARD_PASSES[model.graph.name]
+    with planned(sets):
+        together = [measured(model, layers, found, lambda: layers)[1] for found in sets]
+    assert FORWARD_PASSES[model.graph.name] - before == 2 * len(batches)
+    for mine, theirs in zip(together, alone):
+        for key, (product, vectors) in theirs.items():
+            assert np.array_equal(mine[key][0], product) and mine[key][1] == vectors
