@@ -12,7 +12,8 @@ from quantverdict.errors import CalibrationError
 from quantverdict.models.data import batches_key
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings, auto_settings
-from quantverdict.tune.search import CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, sample_snr_db, stages
+from quantverdict.tune import search as searching
+from quantverdict.tune.search import CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, out_of_reach, sample_snr_db, stages
 from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
@@ -118,6 +119,33 @@ def test_the_search_records_every_candidate_and_takes_what_held_out_data_favours
     assert search["held_out_samples"] == sum(len(b["input"]) for b in calibration) and search["folds"] == 4
     again = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert again is not None and again.to_dict() == search  # cached: read, not searched again
+
+
+def test_a_candidate_stops_after_the_fold_that_puts_it_out_of_reach_and_only_then():
+    rng = np.random.default_rng(0)
+    rival = rng.normal(30, 1, 32)  # the stage's best so far, judged on all 32 held-out samples
+    assert out_of_reach(rival[:8], rival)  # the same SNR: it can never gain MIN_GAIN_DB
+    assert out_of_reach(rival[:8] - 5 + rng.normal(0, 1, 8), rival)
+    assert not out_of_reach(rival[:8] + 1, rival)
+    assert not out_of_reach(rival[:1] - 5, rival)  # one sample: no spread to judge by
+    assert not out_of_reach(rival[:8] - 1 + rng.normal(0, 3, 8), rival)  # behind by less than the spread
+
+
+@pytest.mark.int8
+def test_racing_chooses_what_judging_every_candidate_on_every_fold_chooses(repo, qv_pipeline, tmp_path, monkeypatch):
+    raced = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
+    monkeypatch.setattr(searching, "REACH_SE", math.inf)  # never out of reach: every candidate judged to the end
+    full = Pipeline(tmp_path / "full", manifest=repo / "models.yaml").recipes.search("dw", "int8")
+    assert raced is not None and full is not None and raced.chosen == full.chosen
+    assert all(candidate.folds is None for candidate in full.candidates)
+    scores = {candidate.settings: candidate for candidate in full.candidates}
+    for candidate in raced.candidates:
+        if candidate.folds is None:  # judged to the end: as judged by the full search
+            assert (candidate.score, candidate.passed) == (scores[candidate.settings].score,
+                                                           scores[candidate.settings].passed)
+        else:  # stopped: not judged against the bounds, and not the choice
+            assert 1 <= candidate.folds < raced.folds and candidate.passed is None
+            assert candidate.settings != raced.chosen
 
 
 def test_the_wall_time_stop_keeps_the_first_candidate_lists_the_rest_and_marks_the_search_incomplete(repo, qv_pipeline):

@@ -22,7 +22,9 @@ from quantverdict.precision.settings import RecipeSettings
 # The recipe settings a fallback ranking ignores, and what it ranks with instead: a search's candidates that differ only
 # in these read one ranking.
 RANKED_AS = RecipeSettings(fallback=None, fallback_format=("fp32",), gptq=False)
-
+# A layer alone in a narrower format (every other layer FP32) quantizes nothing: the calibrator does not move its graph
+# either, so candidates that differ in it read one evaluation of each layer.
+ALONE_IN_FORMAT = RecipeSettings(calibration="max").over(RANKED_AS)
 
 
 def choose_fallback(store: Workbench, model: str, recipe: QDQ) -> dict[str, str]:
@@ -97,7 +99,7 @@ def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ra
         return [{layer: offered[0] for layer in part.kept} for part in parts]
     output = store.spec(model).outputs[0]
     reference = per_sample(store.fp32_outputs(model, "calibration")[output])
-    base = recipe.with_settings(RANKED_AS).with_options(fallback_layers=(), layer_formats=(), only=())
+    base = recipe.with_settings(ALONE_IN_FORMAT).with_options(fallback_layers=(), layer_formats=(), only=())
     fp8_kernels: set[str] = set()  # the layers TensorRT has an FP8 kernel for (another would stay FP32)
     if FP8_E4M3.name in offered:  # the FP32 graph read only where FP8 is offered: not on a search's default path
         graph = onnx.load(str(store.fp32_onnx(model)))

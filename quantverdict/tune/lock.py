@@ -38,14 +38,15 @@ class Evidence(_Closed):
     settings and mean per-sample SNR on held-out calibration samples."""
 
     settings: dict[str, Setting]
-    score_db: float | None
-    passed: bool | None
+    score_db: float | None = None  # none where the technique does not apply (``error``)
+    passed: bool | None = None  # not judged where it stopped short (``folds``)
     error: str | None = None
+    folds: int | None = None  # judged on this many folds only: it fell out of reach of the best there
 
     @classmethod
     def of(cls, candidate: Candidate) -> "Evidence":
         return cls(settings=candidate.settings.to_dict(), score_db=candidate.score, passed=candidate.passed,
-                   error=candidate.error)
+                   error=candidate.error, folds=candidate.folds)
 
 
 class SearchEvidence(_Closed):

@@ -17,6 +17,7 @@ class Candidate:
     passed: bool | None = None  # within the precision's tolerance on the held-out samples
     seconds: float = 0.0
     error: str | None = None  # a technique this graph refuses (its message), not a failed search
+    folds: int | None = None  # judged on this many folds only: stopped there, out of reach of the best (else all)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "settings": self.settings.to_dict()}
@@ -65,7 +66,7 @@ class SearchResult:
         best: dict[int, Candidate] = {}
         for candidate in [*self.candidates, *self.beyond]:
             count = layers_kept(candidate.settings.fallback or None, self.layers)
-            if candidate.score is not None and (count not in best or candidate.score > best[count].score):
+            if candidate.score is not None and candidate.folds is None and (count not in best or candidate.score > best[count].score):
                 best[count] = candidate
         return [{"share": round(count / max(self.layers, 1), 4), "layers_in_float": count,
                  "format": formats_words(candidate.settings.fallback_formats()) if count else None,

@@ -59,6 +59,7 @@ from quantverdict.tune.result import Candidate, SearchResult
 LOG = logging.getLogger(__name__)
 MIN_GAIN_DB = 0.1  # the mean per-sample SNR gain that makes a more elaborate candidate worth taking …
 GAIN_SE = 2.0  # … where it also exceeds this many standard errors of the paired per-sample gains
+REACH_SE = 4.0  # a candidate stops after a fold where its mean gain so far, plus this many standard errors, is short
 MAX_DB = 1e3  # a sample the candidate reproduces exactly
 Progress = Callable[[str], None]  # told one line as a search starts and as each candidate ends
 CALIBRATORS = [RecipeSettings(calibration="max"), RecipeSettings(calibration="percentile"),
@@ -93,6 +94,19 @@ def better(samples: np.ndarray, than: np.ndarray | None, meets: bool | None = No
     gain = samples - than
     spread = GAIN_SE * float(np.std(gain, ddof=1)) / math.sqrt(gain.size) if gain.size > 1 else 0.0
     return float(gain.mean()) > max(MIN_GAIN_DB, spread)
+
+
+def out_of_reach(samples: np.ndarray, rival: np.ndarray) -> bool:
+    """Whether a candidate judged on the first ``len(samples)`` held-out samples so far trails ``rival`` (the one
+    :func:`better` compares it with, judged on all of them) so that its mean paired gain, plus :data:`REACH_SE`
+    standard errors, is still short of :data:`MIN_GAIN_DB`: the other folds would have to reverse what these show,
+    each by more than the spread between samples (a one-sided t-test on 8 samples at p < 0.003), for it to be taken.
+    Racing as irace and Hoeffding races do: a loser is not judged to the end, the winner always is."""
+    gain = samples - rival[:len(samples)]
+    if gain.size < 2:
+        return False
+    spread = REACH_SE * float(np.std(gain, ddof=1)) / math.sqrt(gain.size)
+    return float(gain.mean()) + spread < MIN_GAIN_DB
 
 
 def stages(auto: AutoSettings, layers: int) -> list[list[RecipeSettings]]:
@@ -147,29 +161,38 @@ class Trials:
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
-              kept: Mapping[str, str] | None = None) -> tuple[Candidate, np.ndarray | None]:
+              kept: Mapping[str, str] | None = None, rival: tuple[Candidate, np.ndarray] | None = None
+              ) -> tuple[Candidate, np.ndarray | None]:
         """``settings`` judged (a fold's graph is not kept): its held-out samples' SNR (None where the technique does
-        not apply to this graph), reported beside the best of the search's candidates ``among`` and the time the
-        candidates ``ahead`` take, priced by those. ``kept``: the layers its fallback keeps wider, as a lock names
-        them (else ranked on each fold)."""
+        not apply to this graph, or it stopped short), reported beside the best of the search's candidates ``among``
+        and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its fallback keeps wider, as
+        a lock names them (else ranked on each fold). ``rival``: the candidate it must be :func:`better` than, and
+        its samples' SNR; where that one meets the case's bounds, the candidate stops after the first fold that puts
+        it :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better)."""
         begun, candidate = time.perf_counter(), Candidate(settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
+        racing = rival[1] if rival is not None and rival[0].passed else None
         with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
-            candidate, samples, pooled = self._judged(candidate, kept)
-        if samples is not None:  # the user's metric is the user's code: its failure is not the technique's
+            candidate, samples, pooled = self._judged(candidate, kept, racing)
+        if candidate.folds is not None:
+            samples = None
+        elif samples is not None:  # the user's metric is the user's code: its failure is not the technique's
             candidate.passed = self.meets_bounds(pooled)
         candidate.seconds = round(time.perf_counter() - begun, 3)
         self.slowest = max(self.slowest, candidate.seconds)
         self.done += 1
         leader = max((c.score for c in [*among, candidate] if c.score is not None), default=None)
-        self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'} in {candidate.seconds:.0f} s; best so "
+        stopped = f" on {candidate.folds} of {len(self.folds)} folds, out of reach" if candidate.folds else ""
+        self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'}{stopped} in {candidate.seconds:.0f} s; "
+                    f"best so "
                     f"far {'-' if leader is None else f'{leader:.2f} dB'}; {time_left(ahead, [*among, candidate])}")
         return candidate, samples
 
-    def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None
+    def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None, rival: np.ndarray | None = None
                 ) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
         """``candidate``'s settings calibrated on each fold and judged on its held-out part: its mean per-sample SNR,
-        each sample's, and the outputs pooled; its error where the technique does not apply to this graph."""
+        each sample's, and the outputs pooled; its error where the technique does not apply to this graph. With
+        ``rival`` (samples' SNR), it stops after a fold where it is :func:`out_of_reach` (``candidate.folds``)."""
         samples, pooled, output = None, {}, self.spec.outputs[0]
         settings = candidate.settings
         try:
@@ -180,10 +203,14 @@ class Trials:
                 recipes = [recipe.with_kept(layers) for layers in per_fold]
             else:
                 recipes = [recipe] * len(self.folds)
-            outputs = [fold.recipe_semantics(self.model, fold_recipe, "evaluation")
-                       for fold, fold_recipe in zip(self.folds, recipes)]
-            pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
-            samples = sample_snr_db(self.references[output], pooled[output])
+            outputs = []
+            for fold, fold_recipe in zip(self.folds, recipes):
+                outputs.append(fold.recipe_semantics(self.model, fold_recipe, "evaluation"))
+                pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
+                samples = sample_snr_db(self.references[output][:len(pooled[output])], pooled[output])
+                if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival):
+                    candidate.folds = len(outputs)
+                    break
             candidate.score = round(float(samples.mean()), 4)
         except ResourceError:  # the machine's, not the technique's: no runner chooses among fewer candidates
             raise
@@ -221,7 +248,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
                 result.not_tried.append(settings)
                 continue
             candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
-                each for after in planned[number + 1:] for each in after)]), result.candidates)
+                each for after in planned[number + 1:] for each in after)]), result.candidates, rival=stage_best)
             result.candidates.append(candidate)
             if samples is not None and better(samples, stage_best[1] if stage_best else None, candidate.passed,
                                               stage_best[0].passed if stage_best else None):
