@@ -433,15 +433,21 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     assert [point["share"] for point in points] == [round(point["layers_in_float"] / layers, 4) for point in points]
     assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none wider
     assert [point["format"] for point in points] == [None] + ["fp16/fp32"] * (len(points) - 1)  # the search's fallback
-    scored = {json.dumps(c["settings"], sort_keys=True): c["score"] for c in search["candidates"] + search["beyond"]}
+    scored = {json.dumps(c["settings"], sort_keys=True): c["score"] for c in search["candidates"] + search["beyond"]
+              if c["folds"] is None}  # judged on every fold
     for point in points:  # the best of its share
         same = [score for settings, score in scored.items() if int((json.loads(settings).get("fallback") or 0.0)
                                                                        * layers) == point["layers_in_float"]]
         assert point["score_db"] == max(same) and point["passed"] is False
+    cost = search["cost"]  # what the search took, beside what it found
+    assert cost["wall_s"] > 0 and cost["cpu_s"] > 0 and cost["peak_mb"] > 0
     assert main(["report", str(record_path), "--out-dir", str(tmp_path / "page")]) == 0
     summary = (tmp_path / "page" / f"{record_path.stem}.md").read_text()
     assert "## Recipe searches\n\n- dw int8: the choice misses the case's bounds on held-out calibration samples" in summary
+    took = f"the search took {cost['wall_s']:.0f} s, {cost['cpu_s']:.0f} CPU-s, peak memory {cost['peak_mb'] / 1024:.1f} GB"
+    assert took in summary
     page = (tmp_path / "page" / f"{record_path.stem}.html").read_text()
+    assert took.replace("the search took ", "<li>dw int8: ") in page
     assert "Recipe search: layers kept wider against held-out accuracy" in page
     assert 'alt="recipe search trade-off" src="data:image/png;base64,' in page and "<td>dw</td><td>int8</td><td>50%" in page
     assert "<td>FP16/FP32</td>" in page

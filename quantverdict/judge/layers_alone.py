@@ -27,6 +27,7 @@ from quantverdict import freed_memory
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import cpus_per_worker
 from quantverdict.errors import HarnessError, ResourceError
+from quantverdict.resources import available_memory, peak_memory_mb, worker_peak
 from quantverdict.export.compat import serialized
 from quantverdict.judge.downstream import Group, Reference
 from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
@@ -38,17 +39,10 @@ GROUP_BYTES = 1 << 30  # the downstream graphs a worker holds sessions of at onc
 Outputs = dict[str, np.ndarray]
 
 
-def _free_memory() -> int | None:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not on this platform
-        return None
-
-
 def worker_count(graph_bytes: int, layers: int) -> int:
     """How many workers evaluate ``layers`` graphs of about ``graph_bytes`` each: one per usable CPU, no more than
     every :data:`LAYERS_PER_WORKER` layers pay for, nor than the memory free holds (four graphs each)."""
-    free = _free_memory()
+    free = available_memory()
     by_memory = cpus_per_worker() if free is None else free // (4 * max(graph_bytes, 1))
     return max(1, min(cpus_per_worker(), layers // LAYERS_PER_WORKER, by_memory))
 
@@ -56,7 +50,7 @@ def worker_count(graph_bytes: int, layers: int) -> int:
 def group_bytes(workers: int, graph_bytes: int) -> int:
     """How many bytes of downstream graphs each of ``workers`` holds at once: :data:`GROUP_BYTES`, less where half
     the free memory shared among them is less, never under one graph."""
-    free = _free_memory()
+    free = available_memory()
     return max(graph_bytes, min(GROUP_BYTES, GROUP_BYTES if free is None else free // (2 * workers)))
 
 
@@ -133,6 +127,8 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
             said = (folder / f"worker{index}.log").read_text(errors="replace").strip().splitlines()
             raise HarnessError(f"a worker evaluating layers quantized alone failed (exit {code}): "
                                f"{said[-1] if said else 'it said nothing'}")
+        for peak in folder.glob("worker*.peak"):
+            worker_peak(float(peak.read_text()))
         return {layer: pickle.loads((folder / f"{number}.out").read_bytes()) for number, layer in enumerate(layers)}
     finally:
         for worker in workers:
@@ -151,8 +147,8 @@ def killed(code: int, workers: int, graph_bytes: int) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    free = _free_memory()
-    memory = f"{free / 2 ** 30:.1f} GiB free now" if free is not None else "the memory free unknown"
+    free = available_memory()
+    memory = f"{free / 2 ** 30:.1f} GiB available now" if free is not None else "the memory available unknown"
     likely = ("most likely out of memory: the kernel's OOM killer sends it" if name == "SIGKILL"
               else "it was stopped from outside")
     return (f"a worker evaluating layers quantized alone was killed ({name}; {likely}), one of {workers} sharing a "
@@ -169,6 +165,7 @@ def main(folder: Path, index: int, count: int, budget: int, parent: int) -> None
         atomic_write_bytes(folder / f"{number}.out", pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL))
 
     evaluate(graphs, layers, range(index, len(layers), count), batches, budget, done, lambda: os.getppid() == parent)
+    atomic_write_bytes(folder / f"worker{index}.peak", str(peak_memory_mb()).encode())
 
 
 if __name__ == "__main__":

@@ -31,9 +31,10 @@ def markdown(record: RunRecord) -> str:
     if failures:
         lines += ["", "## Failures", ""] + [f"- {_cell(c.id)}: {_cell((c.message or '-').splitlines()[-1])}"
                                            for c in failures]
-    notes = {f"{c.model} {c.precision}": search.note for c in record.cases
-             if (search := _search(c)) is not None and search.note}
-    if notes:  # what the case's bounds would take where a searched recipe misses them
+    notes = {f"{c.model} {c.precision}": "; ".join(filter(None, [
+        search.note, search.cost and f"the search took {search.cost.words()}"]))
+        for c in record.cases if (search := _search(c)) is not None and (search.note or search.cost)}
+    if notes:  # what the case's bounds would take where a searched recipe misses them, and what each search took
         lines += ["", "## Recipe searches", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in notes.items()]
     reasons = Counter(c.message for c in record.cases if c.status == "skipped")
     if reasons:

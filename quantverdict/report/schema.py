@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from quantverdict.resources import Cost
+
 SCHEMA_VERSION = 1
 
 
@@ -81,11 +83,24 @@ class TradeoffPoint(_Open):
     format: str | None = None  # the formats the layers kept wider were offered (fp16/fp32), None where none
 
 
+class CostRecord(_Open):
+    """What a stage took (:class:`quantverdict.resources.Cost`)."""
+
+    wall_s: float
+    cpu_s: float
+    peak_mb: float
+    worker_peak_mb: float = 0.0
+
+    def words(self) -> str:
+        return Cost(self.wall_s, self.cpu_s, self.peak_mb, self.worker_peak_mb).words()
+
+
 class SearchRecord(_Open):
-    """What ``recipe: auto`` found (every candidate is kept as written; the page reads the trade-off)."""
+    """What ``recipe: auto`` found (every candidate is kept as written; the page reads the trade-off and the cost)."""
 
     tradeoff: list[TradeoffPoint] = []
     note: str = ""
+    cost: CostRecord | None = None
 
 
 class RecipeVerdict(ViewRecord):

@@ -9,22 +9,23 @@ from typing import Any
 
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.report.charts import figure
-from quantverdict.report.schema import RunRecord, TradeoffPoint
+from quantverdict.report.schema import RunRecord, SearchRecord
 
 
-def _searched(record: RunRecord) -> dict[tuple[str, str], list[TradeoffPoint]]:
-    """Each (model, precision)'s trade-off, once (every backend of a case reads the same search)."""
-    found: dict[tuple[str, str], list[TradeoffPoint]] = {}
+def _searched(record: RunRecord) -> dict[tuple[str, str], SearchRecord]:
+    """Each (model, precision)'s search with a trade-off, once (every backend of a case reads the same search)."""
+    found: dict[tuple[str, str], SearchRecord] = {}
     for case in record.cases:
         search = case.metrics.recipe.search if case.metrics.recipe else None
         if search is not None and search.tradeoff:
-            found.setdefault((case.model, case.precision), search.tradeoff)
+            found.setdefault((case.model, case.precision), search)
     return found
 
 
 def tradeoff_section(record: RunRecord) -> str:
     """The page's section on the searches' trade-offs; empty where no case's recipe was searched in this run."""
-    searched = _searched(record)
+    searches = _searched(record)
+    searched = {case: search.tradeoff for case, search in searches.items()}
     if not searched:
         return ""
 
@@ -50,6 +51,8 @@ def tradeoff_section(record: RunRecord) -> str:
         f"<td style='text-align:left'>{html.escape(RecipeSettings.parse(point.settings, precision).words())}</td>"
         "</tr>"
         for (model, precision), points in searched.items() for point in points)
+    costs = "".join(f"<li>{html.escape(model)} {html.escape(precision)}: {search.cost.words()}</li>"
+                    for (model, precision), search in searches.items() if search.cost is not None)
     png = figure(draw, width=7, height=3.2)
     chart = f'<img alt="recipe search trade-off" src="data:image/png;base64,{png}">' if png else ""
     return ("<h2>Recipe search: layers kept wider against held-out accuracy</h2>"
@@ -58,4 +61,6 @@ def tradeoff_section(record: RunRecord) -> str:
             "whether the case's bounds held (chart: o met, x missed; larger: chosen). The search judges no "
             "candidate for this table, so the other settings may differ between rows.</p>"
             f"{chart}<table><tr><th>model</th><th>precision</th><th>share kept wider</th><th>layers</th><th>in</th>"
-            f"<th>SNR dB</th><th>bounds</th><th></th><th>settings</th></tr>{rows}</table>")
+            f"<th>SNR dB</th><th>bounds</th><th></th><th>settings</th></tr>{rows}</table>"
+            + (f'<p class="legend">What each search took, where it ran (a search read from the cache took nothing '
+               f"in this run):</p><ul>{costs}</ul>" if costs else ""))

@@ -16,6 +16,7 @@ from quantverdict.precision import get_recipe
 from quantverdict.precision.batch_sets import planned
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
+from quantverdict.resources import costed
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.check import check_lock
 from quantverdict.tune.result import Incumbent, SearchResult
@@ -102,11 +103,14 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
         report = progress or (lambda line: LOG.info("%s", line))
         sets = [whole[model], *(split(whole[model], model, fold)[0] for fold in numbers)]
-        with freed_memory.kept(), planned(sets):  # statistics of the folds and the whole set measured in one pass
+        with costed() as cost, freed_memory.kept(), planned(sets):
             checked = check_lock(store, views, held_out, model, base, tolerance, incumbent, report) \
                 if incumbent else None
-            return (checked or search(store, views, held_out, model, base, tolerance, auto,
-                                      incumbent.settings if incumbent else None, report)).to_dict()
+            result = checked or search(store, views, held_out, model, base, tolerance, auto,
+                                       incumbent.settings if incumbent else None, report)
+        result.cost = cost()
+        report(f"recipe search {model} {base.name}: {result.cost.words()}")
+        return result.to_dict()
 
     return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
                                                    {"model": model, "precision": precision}))

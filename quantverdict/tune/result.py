@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from quantverdict.precision.settings import RecipeSettings, formats_words
+from quantverdict.resources import Cost
 from quantverdict.tune.fallback import layers_kept
 
 
@@ -36,9 +37,10 @@ class Incumbent:
     settings: RecipeSettings
     nearest: tuple[RecipeSettings, ...] = ()
     kept: tuple[tuple[str, str], ...] | None = None  # the layers its fallback keeps wider, with their formats
+    met_bounds: bool | None = None  # whether it met the case's bounds on held-out samples when it was locked
 
     def key(self) -> list[object]:
-        return [[settings.to_dict() for settings in (self.settings, *self.nearest)], self.kept]
+        return [[settings.to_dict() for settings in (self.settings, *self.nearest)], self.kept, self.met_bounds]
 
 
 @dataclass
@@ -53,6 +55,7 @@ class SearchResult:
     beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
     beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers kept wider than max_fallback
     layers: int = 0  # the weighted layers a share of them keeps wider is counted of
+    cost: Cost | None = None  # what the search took (not what reading it from the cache took)
 
     @property
     def complete(self) -> bool:
@@ -81,7 +84,8 @@ class SearchResult:
                 "not_tried": [settings.to_dict() for settings in self.not_tried], "note": self.note,
                 "incumbent": None if self.incumbent is None else self.incumbent.to_dict(),
                 "beats_incumbent": self.beats_incumbent, "beyond": [c.to_dict() for c in self.beyond],
-                "layers": self.layers, "complete": self.complete, "tradeoff": self.tradeoff()}
+                "layers": self.layers, "complete": self.complete, "tradeoff": self.tradeoff(),
+                "cost": None if self.cost is None else self.cost.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SearchResult":
@@ -90,4 +94,5 @@ class SearchResult:
                    [Candidate.from_dict(c) for c in data["candidates"]], data["held_out_samples"], data["folds"],
                    [RecipeSettings.parse(settings, "searched") for settings in data["not_tried"]], data["note"],
                    None if incumbent is None else Candidate.from_dict(incumbent), data.get("beats_incumbent"),
-                   [Candidate.from_dict(c) for c in data.get("beyond", [])], data.get("layers", 0))
+                   [Candidate.from_dict(c) for c in data.get("beyond", [])], data.get("layers", 0),
+                   Cost(**data["cost"]) if data.get("cost") else None)

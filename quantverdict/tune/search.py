@@ -49,6 +49,7 @@ from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
+from quantverdict.resources import available_memory
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_counts, beyond_note, fewest_in_float
 from quantverdict.tune.fallback import error_energy, fallback_per_part, layers_kept, per_sample
@@ -231,8 +232,10 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     best: tuple[Candidate, np.ndarray] | None = None
     planned = stages(auto, result.layers)
     trials.planned = sum(map(len, planned)) + (incumbent is not None)
+    memory = available_memory()
     trials.report(f"recipe search {model} {base.name}: at most {trials.planned} candidates, each calibrated and "
-                  f"judged on {len(folds)} folds of {result.held_out_samples} calibration samples")
+                  f"judged on {len(folds)} folds of {result.held_out_samples} calibration samples"
+                  + ("" if memory is None else f"; {memory / 2 ** 30:.1f} GiB of memory available"))
     kept = None
     if incumbent is not None:
         result.incumbent, kept = trials.judge(incumbent, [option for stage in planned for option in stage])
