@@ -3,6 +3,7 @@ graph keeps it with a note, a lock that names layers the graph lacks or settings
 nightly ``--check`` proposes a better recipe beside the lock, and a search stopped by the wall-time limit is never
 locked. Real searches on small networks, in a repository of the test's own."""
 import json
+import re
 import shutil
 import textwrap
 
@@ -248,7 +249,8 @@ def test_the_nightly_check_after_a_weight_change_judges_the_lock_and_its_nearest
     lines = [line for line in err.splitlines()  # each candidate as it ends (not one still working on a slow runner)
              if line.startswith("recipe search dw int8:") and "still judging after" not in line]
     assert "checking the lock first" in lines[0] and not any("at most" in line for line in lines)
-    assert [line.split(":")[1].split()[0] for line in lines[1:]] == ["1/3", "2/3", "3/3"], lines
+    assert [line.split(":")[1].split()[0] for line in lines[1:-1]] == ["1/3", "2/3", "3/3"], lines
+    assert re.fullmatch(r"recipe search dw int8: \d+ s, \d+ CPU-s, peak memory \d+\.\d GB.*", lines[-1])  # its cost
     assert "the lock holds" in out
     (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed").replace(
         "    task: classification\n", "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1))
@@ -256,3 +258,21 @@ def test_the_nightly_check_after_a_weight_change_judges_the_lock_and_its_nearest
     err = capsys.readouterr().err
     assert "the lock's recipe misses the case's bounds on held-out samples: searching" in err
     assert "recipe search dw int8: at most " in err  # the search ran
+
+
+def test_a_lock_that_missed_the_bounds_when_locked_is_not_searched_again_for_missing_them(repo, capsys):
+    """A lock whose search found no recipe meeting the case's bounds: after a weight change its recipe misses them
+    again, which is no news, so the check judges it and its nearest alternatives and searches no wider."""
+    tight = MANIFEST.replace("    task: classification\n",
+                             "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1)
+    (repo / "models.yaml").write_text(tight)
+    _lock(repo)
+    entry = yaml.safe_load((repo / "quantverdict.lock").read_text())["recipes"]["dw"]["int8"]
+    assert not next(c for c in entry["search"]["candidates"] if c["settings"] == entry["settings"])["passed"]
+    capsys.readouterr()
+    _weights_changed(repo)
+    (repo / "models.yaml").write_text(tight.replace("build: searchnets:dw", "build: changednets:dw_changed"))
+    assert _lock(repo, "--check") == 0
+    out, err = capsys.readouterr()
+    assert "checking the lock first" in err and "at most" not in err and "3/3" in err
+    assert "the lock holds" in out and "it misses the case's bounds there, as it did when locked" in out

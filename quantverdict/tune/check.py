@@ -7,7 +7,9 @@ The check judges the locked recipe as the lock holds it (its settings, and the l
 the :data:`NEAREST` alternatives its search ranked next when it was locked. The lock holds where its recipe still meets
 the case's bounds on the held-out samples and neither alternative is :func:`~quantverdict.tune.search.better` (the
 search's own paired test); an alternative that is better is proposed in its place; where the lock's recipe misses the
-bounds, the full search runs, the locked recipe judged beside its candidates as before.
+bounds it met when locked, the full search runs, the locked recipe judged beside its candidates as before. Where it
+missed them when locked too (no candidate of that search met them), missing them again is no news: the alternatives
+are judged as where it holds, and a search of every candidate is the user's call (``lock --update``).
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
                tolerance: Tolerance, incumbent: Incumbent, report: Progress) -> SearchResult | None:
     """The lock's recipe (its settings and its layers kept wider, as the lock holds them) and its nearest alternatives
     judged on the search's folds: a result choosing the lock's recipe where it holds, or the best alternative that
-    does better by the search's paired test; None where the lock's recipe misses the case's bounds (a search says)."""
+    does better by the search's paired test; None where the lock's recipe misses the case's bounds it met when locked (a
+    search says)."""
     trials = Trials(whole, folds, held_out, model, base, tolerance, report)
     result = SearchResult(chosen=incumbent.settings, held_out_samples=trials.samples, folds=len(folds),
                           layers=len(weighted_layers(folds[0], model, base)))
@@ -38,7 +41,8 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
            f"alternatives nearest to it, on {len(folds)} folds of {result.held_out_samples} calibration samples")
     kept = None if incumbent.kept is None else dict(incumbent.kept)
     result.incumbent, locked = trials.judge(incumbent.settings, list(incumbent.nearest), kept=kept)
-    if locked is None or not result.incumbent.passed:
+    still_missed = not result.incumbent.passed and incumbent.met_bounds is False
+    if locked is None or not (result.incumbent.passed or still_missed):
         report(f"recipe search {model} {base.name}: the lock's recipe misses the case's bounds on held-out samples: "
                "searching")
         return None
@@ -52,6 +56,8 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
     result.note = (f"checked from the lock: {best[0].settings.words()} does better than the lock's recipe on held-out "
                    "samples by the search's paired test (a search of every candidate: quantverdict lock --update "
                    f"{model})" if result.beats_incumbent else
-                   "checked from the lock: its recipe meets the case's bounds on held-out samples and none of the "
-                   f"{len(incumbent.nearest)} alternatives nearest to it does better, so no wider search")
+                   f"checked from the lock: its recipe {'misses' if still_missed else 'meets'} the case's bounds on "
+                   f"held-out samples{', as it did when locked,' if still_missed else ''} and none of the "
+                   f"{len(incumbent.nearest)} alternatives nearest to it does better, so no wider search"
+                   + (f" (a search of every candidate: quantverdict lock --update {model})" if still_missed else ""))
     return result

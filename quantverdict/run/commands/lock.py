@@ -88,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{model} {precision}: {_words(entry.settings)} beats the locked {_words(kept.settings)}{gain}")
                 proposed.append((model, precision, entry))
             else:
+                missed = searched.incumbent is not None and searched.incumbent.passed is False
                 print(f"{model} {precision}: the lock holds ({_words(kept.settings)}; no candidate significantly "
-                      "better on the held-out samples)")
+                      "better on the held-out samples" + ("; it misses the case's bounds there, as it did when locked"
+                                                          if missed else "") + ")")
             continue
         change = "added" if kept is None else "unchanged" if kept.settings == entry.settings and \
             kept.float_layers == entry.float_layers else f"was {_words(kept.settings)}"
