@@ -4,7 +4,9 @@ same held-out samples a search judges, and a search runs only where they say one
 After a change of weights, calibration data or packages, a full search costs as much as the first lock (every
 candidate recalibrated, every fallback ranking made again), though it almost always chooses the lock's recipe again.
 The check judges the locked recipe as the lock holds it (its settings, and the layers it keeps wider: no ranking) and
-the :data:`NEAREST` alternatives its search ranked next when it was locked. The lock holds where its recipe still meets
+the :data:`NEAREST` alternatives its search ranked next when it was locked, those that keep as many layers wider in the
+same formats with the lock's layers too: the settings compared at equal layers, and no layer ranked again (a ranking
+evaluates each layer quantized alone, the most of a check's time). The lock holds where its recipe still meets
 the case's bounds on the held-out samples and neither alternative is :func:`~quantverdict.tune.search.better` (the
 search's own paired test); an alternative that is better is proposed in its place; where the lock's recipe misses the
 bounds it met when locked, the full search runs, the locked recipe judged beside its candidates as before. Where it
@@ -48,7 +50,10 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
         return None
     best = result.incumbent, locked
     for index, option in enumerate(incumbent.nearest):
-        candidate, samples = trials.judge(option, list(incumbent.nearest[index + 1:]), result.candidates)
+        same_share = option.fallback_formats() == incumbent.settings.fallback_formats() and \
+            option.fallback == incumbent.settings.fallback
+        candidate, samples = trials.judge(option, list(incumbent.nearest[index + 1:]), result.candidates,
+                                          kept=kept if same_share else None)
         result.candidates.append(candidate)
         if samples is not None and better(samples, best[1], candidate.passed, best[0].passed):
             best = candidate, samples
