@@ -182,11 +182,11 @@ class Trials:
         candidate.seconds = round(time.perf_counter() - begun, 3)
         self.slowest = max(self.slowest, candidate.seconds)
         self.done += 1
-        leader = max((c.score for c in [*among, candidate] if c.score is not None), default=None)
+        leader = max((c.score for c in [*among, candidate] if c.score is not None and c.folds is None), default=None)
         stopped = f" on {candidate.folds} of {len(self.folds)} folds, out of reach" if candidate.folds else ""
         self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'}{stopped} in {candidate.seconds:.0f} s; "
-                    f"best so "
-                    f"far {'-' if leader is None else f'{leader:.2f} dB'}; {time_left(ahead, [*among, candidate])}")
+                    f"best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
+                    f"{time_left(ahead, [*among, candidate])}")
         return candidate, samples
 
     def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None, rival: np.ndarray | None = None
