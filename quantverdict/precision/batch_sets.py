@@ -18,8 +18,7 @@ from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch
 
 
-
-@dataclass
+@dataclass(eq=False)  # a group is itself, whatever another holds
 class _Group:
     sets: list[tuple[list[str], list[Batch]]]  # each set's batches' hashes, and its batches
     graphs: set[str] = field(default_factory=set)  # the graphs a statistic was asked of, of one of the sets
@@ -34,7 +33,8 @@ def batch_keys(batches: Sequence[Batch]) -> list[str]:
 
 @contextmanager
 def planned(sets: Sequence[Sequence[Batch]]) -> Iterator[None]:
-    """While inside, a statistic of any of ``sets`` is measured for all of them in one pass (:func:`siblings`)."""
+    """While inside, a statistic of one graph asked of a second of ``sets`` is measured for all the others in the same
+    pass (:func:`siblings`)."""
     group = _Group([(batch_keys(batches), list(batches)) for batches in sets])
     _PLANNED.append(group)
     try:
