@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -34,7 +34,7 @@ RANGE_BITS = 10  # relative step 0.1–0.2%
 HISTOGRAM_SETS = 16  # kept in this process (a fold's and the whole set's, for a few graphs): a few MB each
 T = TypeVar("T")
 _HISTOGRAMS: dict[str, dict[str, Histogram]] = {}
-_CHANNEL_RANGES: dict[str, dict[str, np.ndarray]] = {}  # a search's folds' beside the one asked for, until asked
+_CHANNEL_RANGES: dict[str, dict[str, np.ndarray]] = {}  # a search's folds' beside the one asked for
 FORWARD_PASSES: Counter = Counter()
 """Calibration forward passes run in this process, by model graph name (tests count them)."""
 
@@ -52,12 +52,13 @@ def calibrate(
         raise CalibrationError("calibration set is empty")
     import onnxruntime
 
-    data = content_hash(content_hash(model_bytes, list(tensors)), list(batches))
-    key = content_hash("calibration", data, calibrator.params,
+    graph = content_hash(model_bytes, list(tensors))
+    key = content_hash("calibration", graph, list(batches), calibrator.params,
                        source_fingerprint("quantverdict.precision.calibrate", "quantverdict.precision.calibrators"))
 
     def produce() -> bytes:
-        histograms = _shared_histograms(model_bytes, tensors, batches, data)
+        histograms = _with_siblings(_HISTOGRAMS, graph, batches,
+                                    lambda sets: collect_histograms(model_bytes, tensors, sets))
         ranges = {name: float(portable(calibrator.amax(hist))) for name, hist in histograms.items()}
         document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
                     "ranges": ranges}
@@ -67,26 +68,22 @@ def calibrate(
     return json.loads(path.read_text())["ranges"]
 
 
-def _shared_histograms(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch],
-                       data: str) -> dict[str, Histogram]:
-    """The histograms of one graph's tensors over one set of batches (``data``: their hash), collected once per
-    process for every calibrator (a search tries max, percentile and MSE on the same graph and folds, and each
-    forward pass is a pass over the model: MiniLM's search, a fifth of its calibration time), with those of the sets
-    planned beside it (:func:`quantverdict.precision.batch_sets.siblings`: a search's folds) in the same pass."""
-    if data not in _HISTOGRAMS:
-        graph = content_hash(model_bytes, list(tensors))
+def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch],
+                   measure: Callable[[list[list[Batch]]], list[T]]) -> T:
+    """A statistic of ``graph`` (the hash of what it is measured on) over ``batches``, from ``kept`` or measured by
+    ``measure`` (each of several sets' in one pass) with the sets :func:`siblings` plans beside it that ``kept`` lacks,
+    all kept (the oldest dropped beyond :data:`HISTOGRAM_SETS`). Histograms are kept for every calibrator (a search
+    tries max, percentile and MSE on the same graph and folds, and each forward pass is a pass over the model:
+    MiniLM's search, a fifth of its calibration time)."""
+    data = content_hash(graph, list(batches))
+    if data not in kept:
         asked, *beside = siblings(batches, graph)
-        sets = [asked, *(found for found in beside if content_hash(graph, found) not in _HISTOGRAMS)]
-        for found, histograms in zip(sets, collect_histograms(model_bytes, tensors, sets)):
-            _kept(_HISTOGRAMS, content_hash(graph, found), histograms)
-    return _HISTOGRAMS[data]
-
-
-def _kept(kept: dict[str, T], key: str, value: T) -> None:
-    """``value`` kept under ``key``, the oldest of ``kept`` dropped beyond :data:`HISTOGRAM_SETS`."""
-    while len(kept) >= HISTOGRAM_SETS:
-        kept.pop(next(iter(kept)))
-    kept[key] = value
+        sets = [asked, *(found for found in beside if content_hash(graph, found) not in kept)]
+        for found, value in zip(sets, measure(sets)):
+            while len(kept) >= HISTOGRAM_SETS:
+                kept.pop(next(iter(kept)))
+            kept[content_hash(graph, found)] = value
+    return kept[data]
 
 
 def portable(values: float | np.ndarray) -> np.ndarray:
@@ -109,14 +106,8 @@ def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axi
                        source_fingerprint("quantverdict.precision.calibrate"))
 
     def produce() -> bytes:
-        data = content_hash(model_bytes, list(tensors), axis, list(batches))
-        if data not in _CHANNEL_RANGES:
-            asked, *beside = siblings(batches, content_hash(model_bytes, list(tensors), axis))
-            sets = [asked, *(found for found in beside
-                             if content_hash(model_bytes, list(tensors), axis, found) not in _CHANNEL_RANGES)]
-            for found, amax in zip(sets, _channel_amax(model_bytes, tensors, axis, sets)):
-                _kept(_CHANNEL_RANGES, content_hash(model_bytes, list(tensors), axis, found), amax)
-        amax = _CHANNEL_RANGES.pop(data)
+        amax = _with_siblings(_CHANNEL_RANGES, content_hash(model_bytes, list(tensors), axis), batches,
+                              lambda sets: _channel_amax(model_bytes, tensors, axis, sets))
         return json.dumps({name: portable(v).tolist() for name, v in amax.items()}).encode()
 
     path = cache.get_or_create("channel-ranges", key, ".json", produce, {"tensors": len(tensors)})
