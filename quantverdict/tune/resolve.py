@@ -149,9 +149,10 @@ class Resolver:
         """A lock entry as a check judges it: its settings and its layers kept wider (where the graph still has them),
         the best of the others its search judged to the end, and whether it met the case's bounds when locked."""
         settings = RecipeSettings.parse(entry.settings, precision)
-        others = [(evidence.score_db, RecipeSettings.parse(evidence.settings, precision))
-                  for evidence in entry.search.candidates
-                  if evidence.score_db is not None and not evidence.error and evidence.folds is None]
+        judged = [(evidence, RecipeSettings.parse(evidence.settings, precision))  # to the end: not stopped early
+                  for evidence in entry.search.candidates if evidence.folds is None]
+        others = [(evidence.score_db, option) for evidence, option in judged
+                  if evidence.score_db is not None and not evidence.error]
         nearest = [option for _, option in sorted(others, key=lambda pair: -pair[0]) if option != settings]
         recipe = get_recipe(precision).for_target("emulated").configured(settings)
         kept = None
@@ -160,8 +161,7 @@ class Resolver:
                 kept = tuple(sorted(self._present(model, recipe, entry).items()))
             except HarnessError:  # the graph lost a locked layer: the check ranks them again (kept stays None)
                 pass
-        met = [evidence.passed for evidence in entry.search.candidates
-               if RecipeSettings.parse(evidence.settings, precision) == settings and evidence.folds is None]
+        met = [evidence.passed for evidence, option in judged if option == settings]
         return Incumbent(settings, tuple(dict.fromkeys(nearest))[:NEAREST], kept, met[-1] if met else None)
 
     def declared(self, spec: ModelSpec, precision: str) -> ModelSpec:
