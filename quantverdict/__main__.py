@@ -1,5 +1,3 @@
-import sys
+from quantverdict.run.cli import script
 
-from quantverdict.run.cli import main
-
-sys.exit(main())
+script()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.run.interrupt import EXIT_CODE, MESSAGE
+from quantverdict.run.interrupt import AFTER_RECORD, EXIT_CODE, MESSAGE
 
 RUN = ["run", "--models", "cnn,resblock,digits-cnn", "--precisions", "fp32,int8,fp8", "--backends", "onnxruntime"]
 
@@ -48,10 +48,13 @@ def test_ctrl_c_ends_a_run_with_130_one_line_no_record_and_a_whole_cache(tmp_pat
     for delay_s in (0.3, 1.0, 2.5, 5.0):  # imports; torch's and Polygraphy's; export/calibration or cases
         reports = tmp_path / f"reports-{delay_s}"
         result, elapsed = _interrupted(cache, reports, delay_s)
-        if list(reports.glob("run-*.json")):  # a warm run can finish before a late signal: then it is whole
+        if list(reports.glob("run-*.json")):  # a run can finish before a late signal: then it is whole, and said so
             from quantverdict.report.load import load_record
 
-            assert len(load_record(next(reports.glob("run-*.json"))).cases) == 9 and "record:" in result.stdout
+            record = next(reports.glob("run-*.json"))
+            assert len(load_record(record).cases) == 9 and f"record: {record}" in result.stdout
+            assert result.returncode == 0 or (result.returncode == EXIT_CODE
+                                              and result.stderr.strip().splitlines()[-1] == AFTER_RECORD)
             continue
         assert result.returncode == EXIT_CODE, (delay_s, result.returncode, result.stderr[-3000:])
         assert result.stderr.strip().splitlines()[-1] == MESSAGE and "Traceback" not in result.stderr
@@ -88,3 +91,30 @@ def test_ctrl_c_while_xdist_shuts_down_keeps_the_record_and_prints_no_traceback(
     assert "Traceback" not in output and "interrupted while pytest shut down" in output, output[-3000:]
     [record] = [json.loads(path.read_text()) for path in (tmp_path / "out").glob("run-*.json")]
     assert sorted(case["id"] for case in record["cases"]) == ["small-fp16-onnxruntime", "small-fp32-onnxruntime"]
+
+
+HOLDER = """import os, signal, time
+from quantverdict.run.interrupt import exit_within, held
+
+with exit_within():
+    with held():
+        print("record: written", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)  # lands while the record is written: the block ends first
+        time.sleep(0.2)
+        print("path printed", flush=True)
+    print("after the block", flush=True)
+"""
+
+
+def test_a_ctrl_c_while_the_record_is_written_ends_the_run_after_its_path_is_printed_and_says_so():
+    result = subprocess.run([sys.executable, "-c", HOLDER], capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CODE, result.stderr
+    assert result.stdout.splitlines() == ["record: written", "path printed"]
+    assert result.stderr.strip().splitlines() == [AFTER_RECORD]
+
+
+def test_a_ctrl_c_outside_the_held_block_ends_the_run_at_once_with_no_record_claimed():
+    result = subprocess.run([sys.executable, "-c", HOLDER.replace("with held():", "if True:")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == EXIT_CODE and result.stdout.splitlines() == ["record: written"]
+    assert result.stderr.strip().splitlines() == [MESSAGE]

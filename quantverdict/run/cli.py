@@ -5,9 +5,11 @@ Ctrl-C gives 130 and one line. Only the standard library is imported before the 
 in place, so a Ctrl-C at any moment ends the same way."""
 from __future__ import annotations
 
-from typing import Sequence
+import signal
+import sys
+from typing import NoReturn, Sequence
 
-from quantverdict.run.interrupt import exit_within, stop
+from quantverdict.run.interrupt import exit_within, on_sigint, stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,3 +20,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return dispatch(build_parser().parse_args(argv))
     except KeyboardInterrupt:
         return stop()
+
+
+def script() -> NoReturn:
+    """The process's entry: a Ctrl-C ends it the same way from its start until the command returns; after that the
+    command's output and exit code are whole, and the interpreter's teardown (torch's takes a second) ignores it, where
+    Python would die of the signal or print a traceback."""
+    signal.signal(signal.SIGINT, on_sigint)
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)

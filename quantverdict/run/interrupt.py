@@ -23,7 +23,12 @@ from typing import Iterator
 from quantverdict.errors import SIGINT_RECEIVED
 
 MESSAGE = "interrupted: no run record written (the cache keeps only whole entries)"
+AFTER_RECORD = "interrupted after the run record was written (its path is above)"
+HOLD_LIMIT_S = 30.0  # how long the watchdog lets a held block (writing the record) finish before ending the process
 _received = SIGINT_RECEIVED  # read below the run stage too (a user callable's KeyboardInterrupt)
+_holding = threading.Event()  # within :func:`held`: a Ctrl-C waits for the block to end
+_recorded = threading.Event()  # the run record is on disk: no line may say otherwise
+_stopping = threading.Lock()  # the main thread and the watchdog may both stop: one line, once
 
 
 def received() -> bool:
@@ -56,9 +61,32 @@ def note_sigint() -> None:
 
 def stop() -> int:
     """Say so and end the process now, with finalizers skipped (see the module docstring)."""
+    if not _stopping.acquire(blocking=False):
+        time.sleep(HOLD_LIMIT_S)  # the other thread is ending the process
     sys.stdout.flush()
-    print(MESSAGE, file=sys.stderr, flush=True)
+    print(AFTER_RECORD if _recorded.is_set() else MESSAGE, file=sys.stderr, flush=True)
     os._exit(EXIT_CODE)
+
+
+def on_sigint(signum: int, frame: object) -> None:
+    """The process's SIGINT handler, in place from the script's start to its end (see :func:`exit_within`)."""
+    _received.set()
+    if not _holding.is_set():
+        stop()
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Write the run record within the block: a Ctrl-C there ends the process when the block ends, and from then on
+    every interrupt says the record was written (the block's end marks it so)."""
+    _holding.set()
+    try:
+        yield
+        _recorded.set()
+    finally:
+        _holding.clear()
+    if _received.is_set():
+        stop()
 
 
 @contextlib.contextmanager
@@ -78,14 +106,15 @@ def exit_within(grace_s: float = 1.5) -> Iterator[None]:
                 if signal.SIGINT in data:
                     _received.set()
                     time.sleep(grace_s)
+                    waited = 0.0
+                    while _holding.is_set() and waited < HOLD_LIMIT_S:
+                        time.sleep(0.05)
+                        waited += 0.05
                     stop()
         finally:
             os.close(read)
 
-    def on_sigint(signum: int, frame: object) -> None:
-        _received.set()
-        stop()
-
+    _recorded.clear()
     threading.Thread(target=watch, name="quantverdict-interrupt", daemon=True).start()
     handler = signal.signal(signal.SIGINT, on_sigint)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from quantverdict.report.rows import CaseRow, terminal_table
 from quantverdict.run.commands import common
-from quantverdict.run.interrupt import received
+from quantverdict.run.interrupt import held, received
 from quantverdict.run.settings import Settings, add_options
 
 HELP = 'run the model × precision × backend matrix and write a record'
@@ -52,9 +52,10 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     print(terminal_table(CaseRow.of(r.record()) for r in results))
     record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats),
                           shard.to_dict() if shard else None)
-    path, history_problem = record_run(record, settings["report-dir"], settings["history-db"])
-    summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
-    print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}")
+    with held():  # a Ctrl-C from here waits until the record's path is printed
+        path, history_problem = record_run(record, settings["report-dir"], settings["history-db"])
+        summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
+        print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}", flush=True)
     for result in results:
         if result.status in ("failed", "error"):
             print(f"\n{result.message}")
