@@ -198,7 +198,8 @@ class CaseExecutor:
         """Outputs against the FP32 reference, each under the bounds of its kind (a probability map is not judged
         by a logits bound: :mod:`quantverdict.judge.output_kinds`), top-1 on the samples FP32 decides (where an
         input declares its resolution) and at each position of a distribution, the model's task metrics, and task
-        accuracy where the model has labels."""
+        accuracy where a classifier has labels (a regression model's labels are its metric's only: argmax of a
+        pitch or a score is no accuracy)."""
         # the declared outputs only: a graph's others (a classifier's int64 label) are not the user's to judge
         reference = {name: reference[name] for name in spec.outputs if name in reference}
         outputs = {name: outputs[name] for name in reference if name in outputs}
@@ -212,7 +213,7 @@ class CaseExecutor:
         if spec.task_metric() is not None:
             judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison,
                                spec.describe("metric"))
-        if labels is not None:
+        if labels is not None and spec.task == "classification":
             output = spec.outputs[0]
             comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
                                             outputs[output].argmax(-1) == labels, tolerance, comparison)
