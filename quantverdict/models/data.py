@@ -53,7 +53,7 @@ def evaluation(spec: ModelSpec, samples_needed: int) -> tuple[list[Batch], np.nd
     own = spec.evaluation()
     if own is not None:
         return own
-    per_batch = spec.inputs[0].shape[0]
+    per_batch = next((item.shape[0] for item in spec.inputs if item.shape), 1)  # a scalar input has no batch axis
     return spec.sample_batches(max(EVAL_BATCHES, math.ceil(samples_needed / per_batch)), EVAL_SEED), None
 
 

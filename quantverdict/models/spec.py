@@ -18,8 +18,9 @@ BATCHES_IN_MEMORY = 16  # a batch's share of memory: calibration and evaluation 
 
 
 def sample_count(batch: Batch) -> int:
-    """How many samples ``batch`` holds (its inputs share the first axis)."""
-    return len(next(iter(batch.values())))
+    """How many samples ``batch`` holds (its inputs with a batch axis share it; one where every input is a 0-d
+    scalar)."""
+    return next((len(values) for values in batch.values() if np.ndim(values)), 1)
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,16 @@ class InputSpec:
     (:mod:`quantverdict.judge.decided`)."""
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # () for a scalar: a 0-d tensor, no batch axis (a sample rate)
     dtype: str = "float32"
     value_range: tuple[float, float] = (-1.0, 1.0)
     dynamic_axes: Mapping[int, str] = field(default_factory=lambda: {0: "batch"})
     resolution: float | None = None
+    value: float | None = None  # every batch's value, where fixed (a sample rate, a flag); filled in where omitted
+
+    def __post_init__(self) -> None:
+        if not self.shape and self.dynamic_axes:  # a scalar has no batch axis to be dynamic
+            object.__setattr__(self, "dynamic_axes", {})
 
     def problem(self, values: np.ndarray) -> str | None:
         """What is wrong with ``values`` as this input (dtype kind, rank, fixed axes, rows, finiteness), or None."""
@@ -50,6 +56,8 @@ class InputSpec:
                     f"{', '.join(map(str, sorted(self.dynamic_axes)))} free): axis {wrong[0]} differs")
         if values.size == 0:
             return f"shape {values.shape}: no values"
+        if self.value is not None and not np.all(values == np.asarray(self.value, declared)):
+            return f"values other than its declared value {self.value:g}"
         if declared.kind == "f":
             bad = int(values.size - np.count_nonzero(np.isfinite(values)))
             if bad:
@@ -57,8 +65,10 @@ class InputSpec:
         return None
 
     def sample(self, rng: np.random.Generator, batch: int | None = None) -> np.ndarray:
-        """Random values in ``value_range`` (integers for integer dtypes)."""
-        shape = (batch or self.shape[0], *self.shape[1:])
+        """Random values in ``value_range`` (integers for integer dtypes), or the declared ``value``."""
+        shape = (batch or self.shape[0], *self.shape[1:]) if self.shape else ()
+        if self.value is not None:
+            return np.full(shape, self.value, self.dtype)
         low, high = self.value_range
         if np.issubdtype(np.dtype(self.dtype), np.integer):
             return rng.integers(int(low), int(high), size=shape, dtype=self.dtype)
@@ -187,9 +197,14 @@ class ModelSpec:
         if not isinstance(batches, (list, tuple)) or not batches:
             raise InputDataError(f"{where} returned {_what(batches)}; expected a non-empty list of "
                                  f"{{input name: array}} batches")
+        filled: list[dict[str, Any]] = []  # with the inputs of a declared value, where a batch leaves them out
         for index, batch in enumerate(batches):
             if not isinstance(batch, dict):
                 raise InputDataError(f"{where}: batch {index} is {_what(batch)}, not a {{input name: array}} dict")
+            rows = sample_count(batch) if batch else None
+            batch = {**batch, **{spec.name: spec.sample(np.random.default_rng(0), rows)
+                                 for spec in self.inputs if spec.value is not None and spec.name not in batch}}
+            filled.append(batch)
             missing = [spec.name for spec in self.inputs if spec.name not in batch]
             unknown = sorted(set(batch) - {spec.name for spec in self.inputs})
             if missing or unknown:
@@ -204,7 +219,7 @@ class ModelSpec:
                 problem = spec.problem(values)
                 if problem:
                     raise InputDataError(f"{where}: batch {index}, input {spec.name!r}: {problem}")
-        return [{spec.name: np.asarray(batch[spec.name], dtype=spec.dtype) for spec in self.inputs} for batch in batches]
+        return [{spec.name: np.asarray(batch[spec.name], dtype=spec.dtype) for spec in self.inputs} for batch in filled]
 
     def batch_bytes(self) -> int:
         """The bytes of one batch of the declared inputs."""

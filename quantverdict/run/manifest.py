@@ -38,11 +38,21 @@ class _Strict(BaseModel):
 
 class InputEntry(_Strict):
     name: str
-    shape: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)
+    shape: list[Annotated[int, Field(gt=0)]]  # []: a scalar, fed as a 0-d tensor
     dtype: Literal["float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"] = "float32"
     range: tuple[float, float] = (-1.0, 1.0)
-    dynamic_axes: dict[Annotated[int, Field(ge=0)], str] = {0: "batch"}
+    dynamic_axes: dict[Annotated[int, Field(ge=0)], str] | None = None  # {0: batch} where the input has axes
     resolution: Annotated[float, Field(gt=0)] | None = None
+    value: float | None = None  # a fixed value (a sample rate): every batch's, filled in where a batch omits it
+
+    @model_validator(mode="after")
+    def _axes(self) -> "InputEntry":
+        beyond = sorted(axis for axis in self.dynamic_axes or {} if axis >= len(self.shape))
+        if beyond:
+            raise ValueError(f"dynamic_axes names axis {beyond[0]} of a {len(self.shape)}-d input (shape {self.shape})")
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError(f"value: expected a finite number, got {self.value}")
+        return self
 
     @field_validator("range")
     @classmethod
@@ -205,8 +215,9 @@ def _recipes(entry: ModelEntry) -> dict[str, dict[str, Any]]:
 
 
 def _input(item: InputEntry) -> InputSpec:
+    axes = item.dynamic_axes if item.dynamic_axes is not None else {0: "batch"} if item.shape else {}
     return InputSpec(name=item.name, shape=tuple(item.shape), dtype=item.dtype, value_range=item.range,
-                     dynamic_axes=dict(item.dynamic_axes), resolution=item.resolution)
+                     dynamic_axes=dict(axes), resolution=item.resolution, value=item.value)
 
 
 def model_registry(manifest: Manifest | None = None) -> Registry[ModelSpec]:
