@@ -10,12 +10,17 @@ writes the results as initializers: the same function, every weight where a reci
 Every node gets a name of its own (converters leave them empty or repeat them): recipes keep layers in float
 by name, and a verdict names the layers that ran in float.
 
+Inference BatchNormalizations are folded as TensorRT folds them (:mod:`quantverdict.export.batchnorm`): a low-precision
+graph must not store a variance TensorRT never stores.
+
 Quantizing nodes are never folded: a user's ``DequantizeLinear`` of a stored INT8 weight folded into a float
 initializer would be a float graph that looks quantized to nobody.
 """
 from __future__ import annotations
 
 import onnx
+
+from quantverdict.export.batchnorm import fold_batchnorms, foldable_batchnorms
 
 # what folding must leave alone: the nodes that say a tensor is quantized
 KEEP = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
@@ -34,6 +39,7 @@ def normalised(model: onnx.ModelProto) -> onnx.ModelProto:
     finally:
         G_LOGGER.severity = previous
     folded = gs.export_onnx(graph, do_type_check=False)
+    fold_batchnorms(folded)
     _name_nodes(folded.graph)
     folded.ir_version = model.ir_version
     folded.producer_name, folded.producer_version = model.producer_name, model.producer_version
@@ -60,10 +66,10 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
 
 
 def foldable(model: onnx.ModelProto) -> bool:
-    """Whether normalising changes ``model``: a node is a ``Constant``, reads constants only, or has no name of
-    its own."""
+    """Whether normalising changes ``model``: a node is a ``Constant``, reads constants only, has no name of its own,
+    or is a BatchNormalization to fold."""
     names = [node.name for node in model.graph.node]
-    if not all(names) or len(set(names)) != len(names):
+    if not all(names) or len(set(names)) != len(names) or foldable_batchnorms(model):
         return True
     constant = {init.name for init in model.graph.initializer}
     for node in model.graph.node:

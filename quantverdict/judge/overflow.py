@@ -7,7 +7,9 @@ feeds turns that into the same 0 that FP32 computes. So each is judged by its co
 with that tensor alone stored in the format; where the outputs then leave FP32's (non-finite, or under the
 case's cosine bound) it *breaks the output*, and the first such tensor is the one to name, with the fix a user
 can make (keep its layer in FP32, or rescale it). A tensor that reaches a Softmax only through mask arithmetic
-is labelled as a mask.
+is labelled as a mask. Constants count too: one beyond the range is clipped to it where the graph is stored in the
+format (a BatchNormalization's variance is folded first, as TensorRT folds it: :mod:`quantverdict.export.batchnorm`),
+and judged the same way, with that constant alone clipped.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from quantverdict.backends.onnxrt_divergence import run_exposing
 from quantverdict.judge.compare import cosine
@@ -69,10 +71,31 @@ def _stored_alone(model: onnx.ModelProto, tensor: str, storage: int) -> onnx.Mod
     return out
 
 
-def _consequence(model: onnx.ModelProto, tensor: str, storage: int, batch: Batch, outputs: list[str],
-                 reference: dict[str, np.ndarray], min_cosine: float) -> tuple[bool, float]:
-    """(whether storing ``tensor`` alone in the format breaks an output, the worst output cosine then)."""
-    changed = _stored_alone(model, tensor, storage)
+def _clipped_alone(model: onnx.ModelProto, constant: str, limit: float) -> onnx.ModelProto:
+    """``model`` with the initializer ``constant`` alone clipped to ±``limit``, as the format's graph stores it."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name == constant:
+            init.CopyFrom(numpy_helper.from_array(np.clip(numpy_helper.to_array(init), -limit, limit), constant))
+    return out
+
+
+def _hot_constants(model: onnx.ModelProto, limit: float) -> dict[str, tuple[float, onnx.NodeProto]]:
+    """Float initializers with a value beyond ``limit``: each one's peak and the first node that reads it."""
+    peaks = {init.name: float(np.abs(numpy_helper.to_array(init)).max(initial=0.0))
+             for init in model.graph.initializer if init.data_type == onnx.TensorProto.FLOAT}
+    readers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, node)
+    return {name: (peak, readers[name]) for name, peak in peaks.items() if peak > limit and name in readers}
+
+
+def _outcome(changed: onnx.ModelProto, batch: Batch, outputs: list[str], reference: dict[str, np.ndarray],
+             min_cosine: float) -> tuple[bool, float]:
+    """(whether ``changed``, the FP32 graph with one tensor stored in the format, breaks an output, the worst output
+    cosine then)."""
     names = [value.name for value in changed.graph.output]
     got = run_exposing(changed, names, batch)
     worst = 1.0
@@ -87,30 +110,35 @@ def _consequence(model: onnx.ModelProto, tensor: str, storage: int, batch: Batch
 def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int, min_cosine: float
               ) -> dict[str, Any] | None:
     """The overflow to name (the first tensor above ``limit`` whose storage in the format alone breaks an output,
-    else the first above it), with every tensor above ``limit`` under ``all``: its node, op, peak, whether it
-    is a mask before a Softmax, and whether it breaks the output; None where nothing overflows."""
+    else the first above it), with every tensor above ``limit`` under ``all``: activations (infinite in the format)
+    and constants (clipped to ``limit``), in graph order, each with its node (a constant's first reader), op, peak,
+    whether it is a mask before a Softmax, and whether it breaks the output; None where nothing overflows."""
     model = onnx.load(str(fp32_path))
     graph = model.graph
     floats, live = float_tensors(model), input_dependent(graph)
     order = [(out, node) for node in graph.node for out in node.output if out in floats and out in live]
     names = [name for name, _ in order]
-    if not names:
-        return None
     peaks = dict.fromkeys(names, 0.0)
     for batch in batches:
-        for name, values in run_exposing(fp32_path, names, batch).items():
+        for name, values in (run_exposing(fp32_path, names, batch).items() if names else ()):
             finite = np.abs(values[np.isfinite(values)])
             peaks[name] = max(peaks[name], float(finite.max()) if finite.size else 0.0)
-    hot = [(name, node) for name, node in order if peaks[name] > limit]
+    constants = _hot_constants(model, limit)
+    position = {id(node): index for index, node in enumerate(graph.node)}
+    hot = sorted([*((name, node, False) for name, node in order if peaks[name] > limit),
+                  *((name, node, True) for name, (_, node) in constants.items())],
+                 key=lambda item: position[id(item[1])] + 0.5 * item[2])  # a node's infinite output before its constant
     if not hot:
         return None
     outputs = [value.name for value in graph.output]
     reference = run_exposing(fp32_path, outputs, batches[0])
     found = []
-    for name, node in hot:
-        breaks, worst = _consequence(model, name, storage, batches[0], outputs, reference, min_cosine)
-        found.append({"tensor": name, "node": node.name or name, "op": node.op_type, "value": peaks[name],
-                      "limit": limit, "mask": _feeds_softmax(graph, name), "breaks_output": breaks,
+    for name, node, constant in hot:
+        changed = _clipped_alone(model, name, limit) if constant else _stored_alone(model, name, storage)
+        breaks, worst = _outcome(changed, batches[0], outputs, reference, min_cosine)
+        found.append({"tensor": name, "node": node.name or name, "op": node.op_type,
+                      "value": constants[name][0] if constant else peaks[name], "limit": limit, "constant": constant,
+                      "mask": not constant and _feeds_softmax(graph, name), "breaks_output": breaks,
                       "output_cosine": None if np.isnan(worst) else worst})
     head = next((entry for entry in found if entry["breaks_output"]), found[0])
     return {**head, "all": found}
