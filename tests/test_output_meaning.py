@@ -2,6 +2,9 @@
 0-d tensors."""
 import textwrap
 
+import numpy as np
+import pytest
+
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
 
@@ -149,3 +152,97 @@ def test_a_dynamic_axis_beyond_an_inputs_rank_is_one_line(tmp_path):
         assert str(exc).count("\n") == 0 and "model 'voice'" in str(exc) and "axis 0 of a 0-d input" in str(exc)
     else:
         raise AssertionError("accepted")
+
+
+def _blobs(samples: int, seed: int) -> np.ndarray:
+    """Saliency-like maps: one Gaussian blob per image, peaking between 0.9 and 1 (a region above 0.8 in each)."""
+    rng = np.random.default_rng(seed)
+    grid = np.stack(np.meshgrid(np.arange(32), np.arange(32), indexing="ij"), -1).astype(np.float64)
+    centres, widths = rng.uniform(8, 24, (samples, 1, 1, 2)), rng.uniform(4, 8, (samples, 1, 1))
+    peaks = rng.uniform(0.9, 1.0, (samples, 1, 1))
+    return (peaks * np.exp(-np.sum((grid - centres) ** 2, -1) / (2 * widths ** 2)))[:, None].astype(np.float32)
+
+
+def _int8_map_tolerance():
+    from quantverdict.judge.tolerances import ToleranceTable
+
+    return ToleranceTable.load().resolve("saliency", "int8", {}, "regression", "probabilities")
+
+
+def test_a_map_whose_region_moves_under_a_perfect_cosine_fails_by_its_region():
+    """Every value 10% lower: cosine is exactly 1 (a scale), the region an application cuts at 0.8 shrinks by half;
+    the region's IoU on the elements FP32 decides fails the default INT8 bounds."""
+    from quantverdict.judge.compare import compare
+
+    reference = _blobs(16, 0)
+    judged = compare({"map": reference}, {"map": reference * 0.9}, _int8_map_tolerance(), maps={"map": 0.8})
+    metrics = judged.metrics["map"]
+    assert metrics["cosine"] == pytest.approx(1.0) and metrics["region_samples"] == 16
+    assert metrics["region_iou"] < 0.85 and not judged.passed
+    assert {check.metric for check in judged.failures()} >= {"region_iou"}
+    assert "the region above 0.8, on the elements FP32 decides, in 16 samples" in judged.explain()
+
+
+def test_a_map_with_noise_its_cosine_bound_allows_keeps_its_regions_and_peaks():
+    """INT8-like noise (cosine ≈ 0.999): decisions move only where FP32 sits within that noise of the threshold."""
+    from quantverdict.judge.compare import compare
+
+    reference = _blobs(16, 1)
+    noisy = reference + np.random.default_rng(2).normal(0, 0.01, reference.shape).astype(np.float32)
+    judged = compare({"map": reference}, {"map": noisy}, _int8_map_tolerance(), maps={"map": 0.8})
+    metrics = judged.metrics["map"]
+    assert judged.passed, judged.explain()
+    assert metrics["region_iou"] > 0.95 and metrics["peak_agreement"] == 1.0 and metrics["region_iou_worst"] > 0.8
+
+
+def test_one_moved_image_fails_the_worst_sample_bound_where_the_mean_holds():
+    from quantverdict.judge.compare import compare
+
+    reference = _blobs(16, 3)
+    moved = reference.copy()
+    moved[5] = np.roll(reference[5], 12, axis=-1)  # one image's region and peak elsewhere
+    judged = compare({"map": reference}, {"map": moved}, _int8_map_tolerance(), maps={"map": 0.8})
+    metrics = judged.metrics["map"]
+    assert metrics["region_iou"] > 0.85 and metrics["region_iou_worst"] < 0.5 and metrics["region_iou_worst_sample"] == 5
+    failed = {check.metric for check in judged.failures()}
+    assert "region_iou_worst" in failed and "region_iou" not in failed and "peak_agreement" not in failed
+
+
+SALIENCY = textwrap.dedent("""\
+    import numpy as np
+    import torch
+    from torch import nn
+
+
+    def net():
+        torch.manual_seed(0)
+        layers = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                               nn.Conv2d(16, 1, 3, padding=1), nn.Sigmoid()).eval()
+        with torch.no_grad():
+            layers[4].weight.mul_(40.0)  # a map that spans (0, 1), as a trained one does
+        return layers
+
+
+    def calibration():
+        rng = np.random.default_rng(1)
+        return [{"image": rng.uniform(0, 1, (4, 3, 24, 24)).astype(np.float32)} for _ in range(4)]
+    """)
+
+
+def test_a_sigmoid_map_is_judged_at_its_declared_threshold(tmp_path, monkeypatch):
+    written(tmp_path, monkeypatch, {"saliency.py": SALIENCY, "models.yaml": textwrap.dedent("""\
+        models:
+          - name: saliency
+            build: saliency:net
+            build_files: []
+            inputs: [{name: image, shape: [4, 3, 24, 24], range: [0, 1]}]
+            outputs: [map]
+            thresholds: {map: 0.52}
+            calibration: saliency:calibration
+        """)})
+    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    exact = pipeline.run(Case("saliency", "fp32", "onnxruntime")).metrics["metrics"]["map"]
+    assert exact["region_threshold"] == 0.52 and exact["region_iou"] == 1.0 and exact["peak_agreement"] == 1.0
+    int8 = pipeline.run(Case("saliency", "int8", "onnxruntime"))
+    assert int8.metrics["metrics"]["map"]["region_samples"] > 0
+    assert {"region_iou", "region_iou_worst", "peak_agreement"} <= {c["metric"] for c in int8.metrics["checks"]}

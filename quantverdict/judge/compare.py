@@ -16,6 +16,7 @@ import numpy as np
 from quantverdict.errors import InputSpecError, ResolutionWarning
 from quantverdict.judge.intervals import (accuracy_drop_interval, bootstrap_cosine_snr, proportion_interval,
                                      resolve_agreement_bound, resolve_drop_bound)
+from quantverdict.judge.map_decisions import map_decisions
 from quantverdict.judge.tolerances import Tolerance
 
 WORST_ELEMENTS = 5
@@ -92,6 +93,10 @@ class Comparison:
                 lines.append(f"{check.output}: top1_agreement is over the {counts['top1_samples']} samples FP32 "
                              f"decides at its inputs' resolution ({counts['top1_undecided']} undecided left out; "
                              f"over all: {counts['top1_agreement_all']:.6g})")
+            if check.metric.startswith("region_iou"):
+                lines.append(f"{check.output}: the region above {counts['region_threshold']:g}, on the elements FP32 "
+                             f"decides, in {counts['region_samples']} samples; worst: sample "
+                             f"{counts.get('region_iou_worst_sample', '-')}")
         for output in sorted({check.output for check in self.failures()} & set(self.worst)):
             worst = ", ".join(f"{w['index']}: ref {w['reference']:.5g} got {w['candidate']:.5g}"
                               for w in self.worst[output])
@@ -120,11 +125,13 @@ def compare(
     undecided: np.ndarray | None = None,
     per_output: Mapping[str, Tolerance] | None = None,
     positionwise: frozenset[str] = frozenset(),
+    maps: Mapping[str, float] | None = None,
 ) -> Comparison:
     """Compare named outputs (batches already concatenated) under ``tolerance``, or an output's own bounds in
     ``per_output`` (its kind's: :mod:`quantverdict.judge.output_kinds`); top-1 agreement leaves out the
     ``undecided`` samples, those whose FP32 decision the input does not determine (:mod:`quantverdict.judge.decided`),
-    and is taken at every position of the ``positionwise`` outputs (a softmax per position)."""
+    and is taken at every position of the ``positionwise`` outputs (a softmax per position). The ``maps`` (output →
+    threshold) are probability maps, also judged by their region and peak (:mod:`quantverdict.judge.map_decisions`)."""
     result = Comparison()
     for name, ref in reference.items():
         bounds = (per_output or {}).get(name, tolerance)
@@ -141,6 +148,8 @@ def compare(
                                  "judged); declare task: regression if it is not a classifier")
         metrics = _metrics(ref, out, classification or name in positionwise,
                            None if name in positionwise else undecided)
+        if name in (maps or {}) and ref.ndim >= 2:
+            metrics.update(map_decisions(ref, out, (maps or {})[name], bounds.min_cosine))
         result.metrics[name] = metrics
         result.worst[name] = _worst(ref, out)
         result.checks += _checks(name, metrics, bounds, result)
@@ -225,13 +234,19 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool, undecided: 
 
 
 def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparison) -> list[Check]:
-    top1 = tol.min_top1
+    top1, peak = tol.min_top1, tol.min_peak_agreement
     if top1 is not None and "top1_agreement" in metrics:
         resolution = resolve_agreement_bound(top1, max(metrics["top1_samples"], 1), f"{name}: min_top1")
         result.note(resolution.warning)
         top1 = resolution.used
+    if peak is not None and "peak_agreement" in metrics:
+        resolution = resolve_agreement_bound(peak, max(metrics["samples"], 1), f"{name}: min_peak_agreement")
+        result.note(resolution.warning)
+        peak = resolution.used
     bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
-              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", top1, True)]
+              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", top1, True),
+              ("region_iou", tol.min_region_iou, True), ("region_iou_worst", tol.min_worst_region_iou, True),
+              ("peak_agreement", peak, True)]
     return [Check(name, metric, metrics[metric], bound, higher)
             for metric, bound, higher in bounds if bound is not None and metric in metrics]
 

@@ -142,3 +142,30 @@ def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int,
                       "output_cosine": None if np.isnan(worst) else worst})
     head = next((entry for entry in found if entry["breaks_output"]), found[0])
     return {**head, "all": found}
+
+
+def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
+    """The overflow that breaks the output first, then every other tensor above the format's range, with what it
+    is and the fix a user can make."""
+    def where(entry: dict[str, Any]) -> str:
+        if entry.get("constant"):
+            return (f"the constant {entry['tensor']!r} (read by {entry['node']}, {entry['op']}) holds "
+                    f"{entry['value']:,.6g}")
+        return f"{entry['tensor']!r} (output of {entry['node']}, {entry['op']}) reaches {entry['value']:,.6g} in FP32"
+
+    constant = bool(overflow.get("constant"))
+    if not overflow["breaks_output"]:
+        effect = "; no overflowing tensor alone breaks the output"
+    elif constant:
+        effect = f" and the output breaks; rescale it, or keep {overflow['node']} (its reader) in FP32"
+    else:
+        effect = f" and the output breaks; keep {overflow['node']} in FP32 or rescale it"
+    lines = [f"{case_id}: overflow: {where(overflow)}, above {name}'s largest finite value {overflow['limit']:,.6g}: "
+             f"stored in {name} it is {'clipped to it' if constant else 'infinite'}{effect}"]
+    for entry in overflow["all"]:
+        if entry["tensor"] != overflow["tensor"]:
+            what = "a constant" if entry.get("constant") else \
+                "a mask's minus infinity before a Softmax" if entry["mask"] else "an activation"
+            effect = "breaks the output" if entry["breaks_output"] else "the output holds"
+            lines.append(f"  also above it: {where(entry)} ({what}; stored in {name} alone, {effect})")
+    return "\n".join(lines)

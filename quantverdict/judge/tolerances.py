@@ -32,11 +32,14 @@ class Tolerance(BaseModel):
     min_top1: float | None = None
     max_accuracy_drop: float | None = None
     max_flip_fraction: float | None = None  # runtime fidelity (quantverdict.judge.fidelity); quantized precisions
+    min_region_iou: float | None = None  # a probability map's region at its threshold (judge.map_decisions), mean
+    min_worst_region_iou: float | None = None  # ... and its worst sample's
+    min_peak_agreement: float | None = None  # a probability map's peak where FP32's is
     task_min: Mapping[str, float] | None = None  # bounds on the model's task metrics, by name (judge.task_metrics)
     task_max: Mapping[str, float] | None = None
 
     @field_validator("atol", "rtol", "min_cosine", "max_norm_err", "min_top1", "max_accuracy_drop",
-                     "max_flip_fraction")
+                     "max_flip_fraction", "min_region_iou", "min_worst_region_iou", "min_peak_agreement")
     @classmethod
     def _bound(cls, value: float | None) -> float | None:
         if value is not None and not (math.isfinite(value) and value >= 0):

@@ -131,6 +131,7 @@ class ModelSpec:
     inputs: Sequence[InputSpec]
     outputs: Sequence[str]
     output_kinds: Mapping[str, str] = field(default_factory=dict)  # declared kinds (quantverdict.judge.output_kinds)
+    thresholds: Mapping[str, float] = field(default_factory=dict)  # where an application cuts a probability map
     build: Callable[[], "object"] | None = None
     onnx_path: Path | None = None
     task: Literal["classification", "regression", "embedding"] = "regression"

@@ -25,7 +25,8 @@ from quantverdict.hashing import file_sha256
 from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.judge.compare import Comparison, compare, judge_task_metrics, task_accuracy
 from quantverdict.judge.diagnose import first_divergence
-from quantverdict.judge.overflow import overflows
+from quantverdict.judge.map_decisions import DEFAULT_THRESHOLD
+from quantverdict.judge.overflow import overflow_message, overflows
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
 from quantverdict.judge.timed import judge_timed_outputs
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
@@ -38,33 +39,6 @@ from quantverdict.run.cases import Case, CaseResult, Status
 from quantverdict.tune.decide import decided_before_calibration
 from quantverdict.tune.resolve import Resolver
 
-
-
-def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
-    """The overflow that breaks the output first, then every other tensor above the format's range, with what it
-    is and the fix a user can make."""
-    def where(entry: dict[str, Any]) -> str:
-        if entry.get("constant"):
-            return (f"the constant {entry['tensor']!r} (read by {entry['node']}, {entry['op']}) holds "
-                    f"{entry['value']:,.6g}")
-        return f"{entry['tensor']!r} (output of {entry['node']}, {entry['op']}) reaches {entry['value']:,.6g} in FP32"
-
-    constant = bool(overflow.get("constant"))
-    if not overflow["breaks_output"]:
-        effect = "; no overflowing tensor alone breaks the output"
-    elif constant:
-        effect = f" and the output breaks; rescale it, or keep {overflow['node']} (its reader) in FP32"
-    else:
-        effect = f" and the output breaks; keep {overflow['node']} in FP32 or rescale it"
-    lines = [f"{case_id}: overflow: {where(overflow)}, above {name}'s largest finite value {overflow['limit']:,.6g}: "
-             f"stored in {name} it is {'clipped to it' if constant else 'infinite'}{effect}"]
-    for entry in overflow["all"]:
-        if entry["tensor"] != overflow["tensor"]:
-            what = "a constant" if entry.get("constant") else \
-                "a mask's minus infinity before a Softmax" if entry["mask"] else "an activation"
-            effect = "breaks the output" if entry["breaks_output"] else "the output holds"
-            lines.append(f"  also above it: {where(entry)} ({what}; stored in {name} alone, {effect})")
-    return "\n".join(lines)
 
 
 class CaseExecutor:
@@ -217,7 +191,9 @@ class CaseExecutor:
                       for name, kind in kinds.items() if kind != "logits"}
         comparison = compare(reference, outputs, tolerance, spec.task == "classification",
                              self.store.undecided(spec.name), per_output,
-                             frozenset(name for name, kind in kinds.items() if kind == "distribution"))
+                             frozenset(name for name, kind in kinds.items() if kind == "distribution"),
+                             {name: spec.thresholds.get(name, DEFAULT_THRESHOLD) for name, kind in kinds.items()
+                              if kind == "probabilities"})
         labels = self.store.eval_labels(spec.name)
         if spec.task_metric() is not None:
             judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison,

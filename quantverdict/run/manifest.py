@@ -71,6 +71,7 @@ class ModelEntry(_Strict):
     inputs: list[InputEntry] = Field(min_length=1)
     outputs: list[str] = Field(min_length=1)
     output_kinds: dict[str, Literal["logits", "distribution", "probabilities"]] = {}  # judge.output_kinds
+    thresholds: dict[str, Annotated[float, Field(gt=0, lt=1)]] = {}  # a probability map's cut (judge.map_decisions)
     task: Literal["classification", "regression", "embedding"] = "regression"
     calibration: str | None = None
     eval: CallableRef | None = None
@@ -186,6 +187,7 @@ def _spec(entry: ModelEntry, root: Path) -> ModelSpec:
         inputs=[_input(item) for item in entry.inputs],
         outputs=list(entry.outputs),
         output_kinds=dict(entry.output_kinds),
+        thresholds=dict(entry.thresholds),
         build=Ref(entry.build) if entry.build else None,
         onnx_path=root / entry.onnx if entry.onnx else None,
         quantized={precision: root / file for precision, file in entry.quantized.items()},
