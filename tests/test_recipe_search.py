@@ -13,7 +13,8 @@ from quantverdict.models.data import batches_key
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings, auto_settings
 from quantverdict.tune import search as searching
-from quantverdict.tune.search import CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, out_of_reach, sample_snr_db, stages
+from quantverdict.tune.search import (CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, out_of_reach, sample_snr_db, signal_floor,
+                                      stages)
 from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
@@ -184,6 +185,18 @@ def test_each_sample_weighs_the_same_and_a_nonfinite_output_scores_worst():
     candidate = reference + np.array([[0.05, 0.0], [0.0, 0.0], [np.nan, 0.0]])
     db = sample_snr_db(reference, candidate)
     assert db[0] == pytest.approx(10 * np.log10(25 / 0.0025)) and db[1] == MAX_DB and db[2] == -MAX_DB
+
+
+def test_a_sample_whose_fp32_output_is_zero_is_judged_against_the_floor_not_at_minus_1000_db():
+    """A text detector's map of an image without text is exactly 0: judged against its own energy, any error scored
+    -1000 dB and one such sample outweighed the rest; against 1% of the mean sample's energy it counts as a sample."""
+    reference = np.array([[3.0, 4.0], [0.0, 0.0], [4.0, 3.0]])
+    candidate = reference + np.array([[0.05, 0.0], [0.01, 0.0], [0.0, 0.05]])
+    assert sample_snr_db(reference, candidate)[1] == -MAX_DB
+    floor = signal_floor(reference)
+    assert floor == pytest.approx(0.01 * 50 / 3)
+    db = sample_snr_db(reference, candidate, floor)
+    assert db[1] == pytest.approx(10 * np.log10(floor / 1e-4)) and db[0] == pytest.approx(10 * np.log10(25 / 0.0025))
 
 
 def test_fallback_is_a_stage_only_where_the_share_keeps_a_layer():

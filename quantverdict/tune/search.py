@@ -62,6 +62,7 @@ MIN_GAIN_DB = 0.1  # the mean per-sample SNR gain that makes a more elaborate ca
 GAIN_SE = 2.0  # … where it also exceeds this many standard errors of the paired per-sample gains
 REACH_SE = 4.0  # a candidate stops after a fold where its mean gain so far, plus this many standard errors, is short
 MAX_DB = 1e3  # a sample the candidate reproduces exactly
+SIGNAL_FLOOR = 1e-2  # a sample holding less than this share of the mean sample's energy is judged against that share
 Progress = Callable[[str], None]  # told one line as a search starts and as each candidate ends
 CALIBRATORS = [RecipeSettings(calibration="max"), RecipeSettings(calibration="percentile"),
                RecipeSettings(calibration="mse")]
@@ -69,14 +70,21 @@ MIGRATION = [RecipeSettings(smoothquant=0.5), RecipeSettings(smoothquant=0.8), R
 ROUNDING = [RecipeSettings(gptq=True)]
 
 
-def sample_snr_db(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+def signal_floor(reference: np.ndarray) -> float:
+    """The least signal energy a sample is judged against: :data:`SIGNAL_FLOOR` of the mean sample's."""
+    return SIGNAL_FLOOR * float(np.mean(np.sum(per_sample(reference) ** 2, 1)))
+
+
+def sample_snr_db(reference: np.ndarray, candidate: np.ndarray, floor: float = 0.0) -> np.ndarray:
     """Each sample's output SNR against FP32 (dB; first axis the samples): each held-out sample weighs the same,
-    as in top-1 agreement, where one badly clipped sample would decide the SNR of the samples pooled. A
-    non-finite output is the worst score, an exact one the best."""
+    as in top-1 agreement, where one badly clipped sample would decide the SNR of the samples pooled. A sample's
+    signal is at least ``floor`` (:func:`signal_floor` of every sample judged): a text detector's map of an image
+    without text is exactly 0, and its SNR, -1000 dB for any error, decided a ranking. A non-finite output is the
+    worst score, an exact one the best."""
     r = per_sample(reference)
     noise = error_energy(r, per_sample(candidate).reshape(r.shape))
     with np.errstate(divide="ignore", invalid="ignore"):
-        db = 10 * np.log10(np.sum(r ** 2, 1) / noise)
+        db = 10 * np.log10(np.maximum(np.sum(r ** 2, 1), floor) / noise)
     return np.clip(np.where(noise == 0, MAX_DB, np.nan_to_num(db, nan=-MAX_DB)), -MAX_DB, MAX_DB)
 
 
@@ -138,6 +146,7 @@ class Trials:
         self.spec = folds[0].spec(model)
         self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
                            for name in self.spec.outputs}
+        self.floor = signal_floor(self.references[self.spec.outputs[0]])  # of every held-out sample: fixed per sample
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
         self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
         self.started, self.slowest = time.monotonic(), 0.0
@@ -208,7 +217,7 @@ class Trials:
             for fold, fold_recipe in zip(self.folds, recipes):
                 outputs.append(fold.recipe_semantics(self.model, fold_recipe, "evaluation"))
                 pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
-                samples = sample_snr_db(self.references[output][:len(pooled[output])], pooled[output])
+                samples = sample_snr_db(self.references[output][:len(pooled[output])], pooled[output], self.floor)
                 if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival):
                     candidate.folds = len(outputs)
                     break
