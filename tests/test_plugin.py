@@ -63,7 +63,7 @@ def test_a_misspelled_manifest_field_is_a_usage_error_of_one_line(user_repo):
     errors = [line for line in result.errlines if line.strip()]
     assert errors == [f"ERROR: quantverdict: {user_repo.path / 'models.yaml'}: model 'tiny': "
                       "models[0].inputs[0].rnage: unknown field 'rnage'; did you mean 'range'? "
-                      "(allowed: name, shape, dtype, range, dynamic_axes, resolution)"], result.errlines
+                      "(allowed: name, shape, dtype, range, dynamic_axes, resolution, value)"], result.errlines
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 

@@ -1,7 +1,9 @@
 """What a graph runs in its quantized precision, layer by layer, and why each float layer is float.
 
 Every weighted operator is counted, by kind: convolutions, matrix products (``Gemm``, ``MatMul``, ``Einsum``),
-recurrent layers (``LSTM``, ``GRU``, ``RNN``), attention, and the integer operators. A layer runs quantized
+recurrent layers (``LSTM``, ``GRU``, ``RNN``), attention, and the integer operators. A product of activations alone
+(attention's scores and its weighted sum: a ``MatMul`` or ``Einsum`` with no constant operand) holds no weights and
+is not a layer here: counted, it made a graph whose every weight is INT8 read as 56 of 72 layers. A layer runs quantized
 where every one of its data inputs is dequantized (a ``DequantizeLinear`` behind it, through shape-only ops)
 or where it is an integer operator. A float layer is *kept* where the recipe says why (a pattern the user
 excluded, accuracy-aware fallback, a format with no kernel for it, the graph a user supplied) and *missed*
@@ -34,6 +36,8 @@ INTEGER_WEIGHT = {"MatMulInteger": 1, "ConvInteger": 1, "QLinearMatMul": 3, "QLi
                   "MatMulIntegerToFloat": 1, "DynamicQuantizeMatMul": 1, "QGemm": 3, "QAttention": 1,
                   "DynamicQuantizeLSTM": 1}
 INTEGER_LAYERS = tuple(INTEGER_WEIGHT)
+# products that are layers only where an operand is a constant (else activations alone: attention's scores)
+PRODUCTS = frozenset({"MatMul", EINSUM, "MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat"})
 # a float layer's reason starts with its kind (Recipe.float_reasons): "excluded" (a pattern of the user's), "fallback",
 # "no kernel" (no runtime has one for it in the precision), "placement" (another quantizer's), "supplied" (a user's graph)
 DELIBERATE = ("excluded", "fallback")  # chosen for accuracy: the rest of the network is what the verdict describes
@@ -122,12 +126,16 @@ def _layers(body: onnx.GraphProto, graph: _Graph, rewritten: set[str] | frozense
             continue
         name = prefix + node.name
         if kind in INTEGER_WEIGHT:
-            yield Layer(name, kind, graph.parameters(node.input[INTEGER_WEIGHT[kind]]), True)
+            parameters = graph.parameters(node.input[INTEGER_WEIGHT[kind]])
+            if parameters or kind not in PRODUCTS:
+                yield Layer(name, kind, parameters, True)
             continue
         positions = range(len(node.input)) if kind == EINSUM else (0, 1) if node.domain == "com.microsoft" \
             else LAYER_INPUTS[kind]  # contrib Attention: input, weights (then a bias)
         data = [node.input[i] for i in positions if i < len(node.input) and node.input[i]]
         parameters = sum(graph.parameters(item) for item in data)
+        if kind in PRODUCTS and not parameters:
+            continue
         quantized = [graph.dequantized(item) for item in data]
         why = ""
         if not all(quantized):
