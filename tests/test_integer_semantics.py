@@ -224,3 +224,56 @@ def test_integer_graphs_get_exact_semantics_at_every_opset(tmp_path):
         tokens = {"tokens": np.random.default_rng(3).integers(0, 64, (4, 6))}
         outputs[at] = evaluate_semantics(target, [tokens])["out"]
     assert all(np.array_equal(outputs[at], outputs[21]) for at in outputs)
+
+
+LSTM_NET = """import torch
+from torch import nn
+
+
+class Speaker(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm, self.head = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 8)
+
+    def forward(self, frames):
+        return self.head(self.lstm(frames)[0][:, -1])
+
+
+def net():
+    return Speaker().eval()
+"""
+
+
+@pytest.mark.int8
+def test_a_contrib_integer_lstm_is_counted_recorded_and_labelled_as_the_cpus_kernels(qv_pipeline, tmp_path, monkeypatch):
+    """ONNX Runtime's ``quantize_dynamic`` writes an LSTM as ``com.microsoft`` ``DynamicQuantizeLSTM``, which ONNX does
+    not define: the graph is judged by ONNX Runtime's integer kernels, and labelled so (not "Q/DQ as written"); the
+    LSTM is among the recorded operators and counted as a quantized layer."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from quantverdict.judge.semantics import KERNELS
+
+    (tmp_path / "speaker.py").write_text(LSTM_NET)
+    (tmp_path / "models.yaml").write_text(textwrap.dedent("""\
+        models:
+          - name: speaker
+            build: speaker:net
+            build_files: []
+            inputs: [{name: frames, shape: [4, 10, 16]}]
+            outputs: [embedding]
+            calibration: synthetic
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fp32 = Pipeline(qv_pipeline.cache.root, manifest=tmp_path / "models.yaml").store.fp32_onnx("speaker")
+    quantize_dynamic(str(fp32), str(tmp_path / "speaker-int8.onnx"), weight_type=QuantType.QInt8)
+    graph = onnx.load(str(tmp_path / "speaker-int8.onnx"))
+    assert "DynamicQuantizeLSTM" in describe_quantization(graph)["operators"]
+    assert evaluator(graph) == KERNELS
+    with open(tmp_path / "models.yaml", "a") as manifest:
+        manifest.write("    quantized: {int8: speaker-int8.onnx}\n")
+    result = Pipeline(qv_pipeline.cache.root, manifest=tmp_path / "models.yaml").run(Case("speaker", "int8",
+                                                                                          "onnxruntime"))
+    recipe = result.metrics["recipe"]
+    assert recipe["evaluator"] == KERNELS and "DynamicQuantizeLSTM" in recipe["settings"]["operators"], recipe
+    assert recipe["coverage"]["kinds"]["DynamicQuantizeLSTM"] == [1, 1]

@@ -27,13 +27,19 @@ from quantverdict.models.spec import Batch
 
 AS_WRITTEN = "onnxruntime CPU, graph optimisations off (Q/DQ as written)"
 EXACT = "ONNX reference evaluator, integer operators in exact integer arithmetic"
+KERNELS = ("onnxruntime CPU's integer kernels, graph optimisations off: contrib-domain operators ONNX does not define; "
+           "their results depend on the CPU's instruction set")
 CODE = ("quantverdict.judge.semantics", "quantverdict.judge.integer")
 
 
 def evaluator(model: onnx.ModelProto) -> str:
     """What evaluates ``model``'s semantics: exact integer arithmetic where the graph has integer operators
-    and ONNX defines every node of it, ONNX Runtime with its optimisations off otherwise."""
-    return EXACT if has_integer_ops(model) and reference_evaluable(model) else AS_WRITTEN
+    and ONNX defines every node of it, ONNX Runtime with its optimisations off otherwise (a graph of integer
+    operators with contrib-domain ones, ``DynamicQuantizeLSTM``, is then its instruction-set-dependent kernels', and
+    labelled so, not as Q/DQ as written)."""
+    if not has_integer_ops(model):
+        return AS_WRITTEN
+    return EXACT if reference_evaluable(model) else KERNELS
 
 
 def evaluate_semantics(path: Path, batches: Sequence[Batch], threads: int = 0) -> dict[str, np.ndarray]:

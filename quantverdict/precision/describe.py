@@ -3,7 +3,7 @@ settings of a recipe that did not make it.
 
 Q/DQ graphs (``QuantizeLinear``/``DequantizeLinear``) and integer-operator graphs (``MatMulInteger``,
 ``ConvInteger``, ``QLinearMatMul``, ``QLinearConv``, with ``DynamicQuantizeLinear`` for activations
-quantized at run time) are both read: activations static or dynamic, weights per channel or per
+quantized at run time; ONNX Runtime's contrib ones, ``DynamicQuantizeLSTM`` among them, counted) are both read: activations static or dynamic, weights per channel or per
 tensor, zero points symmetric or not, and the storage types.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections import Counter
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from quantverdict.precision.coverage import INTEGER_WEIGHT
 
 # For each integer operator: the positions of (activation input, weight input, weight scale, weight zero point)
 _INTEGER_INPUTS: dict[str, tuple[int, int, int | None, int | None]] = {
@@ -64,6 +66,11 @@ def describe_quantization(model: onnx.ModelProto) -> dict[str, object]:
             zero_point = reader.constant(node, zero) if zero is not None else None
             granularity.add(reader.granularity(reader.constant(node, scale) if scale is not None else None, zero_point))
             weight_symmetry.add(reader.symmetry(zero_point))
+        elif node.op_type in INTEGER_WEIGHT:  # contrib integer layers (DynamicQuantizeLSTM, QGemm…): counted too
+            ops[node.op_type] += 1
+            weight_values = reader.constant(node, INTEGER_WEIGHT[node.op_type])
+            if weight_values is not None:
+                storage.add(str(weight_values.dtype))
         elif node.op_type == "DynamicQuantizeLinear":  # always uint8, zero point chosen per batch
             ops[node.op_type] += 1
             activation_symmetry.add("asymmetric")
