@@ -107,9 +107,35 @@ def test_weights_inside_control_flow_fail_the_case_before_any_calibration_or_sea
         Case("branches", "int8", "onnxruntime"))
     assert result.status == "failed", result.message
     assert result.message.startswith("branches-int8-onnxruntime: INT8 ran on 0 of 2 weighted layers of 'branches': "
-                                     "2 MatMul in float that the recipe did not keep in float by name (inside a If "
+                                     "2 MatMul in float that the recipe did not keep in float by name (inside an If "
                                      "body, which the recipe does not enter)")
     assert _made(cache) == []
+
+
+def test_a_recurrent_layer_inside_a_body_is_kept_for_the_same_reason_as_one_outside():
+    """One vocabulary: an LSTM has no INT8 kernel wherever it is, so one inside an ``If`` body is *kept* with that
+    reason, as a top-level one is; the MatMul beside it, which a recipe could quantize, is *missed*."""
+    from quantverdict.precision import get_recipe
+    from quantverdict.precision.coverage import recipe_coverage
+
+    rng = np.random.default_rng(6)
+    lstm = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+            for name, shape in (("W", (1, 32, 8)), ("R", (1, 32, 8)))]
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["x", "axis0"], ["seq"], name="as_sequence"),
+         helper.make_node("LSTM", ["seq", "W", "R"], ["", "h"], name="inner_lstm", hidden_size=8),
+         helper.make_node("Squeeze", ["h", "axis0"], ["last"], name="last_state"),
+         helper.make_node("MatMul", ["last", "then_w"], ["then_y"], name="then_mm")],
+        "then", [], [helper.make_tensor_value_info("then_y", TensorProto.FLOAT, [None, 8])],
+        [*lstm, numpy_helper.from_array(rng.normal(0, 0.3, (8, 8)).astype(np.float32), "then_w"),
+         numpy_helper.from_array(np.array([0], np.int64), "axis0")])
+    model = _branches()
+    next(a for a in model.graph.node[2].attribute if a.name == "then_branch").g.CopyFrom(body)
+    recipe = get_recipe("int8").configured({})
+    coverage = recipe_coverage(model, recipe, model)
+    assert coverage["kept"] == {"by_sign/inner_lstm": "no kernel: TensorRT and ONNX Runtime run LSTM in float (no INT8 "
+                                                      "recurrent kernel takes Q/DQ on its weights)"}
+    assert set(coverage["missed"]) == {"by_sign/then_mm", "by_sign/other_mm"}
 
 
 @pytest.mark.int8

@@ -119,7 +119,8 @@ def _layers(body: onnx.GraphProto, graph: _Graph, rewritten: set[str] | frozense
             bodies = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
             for sub in bodies:
                 yield from _layers(sub, _Graph(sub, graph), rewritten, f"{prefix}{node.name}/",
-                                   f"inside a {node.op_type} body, which the recipe does not enter")
+                                   f"inside {'an' if node.op_type[0] in 'AEIOU' else 'a'} {node.op_type} body, "
+                                   "which the recipe does not enter")
     for node in body.node:
         kind = _kind(node)
         if kind is None:

@@ -81,9 +81,22 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
             return no_kernel_for_conv(node, weights[node.input[1]], in_fmt, node.input[0] in graph_inputs)
         return None
 
+    def no_kernel_of_kind(kind: str) -> str | None:
+        """Why no runtime runs a layer of ``kind`` in the format, wherever it is (a control-flow body too)."""
+        if kind in RECURRENT:
+            return f"no kernel: TensorRT and ONNX Runtime run {kind} in float (no {name} recurrent kernel takes Q/DQ " \
+                   "on its weights)"
+        if kind in ("Einsum", "Attention"):
+            return f"no kernel: no {name} {kind} kernel in TensorRT or ONNX Runtime"
+        return None
+
     for layer in layers(source):
         node = nodes.get(layer.name)
-        if node is None or layer.name in planned or layer.quantized:  # None: inside a control-flow body (missed)
+        if layer.name in planned or layer.quantized:
+            continue
+        if node is None:  # inside a control-flow body, which no recipe here enters: missed, unless no kernel anywhere
+            if why := no_kernel_of_kind(layer.kind):
+                reasons[layer.name] = why
             continue
         pattern = next((p for p in exclude if fnmatch.fnmatchcase(node.name, p)), None)
         if pattern is not None:
@@ -98,11 +111,8 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
                                   f"calibration set{chosen}"
         elif only is not None and layer.name not in only:
             reasons[layer.name] = "excluded: not among the layers analysed (only)"
-        elif layer.kind in RECURRENT:
-            reasons[layer.name] = (f"no kernel: TensorRT and ONNX Runtime run {layer.kind} in float (no {name} "
-                                   "recurrent kernel takes Q/DQ on its weights)")
-        elif layer.kind in ("Einsum", "Attention"):
-            reasons[layer.name] = f"no kernel: no {name} {layer.kind} kernel in TensorRT or ONNX Runtime"
+        elif why := no_kernel_of_kind(layer.kind):
+            reasons[layer.name] = why
         else:
             why = no_kernel(node, layer.kind, fmt)
             if why:
