@@ -141,3 +141,55 @@ def test_a_constant_beyond_fp16s_range_is_named_by_its_consequence(tmp_path):
                             "200,000,")
     assert first.endswith("stored in FP16 it is clipped to it and the output breaks; rescale it, or keep /Div (its "
                           "reader) in FP32"), first
+
+
+TWO_STREAMS = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+
+    class TwoStreams(nn.Module):
+        \"\"\"Two streams whose activations both exceed FP16's range (as a T5 encoder's residual stream and FFN outputs
+        do): each breaks the output stored alone, and keeping either one alone in FP32 cures nothing.\"\"\"
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+            self.a_out, self.b_out = nn.Linear(8, 4), nn.Linear(8, 4)
+            with torch.no_grad():
+                for layer in (self.a, self.b):
+                    layer.weight.uniform_(0.5e4, 1.0e4)
+                for layer in (self.a_out, self.b_out):
+                    layer.weight.mul_(1.0e-5)
+
+        def forward(self, x):
+            return self.a_out(self.a(x)) + self.b_out(self.b(x))
+    """)
+
+
+@pytest.mark.fp16
+def test_an_fp16_overflow_names_the_tensors_whose_keeping_cures_the_output_verified(tmp_path):
+    """Both streams break the output stored alone, and keeping either alone cures nothing: the failure names the two
+    to keep, checked by running the graph with every other overflowing tensor stored in FP16 (not the first tensor in
+    graph order, whose keeping alone would leave the output broken)."""
+    (tmp_path / "streams.py").write_text(TWO_STREAMS)
+    (tmp_path / "models.yaml").write_text(textwrap.dedent("""\
+        models:
+          - name: streams
+            build: streams:TwoStreams
+            inputs: [{name: x, shape: [4, 8], range: [1, 2]}]
+            outputs: [y]
+            calibration: synthetic
+        """))
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("streams", "fp16",
+                                                                                      "onnxruntime"))
+    assert result.status == "failed"
+    overflow = result.metrics["overflow"]
+    assert overflow["cure"]["tensors"] == ["/a/MatMul_output_0", "/b/MatMul_output_0"]
+    assert overflow["cure"]["output_cosine"] > 0.9995 and all(entry["breaks_output"] for entry in overflow["all"])
+    lines = result.message.splitlines()
+    assert lines[0].startswith("streams-fp16-onnxruntime: overflow: 2 tensors exceed FP16's largest finite value "
+                               "65,504; keeping 2 nodes in FP32 cures the output"), lines[0]
+    assert lines[1].startswith("  keep /a/MatMul (MatMul) in FP32: its output '/a/MatMul_output_0' reaches ")
+    assert lines[2].startswith("  keep /b/MatMul (MatMul) in FP32: ")

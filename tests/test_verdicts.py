@@ -170,9 +170,10 @@ def test_an_fp16_overflow_is_reported_as_one_naming_the_layer(tmp_path):
         "    calibration: synthetic\n")
     result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("hot", "fp16", "onnxruntime"))
     assert result.status == "failed"
-    first = result.message.splitlines()[0]
-    assert first.startswith("hot-fp16-onnxruntime: overflow: '/0/Gemm_output_0' (output of /0/Gemm, Gemm) reaches ")
-    assert "above FP16's largest finite value 65,504" in first
+    lines = result.message.splitlines()
+    assert lines[0].startswith("hot-fp16-onnxruntime: overflow: ") and "cures the output" in lines[0]
+    assert "FP16's largest finite value 65,504" in lines[0]
+    assert lines[1].startswith("  keep /0/Gemm (Gemm) in FP32: its output '/0/Gemm_output_0' reaches ")
     assert result.metrics["overflow"]["value"] > 65504 and result.metrics["overflow"]["op"] == "Gemm"
 
 
@@ -211,7 +212,7 @@ def net():
 def test_an_fp16_collapse_names_the_activation_that_breaks_the_output_not_the_mask(tmp_path):
     """Both the mask's minus infinity and an FFN activation exceed FP16's range, the mask first; stored in FP16
     alone the mask changes nothing (the Softmax gives 0 either way), the FFN activation breaks the output: the
-    failure names the FFN, with the fix, and lists the mask as a mask."""
+    failure names the FFN's nodes to keep, checked, and lists the mask as a mask."""
     (tmp_path / "t5like.py").write_text(T5_LIKE)
     (tmp_path / "models.yaml").write_text(
         "models:\n  - name: t5like\n    build: t5like:net\n    inputs: [{name: x, shape: [2, 6, 8]}, "
@@ -219,10 +220,10 @@ def test_an_fp16_collapse_names_the_activation_that_breaks_the_output_not_the_ma
     result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("t5like", "fp16", "onnxruntime"))
     assert result.status == "failed"
     lines = result.message.splitlines()
-    assert lines[0].startswith("t5like-fp16-onnxruntime: overflow: '/up/Gemm_output_0' (output of /up/Gemm, Gemm)") or \
-        lines[0].startswith("t5like-fp16-onnxruntime: overflow: '/up/MatMul_output_0'"), lines[0]
-    assert lines[0].endswith("and the output breaks; keep " + result.metrics["overflow"]["node"] + " in FP32 or rescale it")
-    masks = [entry for entry in result.metrics["overflow"]["all"] if entry["mask"]]
-    assert masks and not any(entry["breaks_output"] for entry in masks)
+    assert lines[0].startswith("t5like-fp16-onnxruntime: overflow: ") and "cures the output" in lines[0], lines[0]
+    assert lines[1].startswith("  keep /up/Gemm (Gemm) in FP32: ") or lines[1].startswith("  keep /up/MatMul (MatMul)")
+    overflow = result.metrics["overflow"]
+    masks = [entry for entry in overflow["all"] if entry["mask"]]
+    assert masks and not any(entry["breaks_output"] or entry["tensor"] in overflow["cure"]["tensors"] for entry in masks)
     assert any("a mask's minus infinity before a Softmax; stored in FP16 alone, the output holds" in line
                for line in lines[1:])

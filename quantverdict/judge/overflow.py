@@ -13,8 +13,9 @@ and judged the same way, with that constant alone clipped.
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 import onnx
@@ -51,33 +52,27 @@ def _feeds_softmax(graph: onnx.GraphProto, tensor: str) -> bool:
     return False
 
 
-def _stored_alone(model: onnx.ModelProto, tensor: str, storage: int) -> onnx.ModelProto:
-    """``model`` with ``tensor`` alone rounded through ``storage`` (Cast there and back) for its readers."""
+def _stored(model: onnx.ModelProto, activations: Collection[str], constants: Collection[str], storage: int,
+            limit: float) -> onnx.ModelProto:
+    """``model`` with ``activations`` rounded through ``storage`` (Cast there and back) for their readers and the
+    initializers ``constants`` clipped to ±``limit``, as the format's graph stores them; everything else FP32."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    low, back = f"{tensor}__stored", f"{tensor}__restored"
-    for node in out.graph.node:
-        for index, name in enumerate(node.input):
-            if name == tensor:
-                node.input[index] = back
-    graph_outputs = {value.name for value in out.graph.output}
-    position = next((i for i, node in enumerate(out.graph.node) if tensor in node.output), -1) + 1
-    out.graph.node.insert(position, helper.make_node("Cast", [tensor], [low], to=storage))
-    out.graph.node.insert(position + 1, helper.make_node("Cast", [low], [back], to=onnx.TensorProto.FLOAT))
-    if tensor in graph_outputs:  # an output itself: its stored value is what the user gets
-        for value in out.graph.output:
+    for tensor in activations:
+        low, back = f"{tensor}__stored", f"{tensor}__restored"
+        for node in out.graph.node:
+            for index, name in enumerate(node.input):
+                if name == tensor:
+                    node.input[index] = back
+        position = next((i for i, node in enumerate(out.graph.node) if tensor in node.output), -1) + 1
+        out.graph.node.insert(position, helper.make_node("Cast", [tensor], [low], to=storage))
+        out.graph.node.insert(position + 1, helper.make_node("Cast", [low], [back], to=onnx.TensorProto.FLOAT))
+        for value in out.graph.output:  # an output itself: its stored value is what the user gets
             if value.name == tensor:
                 value.name = back
-    return out
-
-
-def _clipped_alone(model: onnx.ModelProto, constant: str, limit: float) -> onnx.ModelProto:
-    """``model`` with the initializer ``constant`` alone clipped to ±``limit``, as the format's graph stores it."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
     for init in out.graph.initializer:
-        if init.name == constant:
-            init.CopyFrom(numpy_helper.from_array(np.clip(numpy_helper.to_array(init), -limit, limit), constant))
+        if init.name in constants:
+            init.CopyFrom(numpy_helper.from_array(np.clip(numpy_helper.to_array(init), -limit, limit), init.name))
     return out
 
 
@@ -132,40 +127,104 @@ def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int,
         return None
     outputs = [value.name for value in graph.output]
     reference = run_exposing(fp32_path, outputs, batches[0])
+
+    def stored(tensors: Sequence[tuple[str, bool]]) -> tuple[bool, float]:
+        """Whether storing ``tensors`` (name, is a constant) in the format breaks an output, and the worst cosine."""
+        activations = [name for name, constant in tensors if not constant]
+        changed = _stored(model, activations, [name for name, constant in tensors if constant], storage, limit)
+        return _outcome(changed, batches[0], outputs, reference, min_cosine)
+
     found = []
     for name, node, constant in hot:
-        changed = _clipped_alone(model, name, limit) if constant else _stored_alone(model, name, storage)
-        breaks, worst = _outcome(changed, batches[0], outputs, reference, min_cosine)
+        breaks, worst = stored([(name, constant)])
         found.append({"tensor": name, "node": node.name or name, "op": node.op_type,
                       "value": constants[name][0] if constant else peaks[name], "limit": limit, "constant": constant,
                       "mask": not constant and _feeds_softmax(graph, name), "breaks_output": breaks,
                       "output_cosine": None if np.isnan(worst) else worst})
-    head = next((entry for entry in found if entry["breaks_output"]), found[0])
-    return {**head, "all": found}
+    keys = [(entry["tensor"], entry["constant"]) for entry in found]
+    cure = _cure(keys, [key for key, entry in zip(keys, found) if entry["breaks_output"]], stored)
+    kept = [entry for key, entry in zip(keys, found) if cure is not None and key in cure[0]]
+    head = next(iter(kept), next((entry for entry in found if entry["breaks_output"]), found[0]))
+    return {**head, "all": found, "cure": None if cure is None else {
+        "tensors": [entry["tensor"] for entry in kept], "output_cosine": cure[1]}}
+
+
+Stored = Callable[[Sequence[tuple[str, bool]]], tuple[bool, float]]  # tensors stored → (breaks the output, cosine)
+
+
+def _cure(hot: list[tuple[str, bool]], breakers: list[tuple[str, bool]], stored: Stored
+          ) -> tuple[list[tuple[str, bool]], float | None] | None:
+    """The tensors to keep in FP32 so that storing every other of the ``hot`` ones in the format leaves the output
+    whole, and the worst output cosine then; None where storing them all does not break it. It starts from those that
+    break the output alone (every one where they do not suffice) and drops, in graph order, each whose storing the
+    output survives: no tensor left in it can be stored alone (a T5 encoder's RMSNorm x² breaks the output alone,
+    yet keeping it cures nothing while its residual stream overflows too)."""
+    if not stored(hot)[0]:
+        return None
+    keep = list(breakers)
+    outcome = stored([t for t in hot if t not in keep]) if keep else (True, float("nan"))
+    if outcome[0]:  # those that break it alone do not suffice: start from every one
+        keep, outcome = list(hot), (False, 1.0)  # nothing stored: the FP32 graph
+    for tensor in list(keep):
+        trial = [kept for kept in keep if kept != tensor]
+        result = stored([t for t in hot if t not in trial])
+        if not result[0]:
+            keep, outcome = trial, result
+    return keep, (None if np.isnan(outcome[1]) else outcome[1])
+
+
+SHOWN = 5  # other tensors above the range listed one per line; more are counted in one line
 
 
 def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
-    """The overflow that breaks the output first, then every other tensor above the format's range, with what it
-    is and the fix a user can make."""
+    """The tensors whose keeping in FP32 cures the output (one line where one does), then the others above the
+    format's range, one per line where few, else counted in a line, with what each is and the fix a user can make."""
     def where(entry: dict[str, Any]) -> str:
         if entry.get("constant"):
             return (f"the constant {entry['tensor']!r} (read by {entry['node']}, {entry['op']}) holds "
                     f"{entry['value']:,.6g}")
         return f"{entry['tensor']!r} (output of {entry['node']}, {entry['op']}) reaches {entry['value']:,.6g} in FP32"
 
-    constant = bool(overflow.get("constant"))
-    if not overflow["breaks_output"]:
-        effect = "; no overflowing tensor alone breaks the output"
-    elif constant:
-        effect = f" and the output breaks; rescale it, or keep {overflow['node']} (its reader) in FP32"
+    def what(entry: dict[str, Any]) -> str:
+        return "a constant" if entry.get("constant") else \
+            "a mask's minus infinity before a Softmax" if entry["mask"] else "an activation"
+
+    limit, cure = f"{name}'s largest finite value {overflow['limit']:,.6g}", overflow.get("cure")
+    by_tensor = {entry["tensor"]: entry for entry in overflow["all"]}
+    kept = [by_tensor[tensor] for tensor in cure["tensors"]] if cure else []
+    if len(kept) > 1:
+        cosine = "" if cure["output_cosine"] is None else f": output cosine {cure['output_cosine']:.6g}"
+        nodes: dict[str, list[dict[str, Any]]] = {}
+        for entry in kept:  # a constant is kept with the node that reads it
+            nodes.setdefault(entry["node"], []).append(entry)
+        lines = [f"{case_id}: overflow: {len(overflow['all'])} tensors exceed {limit}; keeping {len(nodes)} "
+                 f"node{'s' if len(nodes) > 1 else ''} in FP32 cures the output (checked with every other tensor above "
+                 f"it stored in {name}{cosine}), or rescaling what they hold:"]
+        lines += [f"  keep {node} ({held[0]['op']}) in FP32: " + "; ".join(
+            f"its constant {e['tensor']!r} holds {e['value']:,.6g}" if e.get("constant") else
+            f"its output {e['tensor']!r} reaches {e['value']:,.6g}" for e in held) for node, held in nodes.items()]
     else:
-        effect = f" and the output breaks; keep {overflow['node']} in FP32 or rescale it"
-    lines = [f"{case_id}: overflow: {where(overflow)}, above {name}'s largest finite value {overflow['limit']:,.6g}: "
-             f"stored in {name} it is {'clipped to it' if constant else 'infinite'}{effect}"]
-    for entry in overflow["all"]:
-        if entry["tensor"] != overflow["tensor"]:
-            what = "a constant" if entry.get("constant") else \
-                "a mask's minus infinity before a Softmax" if entry["mask"] else "an activation"
+        constant = bool(overflow.get("constant"))
+        if overflow["breaks_output"] and constant:
+            effect = f" and the output breaks; rescale it, or keep {overflow['node']} (its reader) in FP32"
+        elif overflow["breaks_output"]:
+            effect = f" and the output breaks; keep {overflow['node']} in FP32 or rescale it"
+        elif kept:
+            effect = f"; keeping it in FP32 cures the output: keep {overflow['node']} in FP32 or rescale it"
+        else:
+            effect = "; no overflowing tensor alone breaks the output"
+        lines = [f"{case_id}: overflow: {where(overflow)}, above {limit}: stored in {name} it is "
+                 f"{'clipped to it' if constant else 'infinite'}{effect}"]
+        kept = [by_tensor[overflow["tensor"]]]
+    others = [entry for entry in overflow["all"] if entry not in kept]
+    if len(others) <= SHOWN:
+        for entry in others:
             effect = "breaks the output" if entry["breaks_output"] else "the output holds"
-            lines.append(f"  also above it: {where(entry)} ({what}; stored in {name} alone, {effect})")
+            lines.append(f"  also above it: {where(entry)} ({what(entry)}; stored in {name} alone, {effect})")
+    elif others:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in Counter(what(entry) for entry in others).items())
+        breaking = sum(entry["breaks_output"] for entry in others)
+        needless = ", yet keeping them is not needed once those above are kept" if cure else ""
+        lines.append(f"  also above it: {len(others)} others ({kinds}); stored in {name} alone, {breaking} break the "
+                     f"output{needless} (each: metrics.overflow.all)")
     return "\n".join(lines)
