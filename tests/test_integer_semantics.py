@@ -246,7 +246,8 @@ def net():
 
 
 @pytest.mark.int8
-def test_a_contrib_integer_lstm_is_counted_recorded_and_labelled_as_the_cpus_kernels(qv_pipeline, tmp_path, monkeypatch):
+def test_a_contrib_integer_lstm_is_counted_recorded_and_labelled_as_the_cpus_kernels(qv_pipeline, tmp_path,
+                                                                                     monkeypatch):
     """ONNX Runtime's ``quantize_dynamic`` writes an LSTM as ``com.microsoft`` ``DynamicQuantizeLSTM``, which ONNX does
     not define: the graph is judged by ONNX Runtime's integer kernels, and labelled so (not "Q/DQ as written"); the
     LSTM is among the recorded operators and counted as a quantized layer."""

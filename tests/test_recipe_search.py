@@ -13,8 +13,8 @@ from quantverdict.models.data import batches_key
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings, auto_settings
 from quantverdict.tune import search as searching
-from quantverdict.tune.search import (CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, out_of_reach, sample_snr_db, signal_floor,
-                                      stages)
+from quantverdict.tune.search import (CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, out_of_reach, sample_snr_db,
+                                      signal_floor, stages)
 from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe

@@ -16,8 +16,11 @@ import numpy as np
 from quantverdict.errors import InputSpecError, ResolutionWarning
 from quantverdict.judge.intervals import (accuracy_drop_interval, bootstrap_cosine_snr, proportion_interval,
                                      resolve_agreement_bound, resolve_drop_bound)
+from quantverdict.judge.detections import detection_metrics
+from quantverdict.judge.elementwise import within_bounds
 from quantverdict.judge.map_decisions import map_decisions
 from quantverdict.judge.tolerances import Tolerance
+from quantverdict.models.spec import DetectionFormat
 
 WORST_ELEMENTS = 5
 HISTOGRAM_EDGES = [0.0, *np.logspace(-7, 0, 15).tolist(), float("inf")]  # |err| / max |reference|
@@ -126,12 +129,15 @@ def compare(
     per_output: Mapping[str, Tolerance] | None = None,
     positionwise: frozenset[str] = frozenset(),
     maps: Mapping[str, float] | None = None,
+    detections: Mapping[str, DetectionFormat] | None = None,
 ) -> Comparison:
     """Compare named outputs (batches already concatenated) under ``tolerance``, or an output's own bounds in
     ``per_output`` (its kind's: :mod:`quantverdict.judge.output_kinds`); top-1 agreement leaves out the
     ``undecided`` samples, those whose FP32 decision the input does not determine (:mod:`quantverdict.judge.decided`),
     and is taken at every position of the ``positionwise`` outputs (a softmax per position). The ``maps`` (output →
-    threshold) are probability maps, also judged by their region and peak (:mod:`quantverdict.judge.map_decisions`)."""
+    threshold) are probability maps, also judged by their region and peak (:mod:`quantverdict.judge.map_decisions`);
+    the ``detections`` (output → layout) are detector heads, judged by their detections, and by the raw bounds on the
+    anchors FP32 keeps only (:mod:`quantverdict.judge.detections`)."""
     result = Comparison()
     for name, ref in reference.items():
         bounds = (per_output or {}).get(name, tolerance)
@@ -146,15 +152,21 @@ def compare(
             raise InputSpecError(f"output {name!r} has shape {ref.shape}: a classifier's outputs are [batch, classes] "
                                  "(top-1 agreement is judged per sample, so an output without its batch axis cannot be "
                                  "judged); declare task: regression if it is not a classifier")
-        metrics = _metrics(ref, out, classification or name in positionwise,
-                           None if name in positionwise else undecided)
+        if name in (detections or {}):
+            found, (ref, out) = detection_metrics(ref, out, (detections or {})[name], bounds.min_cosine)
+            metrics = {**(_metrics(ref, out, False, None) if len(ref) else {"samples": 0}), **found}
+        else:
+            metrics = _metrics(ref, out, classification or name in positionwise,
+                               None if name in positionwise else undecided)
         if name in (maps or {}) and ref.ndim >= 2:
             metrics.update(map_decisions(ref, out, (maps or {})[name], bounds.min_cosine))
         result.metrics[name] = metrics
-        result.worst[name] = _worst(ref, out)
+        result.worst[name] = _worst(ref, out) if ref.size else []
         result.checks += _checks(name, metrics, bounds, result)
         if bounds.atol is not None or bounds.rtol is not None:
-            result.checks.append(_elementwise_check(name, ref, out, bounds))
+            atol, rtol = bounds.atol or 0.0, bounds.rtol or 0.0
+            result.checks.append(Check(name, f"fraction within atol={atol:g}/rtol={rtol:g}",
+                                       within_bounds(name, ref, out, atol, rtol), 1.0, True))
     return result
 
 
@@ -246,7 +258,7 @@ def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparis
     bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
               ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", top1, True),
               ("region_iou", tol.min_region_iou, True), ("region_iou_worst", tol.min_worst_region_iou, True),
-              ("peak_agreement", peak, True)]
+              ("peak_agreement", peak, True), ("detection_f1", tol.min_detection_f1, True)]
     return [Check(name, metric, metrics[metric], bound, higher)
             for metric, bound, higher in bounds if bound is not None and metric in metrics]
 
@@ -256,38 +268,3 @@ def _worst(ref: np.ndarray, out: np.ndarray) -> list[dict[str, object]]:
     order = np.argsort(np.nan_to_num(diff, nan=np.inf))[::-1][:WORST_ELEMENTS]
     return [{"index": list(map(int, np.unravel_index(i, ref.shape))), "reference": float(ref.ravel()[i]),
              "candidate": float(out.ravel()[i])} for i in order]
-
-
-def _elementwise_check(name: str, ref: np.ndarray, out: np.ndarray, tol: Tolerance) -> Check:
-    """Polygraphy's verdict; the observed value is the fraction of elements within bounds."""
-    atol, rtol = tol.atol or 0.0, tol.rtol or 0.0
-    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
-    within = float(np.mean((diff <= atol) | (diff <= rtol * np.abs(ref.astype(np.float64)))))
-    passed = _polygraphy_passes(name, ref, out, atol, rtol)
-    observed = 1.0 if passed else min(within, float(np.nextafter(1.0, 0.0)))
-    return Check(name, f"fraction within atol={atol:g}/rtol={rtol:g}", observed, 1.0, True)
-
-
-def _polygraphy_passes(name: str, ref: np.ndarray, out: np.ndarray, atol: float, rtol: float) -> bool:
-    _import_torch_first()
-    from polygraphy.comparator import IterationResult
-    from polygraphy.comparator.compare import SimpleCompareFunc
-    from polygraphy.logger import G_LOGGER
-
-    G_LOGGER.module_severity = G_LOGGER.CRITICAL  # its per-output report would flood the log
-    compare_func = SimpleCompareFunc(atol=atol, rtol=rtol)
-    results = compare_func(IterationResult({name: out}, runner_name="candidate"),
-                           IterationResult({name: ref}, runner_name="reference"))
-    return bool(results[name])
-
-
-def _import_torch_first() -> None:
-    """Polygraphy asks whether torch imports (``is_torch`` → ``is_importable``) inside a bare ``except:``,
-    which swallows a Ctrl-C landing in that import and leaves torch half-initialised (the process then
-    crashed at exit); importing it here first, where an interrupt propagates, leaves it nothing to import."""
-    import importlib.util
-    import sys
-
-    if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
-        import torch  # noqa: F401
-

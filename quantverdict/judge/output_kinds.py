@@ -6,7 +6,8 @@ agreed 98.8%. So an output is read off the FP32 graph, through ops that only mov
 - ``distribution``: a Softmax over its last axis (one distribution per position): judged by cosine and by which
   entry wins at each position (``min_top1``, per position), not by its worst element;
 - ``probabilities``: a Sigmoid, or a Softmax over another axis (a probability or mask map): judged by cosine;
-- ``logits``: anything else (the defaults).
+- ``logits``: anything else (the defaults);
+- ``detections``: a one-stage detector's raw head, declared only (:mod:`quantverdict.judge.detections`).
 A manifest declares a kind per output where the graph does not show it (``output_kinds: {mask: probabilities}``).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import onnx
 
 from quantverdict.precision.graph import int_attribute
 
-OutputKind = Literal["logits", "distribution", "probabilities"]
+OutputKind = Literal["logits", "distribution", "probabilities", "detections"]
 MOVES = frozenset({"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Cast"})
 
 

@@ -35,11 +35,13 @@ class Tolerance(BaseModel):
     min_region_iou: float | None = None  # a probability map's region at its threshold (judge.map_decisions), mean
     min_worst_region_iou: float | None = None  # ... and its worst sample's
     min_peak_agreement: float | None = None  # a probability map's peak where FP32's is
+    min_detection_f1: float | None = None  # a detector head's detections against FP32's, per image (judge.detections)
     task_min: Mapping[str, float] | None = None  # bounds on the model's task metrics, by name (judge.task_metrics)
     task_max: Mapping[str, float] | None = None
 
     @field_validator("atol", "rtol", "min_cosine", "max_norm_err", "min_top1", "max_accuracy_drop",
-                     "max_flip_fraction", "min_region_iou", "min_worst_region_iou", "min_peak_agreement")
+                     "max_flip_fraction", "min_region_iou", "min_worst_region_iou", "min_peak_agreement",
+                     "min_detection_f1")
     @classmethod
     def _bound(cls, value: float | None) -> float | None:
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -70,7 +72,7 @@ class ToleranceFile(BaseModel):
 
     defaults: PerPrecision = {}
     tasks: dict[Literal["classification", "regression", "embedding"], PerPrecision] = {}
-    outputs: dict[Literal["logits", "distribution", "probabilities"], PerPrecision] = {}
+    outputs: dict[Literal["logits", "distribution", "probabilities", "detections"], PerPrecision] = {}
     models: dict[str, PerPrecision] = {}
 
 

@@ -76,6 +76,18 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class DetectionFormat:
+    """How a one-stage detector's raw head is laid out and read (:mod:`quantverdict.judge.detections`): YOLOv8's
+    ``[batch, 4 + classes, anchors]`` by default, YOLOv5's ``[batch, anchors, 5 + classes]`` with ``objectness``."""
+
+    boxes: Literal["cxcywh", "xyxy"] = "cxcywh"
+    objectness: bool = False  # a score per anchor before the classes' (YOLOv5); the class score is their product
+    attribute_axis: Literal[1, 2] | None = None  # the axis of box, objectness and classes; None: the shorter one
+    score: float = 0.25  # the score threshold, as Ultralytics' predict
+    nms_iou: float = 0.45  # NMS's IoU threshold per class
+
+
+@dataclass(frozen=True)
 class LabeledData:
     """Held-out inputs with labels, for a task-accuracy metric."""
 
@@ -132,6 +144,7 @@ class ModelSpec:
     outputs: Sequence[str]
     output_kinds: Mapping[str, str] = field(default_factory=dict)  # declared kinds (quantverdict.judge.output_kinds)
     thresholds: Mapping[str, float] = field(default_factory=dict)  # where an application cuts a probability map
+    detections: Mapping[str, DetectionFormat] = field(default_factory=dict)  # the detector heads among the outputs
     build: Callable[[], "object"] | None = None
     onnx_path: Path | None = None
     task: Literal["classification", "regression", "embedding"] = "regression"

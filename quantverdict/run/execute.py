@@ -193,7 +193,7 @@ class CaseExecutor:
                              self.store.undecided(spec.name), per_output,
                              frozenset(name for name, kind in kinds.items() if kind == "distribution"),
                              {name: spec.thresholds.get(name, DEFAULT_THRESHOLD) for name, kind in kinds.items()
-                              if kind == "probabilities"})
+                              if kind == "probabilities"}, spec.detections)
         labels = self.store.eval_labels(spec.name)
         if spec.task_metric() is not None:
             judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison,
