@@ -22,10 +22,10 @@ from quantverdict.capabilities import Capabilities, physical_memory
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
 from quantverdict.hashing import file_sha256
+from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.coverage import coverage_verdict
-from quantverdict.judge.compare import Comparison, compare, judge_task_metrics, task_accuracy
+from quantverdict.judge.compare import Comparison, judge_task_metrics, task_accuracy
 from quantverdict.judge.diagnose import first_divergence
-from quantverdict.judge.map_decisions import DEFAULT_THRESHOLD
 from quantverdict.judge.overflow import overflow_message, overflows
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
 from quantverdict.judge.timed import judge_timed_outputs
@@ -186,14 +186,8 @@ class CaseExecutor:
         # the declared outputs only: a graph's others (a classifier's int64 label) are not the user's to judge
         reference = {name: reference[name] for name in spec.outputs if name in reference}
         outputs = {name: outputs[name] for name in reference if name in outputs}
-        kinds = self.store.output_kinds(spec.name)
-        per_output = {name: self.tolerances.resolve(spec.name, precision, spec.tolerances, spec.task, kind)
-                      for name, kind in kinds.items() if kind != "logits"}
-        comparison = compare(reference, outputs, tolerance, spec.task == "classification",
-                             self.store.undecided(spec.name), per_output,
-                             frozenset(name for name, kind in kinds.items() if kind == "distribution"),
-                             {name: spec.thresholds.get(name, DEFAULT_THRESHOLD) for name, kind in kinds.items()
-                              if kind == "probabilities"}, spec.detections)
+        judging = ByKind.of(spec, self.store.output_kinds(spec.name), self.tolerances, precision, tolerance)
+        comparison = judging.compare(reference, outputs, self.store.undecided(spec.name))
         labels = self.store.eval_labels(spec.name)
         if spec.task_metric() is not None:
             judge_task_metrics(spec.call("metric", reference, outputs, labels), tolerance, comparison,

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.sensitivity import weighted_layers
-from quantverdict.judge.tolerances import Tolerance
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.qdq import QDQ
 from quantverdict.tune.result import Incumbent, SearchResult
@@ -30,12 +30,12 @@ NEAREST = 2  # the alternatives a check judges beside the locked recipe: the bes
 
 
 def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
-               tolerance: Tolerance, incumbent: Incumbent, report: Progress) -> SearchResult | None:
+               judging: ByKind, incumbent: Incumbent, report: Progress) -> SearchResult | None:
     """The lock's recipe (its settings and its layers kept wider, as the lock holds them) and its nearest alternatives
     judged on the search's folds: a result choosing the lock's recipe where it holds, or the best alternative that
     does better by the search's paired test; None where the lock's recipe misses the case's bounds it met when locked (a
     search says)."""
-    trials = Trials(whole, folds, held_out, model, base, tolerance, report)
+    trials = Trials(whole, folds, held_out, model, base, judging, report)
     result = SearchResult(chosen=incumbent.settings, held_out_samples=trials.samples, folds=len(folds),
                           layers=len(weighted_layers(folds[0], model, base)))
     trials.planned = 1 + len(incumbent.nearest)

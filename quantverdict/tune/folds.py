@@ -11,6 +11,7 @@ import numpy as np
 from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.hashing import file_sha256
+from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import get_recipe
 from quantverdict.precision.batch_sets import planned
@@ -104,9 +105,10 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         report = progress or (lambda line: LOG.info("%s", line))
         sets = [whole[model], *(split(whole[model], model, fold)[0] for fold in numbers)]
         with costed() as cost, freed_memory.kept(), planned(sets):
-            checked = check_lock(store, views, held_out, model, base, tolerance, incumbent, report) \
+            judging = ByKind.of(spec, store.output_kinds(model), store.tolerances, precision, tolerance)
+            checked = check_lock(store, views, held_out, model, base, judging, incumbent, report) \
                 if incumbent else None
-            result = checked or search(store, views, held_out, model, base, tolerance, auto,
+            result = checked or search(store, views, held_out, model, base, judging, auto,
                                        incumbent.settings if incumbent else None, report)
         result.cost = cost()
         report(f"recipe search {model} {base.name}: {result.cost.words()}")

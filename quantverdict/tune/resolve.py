@@ -50,6 +50,10 @@ class TuningBench(Workbench, Protocol):
         """What ``recipe``'s graph would quantize of the model's, from its placement alone (no calibration)."""
         ...
 
+    def output_kinds(self, model: str) -> dict[str, str]:
+        """What each output is (:mod:`quantverdict.judge.output_kinds`): a search judges it as the verdict will."""
+        ...
+
     def on_batches(self, source: BatchSource) -> "TuningBench":
         """The same artifacts judged on ``source``'s batches (the torch modules and FP32 graphs shared)."""
         ...

@@ -42,9 +42,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from quantverdict.errors import CalibrationError, HarnessError, ResourceError
-from quantverdict.judge.compare import compare, judge_task_metrics
+from quantverdict.judge.by_kind import ByKind
+from quantverdict.judge.compare import judge_task_metrics
 from quantverdict.judge.sensitivity import weighted_layers
-from quantverdict.judge.tolerances import Tolerance
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
@@ -140,9 +140,9 @@ class Trials:
     outputs there; each reported as it ends, with the time the ones ahead take."""
 
     def __init__(self, whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str,
-                 base: QDQ, tolerance: Tolerance, report: Progress):
+                 base: QDQ, judging: ByKind, report: Progress):
         self.whole, self.folds, self.held_out, self.model, self.base = whole, folds, held_out, model, base
-        self.tolerance, self.report = tolerance, report
+        self.judging, self.tolerance, self.report = judging, judging.tolerance, report
         self.spec = folds[0].spec(model)
         self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
                            for name in self.spec.outputs}
@@ -160,11 +160,12 @@ class Trials:
         return time.monotonic() - self.started + self.slowest <= budget_s
 
     def meets_bounds(self, pooled: dict[str, np.ndarray]) -> bool:
-        """The case's bounds on the held-out samples: its tolerance's, its lower bounds by the evaluation's margin
-        (:mod:`quantverdict.tune.margin`), and those on its task metrics (an embedding's worst sentence, a detector's
-        worst image), with no labels (the calibration set has none)."""
+        """The case's bounds on the held-out samples, each output under its kind's as the verdict judges it
+        (:class:`ByKind`), its lower bounds by the evaluation's margin (:mod:`quantverdict.tune.margin`), and those on
+        its task metrics (an embedding's worst sentence, a detector's worst image), with no labels (the calibration set
+        has none)."""
         spec, tolerance = self.spec, self.tolerance
-        judged = compare(self.references, pooled, tolerance, spec.task == "classification")
+        judged = self.judging.compare(self.references, pooled)
         if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
             judge_task_metrics(spec.call("metric", self.references, pooled, None), tolerance, judged,
                                spec.describe("metric"))
@@ -230,12 +231,12 @@ class Trials:
 
 
 def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.ndarray], model: str, base: QDQ,
-           tolerance: Tolerance, auto: AutoSettings, incumbent: RecipeSettings | None = None,
+           judging: ByKind, auto: AutoSettings, incumbent: RecipeSettings | None = None,
            progress: Progress | None = None) -> SearchResult:
     """The best settings for ``base`` (a Q/DQ recipe) on ``model``, each candidate judged on every fold's held-out
     part (:class:`Trials`). ``incumbent`` (a lock's settings) is judged first on the same samples, and the choice
     against it by :func:`better`; ``progress`` hears of each candidate as it ends."""
-    trials = Trials(whole, folds, held_out, model, base, tolerance, progress or (lambda line: LOG.info("%s", line)))
+    trials = Trials(whole, folds, held_out, model, base, judging, progress or (lambda line: LOG.info("%s", line)))
     result = SearchResult(chosen=RecipeSettings(), held_out_samples=trials.samples, folds=len(folds),
                           layers=len(weighted_layers(folds[0], model, base)))
     best: tuple[Candidate, np.ndarray] | None = None
