@@ -8,6 +8,7 @@ site-packages (torch, onnxruntime… are gigabytes a CI run should not install t
 system's, a virtual environment's (``--system-site-packages`` would show the *base* interpreter's packages
 instead) or one whose packages come through PYTHONPATH (the GPU machine's). The package itself comes from the
 wheel, which the test checks."""
+import ast
 import json
 import os
 import subprocess
@@ -116,3 +117,11 @@ def test_the_installed_wheel_serves_a_users_repository(venv, user_repo, tmp_path
     judged = _in(venv, user_repo, "python", "-m", "pytest", "-m", "int8 and onnxruntime", "-q", "-p",
                  "no:cacheprovider", "--qv-baseline", str(baseline))
     assert judged.returncode == 0 and "1 passed" in judged.stdout, judged.stdout[-3000:] + judged.stderr[-3000:]
+
+
+def test_the_installed_wheel_requires_pytest(venv, tmp_path):
+    """The plugin is the product: a fresh environment's ``pytest -m int8`` must find pytest and the plugin, not another
+    pytest that collects nothing (exit 5) or none at all."""
+    shown = _in(venv, tmp_path, "python", "-c", "import importlib.metadata as m; print(m.requires('quantverdict'))")
+    assert shown.returncode == 0, shown.stderr
+    assert any(requirement.startswith("pytest") for requirement in ast.literal_eval(shown.stdout)), shown.stdout
