@@ -358,3 +358,20 @@ def test_a_run_that_judges_no_case_does_not_pass(tmp_path, capsys):
                  str(tmp_path / "cache"), "--report-dir", str(tmp_path / "reports")])
     out = capsys.readouterr().out
     assert code == 1 and "no case was judged: 1 selected, every one skipped" in out
+
+
+@pytest.mark.parametrize("command", [["lock", "--precisions", "int9"], ["lock", "--check", "--precisions", "int9"],
+                                     ["lock", "--update", "nosuch"], ["run", "--relock", "nosuch"]])
+def test_an_unknown_precision_or_model_is_refused_with_exit_2_by_lock_and_run(tmp_path, monkeypatch, capsys, command):
+    """A nightly job's typo must not stay green: ``lock --precisions int9`` said "nothing to lock" and exited 0, and
+    ``run --relock nosuch`` was accepted silently."""
+    from quantverdict.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main([*command, "--models", "mlp", "--cache-dir", str(tmp_path / "cache"),
+                 *(["--precisions", "fp32", "--backends", "onnxruntime", "--report-dir", "r"] if command[0] == "run"
+                   else [])])
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and (("unknown precision 'int9'; did you mean 'int8'?" in error[0])
+                                or "unknown model 'nosuch'" in error[0]), error

@@ -50,6 +50,9 @@ class Pipeline:
         self.tolerances = ToleranceTable.load(tolerances)
         self.manifest: Manifest | None = load_manifest(manifest) if manifest is not None else None
         self.models: Registry[ModelSpec] = model_registry(self.manifest)
+        for name in relock or ():  # a model to search again that no registry holds is a typo, not a no-op
+            if name != "all":
+                self.models.get(name)
         self.backends: Registry[type[Backend]] = backend_registry()
         self.caps = capabilities or detect()
         self.lock = RecipeLock.read(lock) if lock is not None else None

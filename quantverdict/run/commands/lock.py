@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 HELP = ("search the recipes of recipe: auto and write them into the lock file (to commit); --update MODEL re-searches, "
         "--check proposes a better recipe beside the lock (exit 3)")
 PROPOSED = 3
+SEARCHED = ("int8", "fp8")  # the precisions whose recipes a search chooses
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +50,14 @@ def run(args: argparse.Namespace) -> int:
                         progress=lambda line: tqdm.write(line, file=sys.stderr), check=args.check)
     assert pipeline.lock is not None
     recipes, lock = pipeline.recipes, pipeline.lock
-    names = list(dict.fromkeys(case.model for case in pipeline.cases(settings["models"])))  # names checked
-    for model in args.update:
-        if model != "all":
-            pipeline.models.get(model)
-    precisions = [p for p in settings["precisions"] or known_precisions() if p in ("int8", "fp8")]
+    cases = pipeline.cases(settings["models"], settings["precisions"])  # names checked: a typo is exit 2
+    names = list(dict.fromkeys(case.model for case in cases))
+    precisions = [p for p in settings["precisions"] or known_precisions() if p in SEARCHED]
+    if not precisions:
+        searched = " and ".join(precision.upper() for precision in SEARCHED)
+        print(f"nothing to lock: a search chooses {searched} recipes only, and --precisions names "
+              f"{', '.join(settings['precisions'])}")
+        return 0
     wanted = [(model, precision) for model in names for precision in precisions if recipes.auto(model, precision)]
     if not wanted:
         print(f"nothing to lock: no model of {', '.join(names)} searches its {'/'.join(precisions)} recipe "
