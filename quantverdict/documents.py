@@ -44,13 +44,18 @@ def read_yaml(source: Path | resources.abc.Traversable, what: str, max_bytes: in
     """The parsed document, refused with one line if missing, too large, malformed or too deeply or
     widely nested (aliases counted as expanded)."""
     try:
+        if isinstance(source, Path) and source.exists() and not source.resolve().is_file():
+            raise DocumentError(f"cannot read {what} {source}: not a regular file (a folder, a device or a pipe: "
+                                "/dev/zero never ends, a FIFO blocks)")
         size = source.stat().st_size if isinstance(source, Path) else None
         if size is not None and size > max_bytes:
             raise DocumentError(f"{what} {source} is {size:,} bytes; the limit is {max_bytes:,}")
-        text = source.read_text(encoding="utf-8")
+        with source.open("rb") as handle:  # at most one byte past the limit, whatever the size said
+            data = handle.read(max_bytes + 1)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DocumentError(f"cannot read {what} {source}: {exc}") from exc
-    if len(text.encode()) > max_bytes:
+    if len(data) > max_bytes:
         raise DocumentError(f"{what} {source} is over the {max_bytes:,}-byte limit")
     try:
         document = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader that also refuses repeated keys)

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -277,3 +278,38 @@ def test_a_lock_that_missed_the_bounds_when_locked_is_not_searched_again_for_mis
     out, err = capsys.readouterr()
     assert "checking the lock first" in err and "at most" not in err and "3/3" in err
     assert "the lock holds" in out and "it misses the case's bounds there, as it did when locked" in out
+
+
+def test_two_writers_of_one_lock_keep_both_entries_and_a_dangling_link_is_not_written_through(repo, tmp_path):
+    """Two ``lock`` processes (one per model) each read the file, then write it: the second writer re-reads it under
+    an exclusive lock and merges its own entries in, where it dropped the first's."""
+    assert _lock(repo) == 0
+    path = repo / "quantverdict.lock"
+    first, second = RecipeLock.read(path), RecipeLock.read(path)  # both read before either writes
+    entry = first.get("dw", "int8")
+    first.put("alpha", "int8", entry)
+    second.put("beta", "fp8", entry)
+    first.write()
+    second.write()
+    recipes = RecipeLock.read(path).recipes
+    assert set(recipes) == {"dw", "alpha", "beta"} and set(recipes["beta"]) == {"fp8"}
+    link = repo / "linked.lock"
+    link.symlink_to(tmp_path / "elsewhere" / "nothing.lock")
+    with pytest.raises(HarnessError, match="it is a link to .*nothing.lock, which does not exist"):
+        RecipeLock(link).write()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "folder"])
+def test_a_lock_or_manifest_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path, special):
+    import os
+
+    from quantverdict.documents import DocumentError
+    from quantverdict.run.manifest import load_manifest
+
+    path = {"/dev/zero": Path("/dev/zero"), "fifo": tmp_path / "pipe", "folder": tmp_path}[special]
+    if special == "fifo":
+        os.mkfifo(path)
+    for read in (RecipeLock.read, load_manifest):
+        with pytest.raises(DocumentError, match="not a regular file"):
+            read(path)

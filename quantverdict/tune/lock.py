@@ -9,6 +9,8 @@ class that chose them, and each candidate's score: what a reviewer needs to read
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,9 +18,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from quantverdict.cache import atomic_write_bytes
+from quantverdict.cache import atomic_write_bytes, file_lock
 from quantverdict.documents import DocumentError, read_yaml, validate
 from quantverdict.errors import HarnessError
+from quantverdict.hashing import content_hash
 from quantverdict.tune.result import Candidate, SearchResult
 
 VERSION = 1
@@ -108,6 +111,7 @@ class RecipeLock:
 
     def __init__(self, path: Path, recipes: dict[str, dict[str, LockedRecipe]] | None = None):
         self.path, self.recipes = path, recipes or {}
+        self.changed: list[tuple[str, str]] = []  # entries put since it was read: what writing it merges in
 
     @classmethod
     def read(cls, path: Path) -> "RecipeLock":
@@ -127,6 +131,7 @@ class RecipeLock:
 
     def put(self, model: str, precision: str, entry: LockedRecipe) -> None:
         self.recipes.setdefault(model, {})[precision] = entry
+        self.changed.append((model, precision))
 
     def text(self) -> str:
         """The lock as YAML: models, precisions and every mapping's keys sorted, an entry's fields in their reading
@@ -137,9 +142,24 @@ class RecipeLock:
         return HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
 
     def write(self, path: Path | None = None) -> Path:
+        """The lock written to ``path`` (its own by default), whole. Its own file is re-read under an exclusive lock
+        and this lock's changed entries merged into it: two ``lock`` processes (one per model) each kept the file's
+        entries as they read them, and the last writer dropped the other's."""
         target = path or self.path
+        if target.is_symlink() and not target.exists():
+            raise HarnessError(f"cannot write the recipe lock {target}: it is a link to {os.readlink(target)}, which "
+                               "does not exist (writing through it would write elsewhere)")
         try:
-            atomic_write_bytes(target, self.text().encode())
+            if target != self.path:
+                atomic_write_bytes(target, self.text().encode())
+                return target
+            guard = Path(tempfile.gettempdir()) / f"quantverdict-lock-{content_hash(str(target.resolve()))[:16]}"
+            with file_lock(guard):
+                on_disk = RecipeLock.read(target)
+                for model, precision in self.changed:
+                    on_disk.recipes.setdefault(model, {})[precision] = self.recipes[model][precision]
+                self.recipes = on_disk.recipes
+                atomic_write_bytes(target, self.text().encode())
         except OSError as exc:
             raise HarnessError(f"cannot write the recipe lock {target}: {exc.strerror or exc}") from exc
         return target
