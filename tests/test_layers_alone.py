@@ -1,6 +1,8 @@
 """Each layer quantized alone (sensitivity, fallback's ranking) is made from the whole recipe's preparation, calibration
 and rounding, and evaluated in worker processes: the same graph bytes the recipe with ``only`` makes by itself, the
 same outputs, cached one by one."""
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -162,3 +164,43 @@ def test_a_worker_killed_for_memory_stops_the_search_naming_memory(tmp_path, mon
     searched = pipeline.recipes.search("dw", "int8")
     assert searched is not None and searched.complete and not any(
         "worker" in (candidate.error or "") for candidate in searched.candidates)
+
+
+PARENT = """import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import os, sys, time; from quantverdict.judge.layers_alone import "
+                          "die_with_parent; die_with_parent(int(sys.argv[1])); print(os.getpid(), flush=True); "
+                          "time.sleep(120)", str(os.getpid())], stdout=subprocess.PIPE, text=True)
+print(child.stdout.readline().strip(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_worker_dies_with_its_parent_killed_alone_and_its_folder_is_swept_by_the_next_run(tmp_path):
+    """CI's ``timeout`` signals the process, not its group: its layer workers must not go on computing, and the work
+    folder it could not remove is removed by the next run (a live run's is left alone)."""
+    import os
+    import signal
+    import tempfile
+    import time
+
+    from quantverdict.judge.layers_alone import FOLDER_PREFIX, sweep_orphans
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the worker outlived its parent by 10 s")
+    orphan = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{parent.pid}-"))
+    live = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+    sweep_orphans()
+    assert not orphan.exists() and live.exists()
+    live.rmdir()
