@@ -168,3 +168,25 @@ def test_a_case_judged_in_one_run_and_not_in_the_next_fails_the_history(tmp_path
     shard["shard"] = {"index": 1, "count": 2}
     append(db, _typed(shard))
     assert [line.split()[:2] for line in unjudged(db)] == [["unjudged", "b"], ["unjudged", "c"], ["missing", "d"]]
+
+
+def test_runs_are_ordered_by_their_utc_instant_and_a_run_without_a_start_time_is_refused(tmp_path):
+    """A runner on UTC, then one of the same class on New York time a minute later that no longer judges a case: by
+    the local text the later run sorted first and nothing was missing (exit 0); by the instant, the case is missing."""
+    import sqlite3
+
+    from quantverdict.report.history import append, unjudged
+
+    db = tmp_path / "history.sqlite"
+    first = _record(1, 10.0, "x86_64-avx2", "2.14.0")
+    first["cases"].append({**first["cases"][0], "id": "b"})
+    first["started"] = "2026-11-26T12:00:00+0000"
+    later = _record(2, 10.0, "x86_64-avx2", "2.14.0")
+    later["started"] = "2026-11-26T07:01:00-0500"  # 12:01 UTC
+    append(db, _typed(first))
+    append(db, _typed(later))
+    assert [line.split()[:2] for line in unjudged(db)] == [["missing", "b"]]
+    assert main(["history", "--history-db", str(db)]) == 1
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE runs SET started = NULL WHERE run_id = 'x86_64-avx2-1'")
+    assert main(["history", "--history-db", str(db)]) == 2

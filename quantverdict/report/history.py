@@ -6,10 +6,12 @@ is an indexed query even at 1,000 runs × 500 cases. Series never mix runner cla
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sqlite3
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -133,17 +135,48 @@ class SeriesVerdict:
         return text
 
 
+def utc_instant(started: object) -> str | None:
+    """A record's start time (ISO 8601 with its local offset, as records write it) as a UTC instant that sorts as
+    text, or None where it is none: a runner on UTC and one on New York a minute later, or a DST fall-back night,
+    sorted by the local text put the later run first."""
+    if not isinstance(started, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(started)
+    except ValueError:
+        try:
+            moment = datetime.strptime(started, "%Y-%m-%dT%H:%M:%S%z")
+        except ValueError:
+            return None
+    if moment.tzinfo is None:  # no offset (a record made by hand; the harness writes one): taken as UTC
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _ordered(db: Path) -> sqlite3.Connection:
+    """``db`` opened to be read in time order (``utc(started)``); a run without a start time that orders is refused,
+    naming how many: its place in every series is unknown, and leaving it out hid the regressions it held."""
+    connection = sqlite3.connect(db)
+    connection.create_function("utc", 1, utc_instant, deterministic=True)
+    unordered = connection.execute("SELECT COUNT(*) FROM runs WHERE utc(started) IS NULL").fetchone()[0]
+    if unordered:
+        connection.close()
+        raise HarnessError(f"history {db}: {unordered} run(s) have no start time to order them by (a record's "
+                           "'started'); remove those rows or rebuild the history from the records")
+    return connection
+
+
 def series(db: Path) -> Iterator[Series]:
-    """Every series in ``db``."""
+    """Every series in ``db``, each in time order."""
     if not db.is_file():
         raise HarnessError(f"history database not found: {db}")
     try:
-        with sqlite3.connect(db) as connection:
+        with contextlib.closing(_ordered(db)) as connection:
             rows = connection.execute(
                 "SELECT r.runner_class, p.case_id, p.metric, p.value, r.run_id, r.started, r.git_commit FROM points p "
-                "JOIN runs r USING (run_id) WHERE typeof(p.value) IN ('real', 'integer') AND typeof(r.started) = 'text' "
+                "JOIN runs r USING (run_id) WHERE typeof(p.value) IN ('real', 'integer') "
                 "AND typeof(p.case_id) = 'text' AND typeof(p.metric) = 'text' "  # a hand-edited row is no measurement
-                "ORDER BY r.runner_class, p.case_id, p.metric, r.started, r.rowid").fetchall()
+                "ORDER BY r.runner_class, p.case_id, p.metric, utc(r.started), r.rowid").fetchall()
     except sqlite3.DatabaseError as exc:
         raise HarnessError(f"{db} is not a readable history database: {exc}") from exc
     for key, group in itertools.groupby(rows, key=lambda row: row[:3]):
@@ -211,14 +244,14 @@ def unjudged(db: Path) -> list[str]:
     had passed or failed, or absent from a whole (unsharded) run after the whole run before it judged it. A history
     whose newest run judged less than the one before is no stable history, whatever its series say."""
     try:
-        with sqlite3.connect(db) as connection:
+        with contextlib.closing(_ordered(db)) as connection:
             tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not {"statuses", "whole_runs"} <= tables:  # a history written before statuses were kept
                 return []
             rows = connection.execute(
                 "SELECT r.runner_class, s.case_id, s.status, r.run_id, r.started, w.run_id IS NOT NULL FROM statuses s "
-                "JOIN runs r USING (run_id) LEFT JOIN whole_runs w USING (run_id) WHERE typeof(r.started) = 'text' "
-                "ORDER BY r.runner_class, r.started, r.rowid").fetchall()
+                "JOIN runs r USING (run_id) LEFT JOIN whole_runs w USING (run_id) "
+                "ORDER BY r.runner_class, utc(r.started), r.rowid").fetchall()
     except sqlite3.DatabaseError as exc:
         raise HarnessError(f"{db} is not a readable history database: {exc}") from exc
     lines = []
