@@ -469,3 +469,26 @@ def test_text_from_a_record_reads_as_text_in_the_markdown(record_path):
     table = html_text[:html_text.index("</table>")]
     row = next(line for line in table.split("<tr>") if "*a*" in line)
     assert row.count("<td>") == table[:table.index("</thead>")].count("<th>")
+
+
+def _null_metrics(record: dict) -> None:
+    for case in record["cases"]:
+        for output in case["metrics"].get("metrics", {}).values():
+            output.update(cosine=None, snr_db=None, max_norm_err=None, top1_agreement=None)
+
+
+def _nan_baseline(record: dict) -> None:
+    for case in record["cases"]:
+        for output in case["metrics"].get("metrics", {}).values():
+            output.update(cosine=float("nan"))
+
+
+def test_the_gate_refuses_to_pass_metrics_it_cannot_compare(record_path, tmp_path):
+    """A current run whose metrics are all null (schema-valid) passed with "0 regression(s)"; a baseline whose
+    cosines are NaN compared nothing and said nothing. Each is a regression naming the case and the metric."""
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(_variant(record_path, tmp_path,
+                                                                                      _null_metrics)))
+    assert proc.returncode == 1 and "cosine is not recorded now (baseline" in proc.stdout, proc.stdout
+    proc = harness("gate", "--baseline", str(_variant(record_path, tmp_path, _nan_baseline)), "--current",
+                   str(record_path))
+    assert proc.returncode == 1 and "the baseline's cosine is nan: it cannot be compared" in proc.stdout, proc.stdout

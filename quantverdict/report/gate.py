@@ -202,7 +202,8 @@ def judge_case(case_id: str, old: CaseRecord, new: CaseRecord, rules: dict[str, 
     if same_runner or not views:
         views.append((old.metrics, new.metrics, ""))
     for old_view, new_view, label in views:
-        _compare_view(f"{case_id}: {label}", old_view, new_view, rules, regressions, improvements)
+        _compare_view(f"{case_id}: {label}", old_view, new_view, rules, regressions, improvements,
+                      old.judged and new.judged)
     old_cover = old_recipe.coverage if old_recipe else None
     new_cover = new_recipe.coverage if new_recipe else None
     if old_cover and new_cover:  # the schema lets a record leave coverage null
@@ -217,8 +218,21 @@ def judge_case(case_id: str, old: CaseRecord, new: CaseRecord, rules: dict[str, 
     return regressions, improvements
 
 
+def uncomparable(name: str, before: float | None, now: float | None) -> str | None:
+    """Why a rule on ``name`` cannot compare the baseline's value with the current one (a record whose metrics are all
+    null passed the gate with "0 regression(s)"), or None where it can: an SNR of +inf (exact outputs) compares."""
+    def usable(value: float | None) -> bool:
+        return value is not None and (math.isfinite(value) or (name == "SNR" and value > 0))
+
+    if not usable(before):
+        return f"the baseline's {name} is {before}: it cannot be compared (refresh the baseline)"
+    if now is None:
+        return f"{name} is not recorded now (baseline {before:g}): the rule on it cannot judge the case"
+    return None
+
+
 def _compare_view(prefix: str, old: ViewRecord, new: ViewRecord, rules: dict[str, float],
-                  regressions: list[str], improvements: list[str]) -> None:
+                  regressions: list[str], improvements: list[str], judged: bool = True) -> None:
     old_task, new_task = old.task, new.task
     if old_task and new_task:
         delta = 100 * (new_task.accuracy - old_task.accuracy)
@@ -235,6 +249,10 @@ def _compare_view(prefix: str, old: ViewRecord, new: ViewRecord, rules: dict[str
             if ratio < fraction:
                 regressions.append(f"{prefix}{100 * ratio:.2f}% of FP32 accuracy, needs ≥ {100 * fraction:g}%")
     old_m, new_m = old.first(), new.first()
+    for name, rule, before, now in (("cosine", "max_cosine_drop_vs_baseline", old_m.cosine, new_m.cosine),
+                                    ("SNR", "max_snr_drop_db", old_m.snr_db, new_m.snr_db)):
+        if judged and rule in rules and (problem := uncomparable(name, before, now)):
+            regressions.append(f"{prefix}{problem}")
     if old_m.cosine is not None and new_m.cosine is not None:
         drop, limit = old_m.cosine - new_m.cosine, rules.get("max_cosine_drop_vs_baseline")
         if limit is not None and drop > limit:
