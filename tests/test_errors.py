@@ -274,7 +274,7 @@ def test_a_user_callables_wrong_return_is_one_line_naming_it(tmp_path, entry, ex
     ("inputs: [{name: x, shape: [2, 3, 4], range: [1, 0]}]\n    recipe: {}",
      "models[0].inputs[0].range: expected [low, high] with finite low < high, got [1.0, 0.0]"),
     ("inputs: [{name: x, shape: [2, 3, 4]}]\n    recipe: {int8: {smoothquant: banana}}",
-     "models[0].recipe.int8: int8 recipe settings {'smoothquant': 'banana'}: could not convert string to float"),
+     "models[0].recipe.int8: smoothquant 'banana': expected a finite number"),
 ])
 def test_a_manifest_value_of_the_wrong_kind_is_one_line_naming_its_field(tmp_path, field, expected):
     from quantverdict.errors import HarnessError
@@ -375,3 +375,33 @@ def test_an_unknown_precision_or_model_is_refused_with_exit_2_by_lock_and_run(tm
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and (("unknown precision 'int9'; did you mean 'int8'?" in error[0])
                                 or "unknown model 'nosuch'" in error[0]), error
+
+
+@pytest.mark.parametrize("recipe, words", [
+    ("{int8: {auto: true, budget_s: banana}}", "recipe.int8: recipe auto: budget_s 'banana': expected a finite number"),
+    ("{int8: {auto: true, max_fallback: lots}}", "recipe auto: max_fallback 'lots': expected a finite number"),
+    ("{int8: {auto: true, budget_s: .nan}}", "recipe auto: budget_s nan: expected a finite number"),
+    ("{int8: {auto: 'false'}}", "recipe auto 'false': expected true or false"),
+    ("{int8: {auto: false, budget_s: 5}}", "recipe auto is false, so budget_s (the search's own settings) cannot"),
+    ("{int8: {equalize: 'false'}}", "equalize 'false': expected true or false"),
+    ("{int8: {exclude: 5}}", "exclude 5: expected a node-name pattern or a list of them"),
+    ("{fp16: auto}", "recipe.fp16: auto: a search chooses only INT8 and FP8 recipes"),
+])
+def test_a_recipe_setting_of_the_wrong_kind_is_one_line_up_front(tmp_path, recipe, words):
+    """Each was a traceback (ValueError, INTERNALERROR under pytest), a string taken as true, a setting named unknown
+    beside auto: false, or silently ignored."""
+    from quantverdict.documents import DocumentError
+    from quantverdict.run.manifest import load_manifest
+
+    (tmp_path / "models.yaml").write_text("models:\n  - name: m\n    onnx: m.onnx\n    inputs: [{name: x, shape: [2, 8]}]"
+                                          f"\n    outputs: [y]\n    calibration: synthetic\n    recipe: {recipe}\n")
+    with pytest.raises(DocumentError) as raised:
+        load_manifest(tmp_path / "models.yaml")
+    assert words in str(raised.value) and str(raised.value).count("\n") == 0, str(raised.value)
+
+
+def test_a_recipe_option_that_no_recipe_takes_is_refused_before_any_case(tmp_path):
+    from quantverdict.run.cli import main
+
+    assert main(["run", "--models", "mlp", "--precisions", "int8", "--backends", "onnxruntime", "--cache-dir",
+                 str(tmp_path / "cache"), "--recipe-option", "smoothquant=banana"]) == 2

@@ -8,6 +8,8 @@ A setting not given is :data:`UNSET` (the recipe's own default, and not written)
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, fields, replace
 from typing import Mapping, Union
 
@@ -141,14 +143,29 @@ def _method(value: object) -> str:
     return Calibrator(value).method  # type: ignore[arg-type]  # an unknown method is refused there, naming the known
 
 
+def number(value: object, name: str) -> float:
+    """``value`` as a finite number, or a :class:`CalibrationError` naming the setting (``banana``, ``.nan``, a
+    string of digits a document quoted are no numbers a setting can take)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CalibrationError(f"{name} {value!r}: expected a finite number")
+    return float(value)
+
+
+def flag(value: object, name: str) -> bool:
+    """``value`` as true or false: the string 'false' was taken as true."""
+    if not isinstance(value, bool):
+        raise CalibrationError(f"{name} {value!r}: expected true or false")
+    return value
+
+
 def _optional_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+    return None if value is None else number(value, "smoothquant")
 
 
 def _share(value: object) -> float | None:
     if value is None:
         return None
-    part = float(value)  # type: ignore[arg-type]
+    part = number(value, "fallback")
     if not 0 < part < 1:
         raise CalibrationError(f"fallback {value!r}: expected a share of the layers between 0 and 1 (e.g. 0.1)")
     return part
@@ -157,14 +174,17 @@ def _share(value: object) -> float | None:
 def _patterns(value: object) -> tuple[str, ...]:
     """Node-name patterns from a list, or from one string separated by ``;`` (a command line's value)."""
     items = value.split(";") if isinstance(value, str) else value
-    return tuple(str(item).strip() for item in items if str(item).strip())  # type: ignore[union-attr]
+    if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+        raise CalibrationError(f"exclude {value!r}: expected a node-name pattern or a list of them")
+    return tuple(item.strip() for item in items if item.strip())
 
 
 def _same(value: object) -> Value:
     return value  # type: ignore[return-value]
 
 
-_READ = {"quantizer": str, "calibration": _method, "smoothquant": _optional_float, "equalize": bool,
-         "exclude": _patterns, "fallback": _share, "fallback_format": wider_formats, "gptq": bool,
-         "bias_correction": bool}
+_READ = {"quantizer": str, "calibration": _method, "smoothquant": _optional_float,
+         "equalize": lambda value: flag(value, "equalize"), "exclude": _patterns, "fallback": _share,
+         "fallback_format": wider_formats, "gptq": lambda value: flag(value, "gptq"),
+         "bias_correction": lambda value: flag(value, "bias_correction")}
 _WRITE = {"exclude": list, "fallback_format": formats_setting}

@@ -178,8 +178,15 @@ def _check(entry: ModelEntry, index: int, path: Path) -> list[str]:
                  for number, name in enumerate(entry.build_files or []) if not (root / name).exists()]
     for precision, settings in _recipes(entry).items():
         try:
+            given = entry.recipe.get(precision)
+            if isinstance(given, dict) and "auto" in given:
+                auto_settings(given)  # auto: 'false', or the search's settings beside auto: false
             if auto_settings(settings) is None:
                 get_recipe(precision).configured(settings)
+            elif precision not in AUTO_BY_DEFAULT:
+                problems.append(f"{where}.recipe.{precision}: auto: a search chooses only "
+                                f"{' and '.join(p.upper() for p in AUTO_BY_DEFAULT)} recipes; {precision.upper()} has "
+                                "no settings to search")
         except HarnessError as exc:
             problems.append(f"{where}.recipe.{precision}: {exc}")
     from quantverdict.backends import backend_registry
@@ -223,7 +230,9 @@ AUTO_BY_DEFAULT = ("int8", "fp8")  # the precisions whose recipe is searched unl
 def _recipes(entry: ModelEntry) -> dict[str, dict[str, Any]]:
     """The model's recipe settings per precision: ``auto`` spelled out, and searched for INT8 and FP8 where the
     manifest names no recipe (:mod:`quantverdict.tune.search`); a graph the user quantized is not."""
-    recipes = {p: {"auto": True} if settings == "auto" else dict(settings) for p, settings in entry.recipe.items()}
+    recipes = {p: {"auto": True} if settings == "auto" else {key: value for key, value in settings.items()
+                                                               if not (key == "auto" and value is False)}
+               for p, settings in entry.recipe.items()}  # auto: false is the absence of a search
     for precision in AUTO_BY_DEFAULT:
         if precision not in recipes and precision not in entry.quantized:
             recipes[precision] = {"auto": True}

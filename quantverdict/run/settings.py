@@ -194,7 +194,7 @@ def recipe_settings(options: list[str]) -> dict[str, dict[str, Any]]:
     import yaml
 
     from quantverdict.errors import HarnessError
-    from quantverdict.precision import known_precisions
+    from quantverdict.precision import get_recipe, known_precisions
 
     settings: dict[str, dict[str, Any]] = {}
     for option in options:
@@ -206,4 +206,9 @@ def recipe_settings(options: list[str]) -> dict[str, dict[str, Any]]:
             if precision not in known_precisions():
                 raise HarnessError(f"--recipe-option {option!r}: unknown precision {precision!r}")
             settings.setdefault(precision, {})[key] = yaml.safe_load(value)
+    for precision, given in settings.items():  # refused up front, not by every case
+        try:
+            get_recipe(precision).configured(given)
+        except HarnessError as exc:
+            raise HarnessError(f"--recipe-option: {exc}") from None
     return settings

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from quantverdict.errors import CalibrationError
-from quantverdict.precision.settings import Formats, wider_formats
+from quantverdict.precision.settings import Formats, flag, number, wider_formats
 
 AUTO_KEYS = ("auto", "budget_s", "max_fallback", "wider_formats")
 DEFAULT_BUDGET_S = 7200.0  # a stop for a search that runs away, not a budget: the work is fixed (stages)
@@ -28,14 +28,20 @@ class AutoSettings:
 def auto_settings(settings: Mapping[str, Any]) -> AutoSettings | None:
     """The search's settings where ``settings`` asks for one (``auto: true``), else None; a recipe setting
     beside ``auto`` is refused: the search chooses them all (remove ``auto`` to set them by hand)."""
-    if not settings.get("auto"):
+    if "auto" not in settings:
+        return None
+    if not flag(settings["auto"], "recipe auto"):
+        beside = sorted(set(settings) & set(AUTO_KEYS) - {"auto"})
+        if beside:
+            raise CalibrationError(f"recipe auto is false, so {', '.join(beside)} (the search's own settings) "
+                                   "cannot apply: remove them, or set auto: true")
         return None
     fixed = sorted(set(settings) - set(AUTO_KEYS))
     if fixed:
         raise CalibrationError(f"recipe auto chooses every setting, so {', '.join(fixed)} cannot be set beside it "
                                "(remove auto to set them by hand)")
-    budget, share = float(settings.get("budget_s", DEFAULT_BUDGET_S)), float(settings.get("max_fallback",
-                                                                                         DEFAULT_MAX_FALLBACK))
+    budget = number(settings.get("budget_s", DEFAULT_BUDGET_S), "recipe auto: budget_s")
+    share = number(settings.get("max_fallback", DEFAULT_MAX_FALLBACK), "recipe auto: max_fallback")
     if budget < 0 or not 0 <= share < 1:
         raise CalibrationError(f"recipe auto: budget_s {budget} must be ≥ 0 and max_fallback {share} in [0, 1)")
     return AutoSettings(budget, share, wider_formats(settings.get("wider_formats", list(DEFAULT_WIDER)),
