@@ -405,3 +405,18 @@ def test_a_recipe_option_that_no_recipe_takes_is_refused_before_any_case(tmp_pat
 
     assert main(["run", "--models", "mlp", "--precisions", "int8", "--backends", "onnxruntime", "--cache-dir",
                  str(tmp_path / "cache"), "--recipe-option", "smoothquant=banana"]) == 2
+
+
+def test_a_report_written_where_a_file_cannot_go_is_one_line(tmp_path, capsys):
+    """A folder given as ``--out``, a file given as ``--out-dir``: exit 2 and one line naming the path, where an
+    IsADirectoryError traceback was."""
+    from quantverdict.run.cli import main
+
+    assert main(["run", "--models", "mlp", "--precisions", "fp32", "--backends", "onnxruntime", "--cache-dir",
+                 str(tmp_path / "cache"), "--report-dir", str(tmp_path / "reports")]) == 0
+    record = next((tmp_path / "reports").glob("run-*.json"))
+    (tmp_path / "a-file").write_text("")
+    capsys.readouterr()
+    assert main(["report", str(record), "--out-dir", str(tmp_path / "a-file")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: ") and "a-file" in error[0], error

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    """Run the chosen command; bad input (a :class:`HarnessError`) is one ``error:`` line per problem, exit 2."""
+    """Run the chosen command; bad input (a :class:`HarnessError`) is one ``error:`` line per problem, and a file the
+    machine will not write or read (a full disk, a folder given for a file) one line, exit 2."""
     import sys
 
     from quantverdict.errors import HarnessError
@@ -37,4 +38,8 @@ def dispatch(args: argparse.Namespace) -> int:
     except HarnessError as exc:
         for line in str(exc).splitlines():
             print(f"error: {line}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a folder where a file goes, no permission: the machine's, one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: cannot write or read {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
