@@ -158,7 +158,7 @@ def test_a_run_that_searched_says_how_to_lock_and_a_ci_log_gets_a_line_per_case(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[1/2] dw-fp32-onnxruntime: passed" in proc.stderr and "[2/2] dw-int8-onnxruntime: passed" in proc.stderr
     assert "recipe search dw int8: at most" in proc.stderr
-    assert "recipes chosen by a search in this run (dw): lock them" in proc.stdout
+    assert "recipes chosen by a search, not a lock (dw): lock them" in proc.stdout
     [record] = (repo / "reports").glob("run-*.json")
     search = json.loads(record.read_text())["cases"][1]["metrics"]["recipe"]["search"]
     assert search["complete"] is True and search["incumbent"] is None
@@ -173,7 +173,7 @@ def test_under_pytest_the_search_shows_progress_and_a_committed_lock_runs_no_sea
     first = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     assert "quantverdict: recipe search dw int8: at most" in first.stdout
-    assert "quantverdict: recipes chosen by a search in this run (dw): lock them" in first.stdout
+    assert "quantverdict: recipes chosen by a search, not a lock (dw): lock them" in first.stdout
     assert _lock(repo) == 0
     second = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "1 passed" in second.stdout, second.stdout[-3000:]

@@ -242,6 +242,6 @@ def run_notes(cases: list[dict[str, Any]], lock: Path) -> list[str]:
             searched.add(str(case.get("model")))
     lines = list(notes.values())
     if searched:
-        lines.append(f"recipes chosen by a search in this run ({', '.join(sorted(searched))}): lock them to review "
+        lines.append(f"recipes chosen by a search, not a lock ({', '.join(sorted(searched))}): lock them to review "
                      f"them and skip the search: quantverdict lock (writes {lock})")
     return lines
