@@ -107,6 +107,14 @@ def plot_speedup(record: RunRecord) -> str | None:
     return figure(draw, height=5)
 
 
+def _powers_of_ten(value: float, position: int | None = None) -> str:
+    return f"1e{round(float(np.log10(value)))}" if value > 0 else ""
+
+
+def _no_label(value: float, position: int | None = None) -> str:
+    return ""
+
+
 def plot_histograms(record: RunRecord) -> str | None:
     totals: dict[str, np.ndarray] = {}
     for case in _ran(record):
@@ -122,6 +130,8 @@ def plot_histograms(record: RunRecord) -> str | None:
             counts = totals[precision]
             ax.plot(upper, counts / counts.sum(), marker="o", label=precision)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(_powers_of_ten)  # plain text: mathtext's labels showed as raw $\mathdefault{…}$
+        ax.xaxis.set_minor_formatter(_no_label)
         ax.set_xlabel("|error| / max |reference| (upper bin edge)")
         ax.set_ylabel("fraction of elements")
         ax.legend()

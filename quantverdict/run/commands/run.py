@@ -55,7 +55,8 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     with held():  # a Ctrl-C from here waits until the record's path is printed
         path, history_problem = record_run(record, settings["report-dir"], settings["history-db"])
         summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
-        print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}", flush=True)
+        print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}\n"
+              f"its page (HTML, with plots) and Markdown: quantverdict report {path}", flush=True)
     for result in results:
         if result.status in ("failed", "error"):
             print(f"\n{result.message}")
