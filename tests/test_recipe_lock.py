@@ -244,10 +244,15 @@ def test_the_nightly_check_after_a_weight_change_judges_the_lock_and_its_nearest
     candidates, where a search judges ten); where it misses the bounds, the search runs as before."""
     assert _lock(repo) == 0
     capsys.readouterr()
+    locked = yaml.safe_load((repo / "quantverdict.lock").read_text())["recipes"]["dw"]["int8"]
     _weights_changed(repo)
     (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
-    assert _lock(repo, "--check") == 0
+    assert _lock(repo, "--check") == 3  # the lock holds, for an earlier graph: a whole lock naming this one proposed
     out, err = capsys.readouterr()
+    assert "its entry names an earlier graph or calibration set: the proposed lock names these" in out
+    proposed = yaml.safe_load((repo / "quantverdict.lock.proposed").read_text())["recipes"]["dw"]["int8"]
+    assert proposed["settings"] == locked["settings"] and proposed["float_layers"] == locked["float_layers"]
+    assert proposed["graph_sha256"] != locked["graph_sha256"]
     lines = [line for line in err.splitlines()  # each candidate as it ends (not one still working on a slow runner)
              if line.startswith("recipe search dw int8:") and "still judging after" not in line]
     assert "checking the lock first" in lines[0] and not any("at most" in line for line in lines)
@@ -274,7 +279,7 @@ def test_a_lock_that_missed_the_bounds_when_locked_is_not_searched_again_for_mis
     capsys.readouterr()
     _weights_changed(repo)
     (repo / "models.yaml").write_text(tight.replace("build: searchnets:dw", "build: changednets:dw_changed"))
-    assert _lock(repo, "--check") == 0
+    assert _lock(repo, "--check") == 3  # it holds; the proposed lock names the graph it now holds for
     out, err = capsys.readouterr()
     assert "checking the lock first" in err and "at most" not in err and "3/3" in err
     assert "the lock holds" in out and "it misses the case's bounds there, as it did when locked" in out

@@ -93,9 +93,15 @@ def run(args: argparse.Namespace) -> int:
                 proposed.append((model, precision, entry))
             else:
                 missed = searched.incumbent is not None and searched.incumbent.passed is False
+                stale = (kept.graph_sha256, kept.calibration_data) != (entry.graph_sha256, entry.calibration_data)
                 print(f"{model} {precision}: the lock holds ({_words(kept.settings)}; no candidate significantly "
                       "better on the held-out samples" + ("; it misses the case's bounds there, as it did when locked"
-                                                          if missed else "") + ")")
+                                                          if missed else "") + ")" + (
+                    "; its entry names an earlier graph or calibration set: the proposed lock names these" if stale
+                    else ""))
+                if stale:  # adopted, the proposed lock no longer says "locked for an earlier graph" on every run
+                    proposed.append((model, precision, entry.model_copy(update={
+                        "settings": kept.settings, "float_layers": kept.float_layers})))
             continue
         change = "added" if kept is None else "unchanged" if kept.settings == entry.settings and \
             kept.float_layers == entry.float_layers else f"was {_words(kept.settings)}"
