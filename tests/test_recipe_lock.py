@@ -318,3 +318,16 @@ def test_a_lock_or_manifest_that_is_no_regular_file_is_one_line_not_a_hang(tmp_p
     for read in (RecipeLock.read, load_manifest):
         with pytest.raises(DocumentError, match="not a regular file"):
             read(path)
+
+
+def test_the_lock_says_why_each_candidate_was_taken_or_not(repo):
+    """A choice at a lower mean SNR than another candidate reads as a mistake without the rule beside it: each
+    candidate judged carries whether it was taken over the best before it, with the paired gain and what it needed."""
+    assert _lock(repo) == 0
+    candidates = yaml.safe_load((repo / "quantverdict.lock").read_text())["recipes"]["dw"]["int8"]["search"][
+        "candidates"]
+    whys = [candidate.get("why") for candidate in candidates if not candidate.get("error")]
+    assert whys[0] == "taken: the first judged, the one the others must beat"
+    assert all(why and why.startswith(("taken: ", "not taken: ")) for why in whys), whys
+    assert any("dB per sample over the best before it" in why and "standard errors of the gains paired by sample"
+               in why for why in whys[1:]), whys

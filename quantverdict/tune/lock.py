@@ -45,11 +45,12 @@ class Evidence(_Closed):
     passed: bool | None = None  # not judged where it stopped short (``folds``)
     error: str | None = None
     folds: int | None = None  # judged on this many folds only: it fell out of reach of the best there
+    why: str | None = None  # taken over the best before it, or not, and by which rule and numbers
 
     @classmethod
     def of(cls, candidate: Candidate) -> "Evidence":
         return cls(settings=candidate.settings.to_dict(), score_db=candidate.score, passed=candidate.passed,
-                   error=candidate.error, folds=candidate.folds)
+                   error=candidate.error, folds=candidate.folds, why=candidate.why)
 
 
 class SearchEvidence(_Closed):

@@ -96,13 +96,25 @@ def better(samples: np.ndarray, than: np.ndarray | None, meets: bool | None = No
     gain of more than :data:`MIN_GAIN_DB` and more than :data:`GAIN_SE` standard errors of the paired gains (the same
     samples judged twice): a candidate that only matches the simpler one before it, within what another draw of
     samples would move, is not taken."""
+    return weighed(samples, than, meets, than_meets)[0]
+
+
+def weighed(samples: np.ndarray, than: np.ndarray | None, meets: bool | None = None,
+            than_meets: bool | None = None) -> tuple[bool, str]:
+    """:func:`better`'s answer and its reason in words, for the lock and the progress: a choice at 32.76 dB over one
+    at 33.33 dB reads as a mistake unless the rule and the numbers are beside it."""
     if than is None:
-        return True
+        return True, "taken: the first judged, the one the others must beat"
     if meets is not None and than_meets is not None and meets != than_meets:
-        return meets
+        return meets, ("taken: it meets the case's bounds, the best before it does not" if meets else
+                       "not taken: it misses the case's bounds, which the best before it meets")
     gain = samples - than
     spread = GAIN_SE * float(np.std(gain, ddof=1)) / math.sqrt(gain.size) if gain.size > 1 else 0.0
-    return float(gain.mean()) > max(MIN_GAIN_DB, spread)
+    need, mean = max(MIN_GAIN_DB, spread), float(gain.mean())
+    rule = (f"more than {need:.2f} dB, the larger of {MIN_GAIN_DB:g} dB and {GAIN_SE:g} standard errors of the gains "
+            "paired by sample")
+    return (True, f"taken: {mean:+.2f} dB per sample over the best before it, {rule}") if mean > need else \
+        (False, f"not taken: {mean:+.2f} dB per sample over the best before it, not {rule}")
 
 
 def out_of_reach(samples: np.ndarray, rival: np.ndarray) -> bool:
@@ -221,6 +233,9 @@ class Trials:
                 samples = sample_snr_db(self.references[output][:len(pooled[output])], pooled[output], self.floor)
                 if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival):
                     candidate.folds = len(outputs)
+                    candidate.why = (f"not taken: stopped after {len(outputs)} of {len(self.folds)} folds, its mean "
+                                     f"paired gain over the best before it plus {REACH_SE:g} standard errors short of "
+                                     f"{MIN_GAIN_DB:g} dB")
                     break
             candidate.score = round(float(samples.mean()), 4)
         except ResourceError:  # the machine's, not the technique's: no runner chooses among fewer candidates
@@ -263,9 +278,11 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
                 each for after in planned[number + 1:] for each in after)]), result.candidates, rival=stage_best)
             result.candidates.append(candidate)
-            if samples is not None and better(samples, stage_best[1] if stage_best else None, candidate.passed,
-                                              stage_best[0].passed if stage_best else None):
-                stage_best = candidate, samples
+            if samples is not None:
+                taken, candidate.why = weighed(samples, stage_best[1] if stage_best else None, candidate.passed,
+                                               stage_best[0].passed if stage_best else None)
+                if taken:
+                    stage_best = candidate, samples
         best = stage_best
     if result.not_tried:
         result.note = (f"stopped at the wall-time limit of {auto.budget_s:g} s: {len(result.not_tried)} candidates "
