@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from quantverdict.cache import Cache
-from quantverdict.errors import CalibrationError, InputSpecError, ModelFileError, UnknownNameError
+from quantverdict.errors import CalibrationError, HarnessError, InputSpecError, ModelFileError, UnknownNameError
 from quantverdict.export import export_onnx, load_onnx
 from quantverdict.models import InputSpec
 from quantverdict.run.pipeline import Case, Pipeline
@@ -420,3 +420,12 @@ def test_a_report_written_where_a_file_cannot_go_is_one_line(tmp_path, capsys):
     assert main(["report", str(record), "--out-dir", str(tmp_path / "a-file")]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("error: ") and "a-file" in error[0], error
+
+
+def test_a_manifest_model_named_as_a_registered_one_names_the_file(tmp_path):
+    from quantverdict.run.pipeline import Pipeline
+
+    (tmp_path / "models.yaml").write_text("models:\n  - name: mlp\n    onnx: m.onnx\n    inputs: [{name: x, shape: [2, 8]}]"
+                                          "\n    outputs: [y]\n    calibration: synthetic\n")
+    with pytest.raises(HarnessError, match=f"model 'mlp' is registered .* and declared in {tmp_path / 'models.yaml'}"):
+        Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")

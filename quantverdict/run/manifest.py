@@ -248,7 +248,14 @@ def _input(item: InputEntry) -> InputSpec:
 def model_registry(manifest: Manifest | None = None) -> Registry[ModelSpec]:
     """Built-ins, zoo and entry-point models, then the manifest's; a duplicate name is an error."""
     registry: Registry[ModelSpec] = Registry("model")
-    for spec in [*registered_specs(), *(manifest.specs if manifest else [])]:
+    origin: dict[str, str] = {}
+    registered = "registered (a built-in, a zoo network or an installed package's quantverdict.models entry point)"
+    for spec, where in [*((spec, registered) for spec in registered_specs()),
+                        *((spec, f"declared in {manifest.path}") for spec in (manifest.specs if manifest else []))]:
+        if spec.name in origin:
+            raise HarnessError(f"model {spec.name!r} is {origin[spec.name]} and {where}: rename one (names are "
+                               "case ids)")
+        origin[spec.name] = where
         registry.add(spec.name, spec)
     return registry
 
