@@ -429,3 +429,14 @@ def test_a_manifest_model_named_as_a_registered_one_names_the_file(tmp_path):
                                           "\n    outputs: [y]\n    calibration: synthetic\n")
     with pytest.raises(HarnessError, match=f"model 'mlp' is registered .* and declared in {tmp_path / 'models.yaml'}"):
         Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line_before_any_case(tmp_path, capsys):
+    from quantverdict.run.cli import main
+
+    (tmp_path / "a-file").write_text("")
+    assert main(["run", "--models", "mlp", "--precisions", "fp32", "--backends", "onnxruntime", "--cache-dir",
+                 str(tmp_path / "a-file"), "--report-dir", str(tmp_path / "reports")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [f"error: cannot write the cache (exports, calibrations, engines) "
+                                                      f"to {tmp_path / 'a-file'}: File exists"], err

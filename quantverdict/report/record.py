@@ -85,18 +85,21 @@ def check_writable(folder: Path, what: str) -> None:
         raise DestinationError(f"cannot write {what} to {folder}: {exc.strerror or exc}") from None
 
 
-def check_destinations(report_dir: Path, history: Path | None = None) -> None:
-    """Before a run: the record's folder and the history database can be written, so that a read-only
-    folder or a corrupt history is found before the matrix runs, not after it."""
+def check_destinations(report_dir: Path, history: Path | None = None, cache_dir: Path | None = None) -> None:
+    """Before a run: the record's folder, the history database and the cache can be written, so that a read-only
+    folder or a corrupt history is found before the matrix runs (one line), not by every case after it."""
     check_writable(report_dir, "run records")
+    if cache_dir is not None:
+        check_writable(cache_dir, "the cache (exports, calibrations, engines)")
     from quantverdict.report.history import open_history
 
     db = history_path(report_dir, history)
     try:
         open_history(db).close()
     except (sqlite3.Error, OSError) as exc:
-        raise DestinationError(f"cannot use the run history {db}: {exc} (move it aside to start a new one)") \
-            from None
+        advice = "another process holds it: run again when it is done" if "locked" in str(exc) else \
+            "move it aside to start a new one"
+        raise DestinationError(f"cannot use the run history {db}: {exc} ({advice})") from None
 
 
 def write_record(record: dict[str, Any], report_dir: Path) -> Path:

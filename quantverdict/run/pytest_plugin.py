@@ -80,7 +80,7 @@ def _check_destinations(settings: "Settings") -> None:
     from quantverdict.report.record import check_destinations
 
     try:
-        check_destinations(settings["report-dir"], settings["history-db"])
+        check_destinations(settings["report-dir"], settings["history-db"], settings["cache-dir"])
     except HarnessError as exc:
         raise pytest.UsageError(f"quantverdict: {exc}") from None
 

@@ -32,7 +32,7 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     from quantverdict.tune.lock import run_notes
 
     started = time.time()
-    check_destinations(settings["report-dir"], settings["history-db"])
+    check_destinations(settings["report-dir"], settings["history-db"], settings["cache-dir"])
     pipeline = Pipeline.from_settings(settings, progress=lambda line: tqdm.write(line, file=sys.stderr))
     cases = pipeline.cases(settings["models"], settings["precisions"], settings["backends"])
     shard = Shard.parse(settings["shard"]) if settings["shard"] else None
