@@ -169,6 +169,8 @@ def explain(error: Mapping[str, Any], schema: Any, loc: tuple[Any, ...]) -> str:
     if kind == "literal_error":
         allowed = [name.strip("'") for name in error["ctx"]["expected"].replace(" or ", ", ").split(", ")]
         value = error.get("input")
+        if isinstance(value, str) and value in allowed:  # version: "1" where the schema wants the number 1
+            return f"{value!r} is a string: write it unquoted, {value}"
         return f"{value!r} is not one of {', '.join(allowed)}{closest(str(value), allowed)}"
     if kind in ("missing", "missing_argument"):
         return "required field missing"

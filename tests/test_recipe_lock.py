@@ -331,3 +331,11 @@ def test_the_lock_says_why_each_candidate_was_taken_or_not(repo):
     assert all(why and why.startswith(("taken: ", "not taken: ")) for why in whys), whys
     assert any("dB per sample over the best before it" in why and "standard errors of the gains paired by sample"
                in why for why in whys[1:]), whys
+
+
+def test_a_quoted_version_says_to_write_it_unquoted(tmp_path):
+    from quantverdict.documents import DocumentError
+
+    (tmp_path / "quantverdict.lock").write_text('version: "1"\nrecipes: {}\n')
+    with pytest.raises(DocumentError, match="version: '1' is a string: write it unquoted, 1$"):
+        RecipeLock.read(tmp_path / "quantverdict.lock")
