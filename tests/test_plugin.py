@@ -1,6 +1,8 @@
 """The pytest plugin as a user meets it: a temporary repository with a model package and a manifest and
 no test code, run by pytest in a subprocess (the plugin comes from the installed entry point)."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -148,3 +150,19 @@ def test_an_option_value_after_a_space_does_not_lose_the_project_settings(user_r
     result = _run(user_repo, "-m", "int8 and onnxruntime", "--qv-cache-dir", str(cache))
     assert result.ret == 0 and result.parseoutcomes()["passed"] == 1, result.stdout.str()[-2000:]
     assert (cache / "calibration").is_dir()
+
+
+def test_a_precision_that_is_none_and_an_unconfigured_repository_are_said_not_silent(tmp_path):
+    """``pytest -m int9`` deselected everything (exit 5, no word); in a repository with no manifest, ``pytest -m
+    int8`` collected nothing and said nothing."""
+    (tmp_path / "test_nothing.py").write_text("")
+
+    def pytest_in(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+
+    typo = pytest_in("-m", "int9")
+    assert typo.returncode == 4 and "quantverdict: -m names no precision 'int9'; did you mean 'int8'?" in typo.stderr
+    bare = pytest_in("-m", "int8")
+    assert bare.returncode == 5 and "no manifest is configured here" in bare.stdout and "quantverdict init" in \
+        bare.stdout, bare.stdout

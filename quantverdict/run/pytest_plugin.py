@@ -11,6 +11,7 @@ imports nothing heavy until a hook needs it.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generator, Iterator
 
@@ -51,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: cases run on the {name} backend")
     for name, text in OTHER_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    _check_markexpr(config, known_precisions())
     settings = _resolve(config)
     config.stash[_settings_key] = settings
     config.stash[_record_key] = SessionRecord(settings, functools.partial(_cases, config))
@@ -72,6 +74,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.args_source != pytest.Config.ArgsSource.ARGS and not any(
             manifest.is_relative_to(Path(arg).resolve()) for arg in config.args if Path(arg).exists()):
         config.args.append(str(manifest))  # testpaths elsewhere: the manifest's cases are collected too
+
+
+PRECISION_LIKE = re.compile(r"\b((?:u?int|fp|bf|tf)\d+)\b")
+
+
+def _check_markexpr(config: pytest.Config, known: list[str]) -> None:
+    """``-m int9`` deselected every case and ended with exit 5 and no word: a precision-like name in ``-m`` that is no
+    precision and no marker of the project's is a usage error naming the closest precision."""
+    from quantverdict.documents import suggest
+
+    markers = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    for name in PRECISION_LIKE.findall(config.getoption("markexpr") or ""):
+        if name not in known and name not in markers:
+            raise pytest.UsageError(f"quantverdict: -m names no precision{suggest(name, known)}")
 
 
 def _check_destinations(settings: "Settings") -> None:
@@ -249,6 +265,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if settings["manifest"] is not None:
         return
     found = next((name for name in MANIFEST_NAMES if (config.rootpath / name).is_file()), None)
+    if found is None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        terminalreporter.write_line("quantverdict: no manifest is configured here, so no model of yours was collected: "
+                                    "run `quantverdict init` to write models.yaml (every field documented) and name "
+                                    "it under [tool.quantverdict] in pyproject.toml")
     if found:
         terminalreporter.write_line(
             f"quantverdict: {found} is not named as the manifest, so none of its cases ran: run `quantverdict init` "
