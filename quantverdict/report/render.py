@@ -12,7 +12,7 @@ from quantverdict.precision import precision_rank
 from quantverdict.report.charts import plot_accuracy_delta, plot_histograms, plot_snr, plot_speedup, plot_trend
 from quantverdict.report.load import case_margin
 from quantverdict.report.rows import SUMMARY_HEADER, number, rows, summary_cells
-from quantverdict.report.schema import CaseRecord, RunRecord, SearchRecord
+from quantverdict.report.schema import CaseRecord, CheckRecord, RunRecord, SearchRecord
 
 
 def markdown(record: RunRecord) -> str:
@@ -83,7 +83,8 @@ def html_page(record: RunRecord, history: list[RunRecord], sections: Sequence[st
             f"<p>Runner class: {html.escape(str(record.environment.runner_class or 'unknown'))}</p>",
             "<h2>Accuracy matrix</h2>", _matrix(record),
             '<p class="legend">Cell colour: margin to the tolerance (green: over half the budget left; '
-            "amber: less; red: failed; grey: skipped). Text: SNR in dB against the FP32 reference.</p>"]
+            "amber: less; red: failed; grey: skipped). Text: SNR in dB against the FP32 reference; in a failed case, the "
+            "first bound it broke and its value.</p>"]
     notes = {"Speedup over FP32 (same model and backend)":
              "On a CPU, FP16/BF16 are storage-rounding emulations and FP8/FP4 fake-quantization: their timings "
              "measure the emulation, not the format. INT8 runs integer kernels; its flavour here is TensorRT's "
@@ -118,13 +119,24 @@ def _matrix(record: RunRecord) -> str:
             cls = "skip" if case.status == "skipped" else (
                 "bad" if case.status != "passed" else "ok" if margin is None or margin > 0.5 else "thin")
             snr = case.metrics.first().snr_db
-            text = "skip" if case.status == "skipped" else ("∞" if snr == float("inf") else number(snr, ".0f"))
+            failed = _first_failed(case)
+            text = "skip" if case.status == "skipped" else f"{failed.metric} {failed.observed:.3g}" if failed else (
+                "∞" if snr == float("inf") else number(snr, ".0f"))
             title = html.escape(case.message or f"margin {margin:.2f}" if margin is not None else case.status)
             tds.append(f'<td class="{cls}" title="{title}">{text}</td>')
         rows.append(f"<tr><th>{html.escape(model)}</th>{''.join(tds)}</tr>")
-    note = (f'<p class="legend">Every case skipped, so not shown (reasons under Skipped cases): '
+    note = (f'<p class="legend">Columns left out, every case in them skipped (reasons under Skipped cases): '
             f'{html.escape(", ".join(hidden))}.</p>' if hidden else "")
     return f'<table class="matrix"><tr><th>model</th>{head}</tr>{"".join(rows)}</table>{note}'
+
+
+def _first_failed(case: CaseRecord) -> CheckRecord | None:
+    """The first bound a failed case broke (the recipe's, then the runtime's): its cell shows that, not an SNR that
+    may be within every bound."""
+    if case.status != "failed":
+        return None
+    views = [case.metrics.recipe, case.metrics] if case.metrics.recipe else [case.metrics]
+    return next((check for view in views for check in view.checks if not check.passed), None)
 
 
 def _verdicts(record: RunRecord) -> str:
