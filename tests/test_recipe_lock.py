@@ -95,7 +95,7 @@ def test_a_changed_graph_keeps_its_locked_recipe_and_the_verdict_says_so(repo, c
     result = pipeline.run(Case("dw", "int8", "onnxruntime"))
     assert "recipe" in result.metrics, result.message
     assert result.metrics["recipe"]["lock"]["current_graph"] is False
-    assert "recipe locked for an earlier graph (graph sha256 " in result.message
+    assert "recipe locked for an earlier graph (sha256 " in result.message
     assert "quantverdict lock --update dw" in result.message
     code = main(["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends",
                  "onnxruntime", "--cache-dir", "cache", "--report-dir", "reports"])

@@ -196,12 +196,13 @@ class Resolver:
             return None
         assert self.options.lock is not None
         graph, data = file_sha256(self.bench.fp32_onnx(model)), self.bench.data_key(model, "calibration")
-        changed = [what for what, now, then in (("graph", graph, locked.graph_sha256),
-                                                ("calibration data", data, locked.calibration_data)) if now != then]
+        changed = [f"{what} ({name} {then[:12]}, now {now[:12]})" for what, name, now, then in (
+            ("graph", "sha256", graph, locked.graph_sha256),
+            ("calibration data", "key", data, locked.calibration_data)) if now != then]
         note, same = None, None
-        if changed:
-            note = (f"recipe locked for an earlier {' and '.join(changed)} (graph sha256 {locked.graph_sha256[:12]}, "
-                    f"now {graph[:12]}); re-search on purpose: quantverdict lock --update {model}")
+        if changed:  # each hash that moved, not the graph's twice where only the data moved
+            note = (f"recipe locked for an earlier {' and '.join(changed)}; re-search on purpose: quantverdict lock "
+                    f"--update {model}, or take the proposed lock of quantverdict lock --check")
         elif locked.qdq_sha256 is not None:  # the same inputs: another CPU's kernels must not change the bytes
             built = self.bench.precision_onnx(model, self.recipe(model, precision, "emulated"))
             same = file_sha256(built) == locked.qdq_sha256
