@@ -100,6 +100,11 @@ def test_a_changed_graph_keeps_its_locked_recipe_and_the_verdict_says_so(repo, c
     code = main(["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends",
                  "onnxruntime", "--cache-dir", "cache", "--report-dir", "reports"])
     assert code == 0 and "dw int8: recipe locked for an earlier graph" in capsys.readouterr().out
+    from quantverdict.report.load import load_record
+    from quantverdict.report.render import markdown
+
+    summary = markdown(load_record(next((repo / "reports").glob("run-*.json"))))  # not the terminal's alone
+    assert "## Locked for other inputs" in summary and "- dw int8: recipe locked for an earlier graph" in summary
 
 
 def test_a_lock_naming_layers_the_graph_lacks_or_settings_no_recipe_takes_is_one_line(repo):

@@ -36,10 +36,21 @@ def markdown(record: RunRecord) -> str:
         for c in record.cases if (search := _search(c)) is not None and (search.note or search.cost)}
     if notes:  # what the case's bounds would take where a searched recipe misses them, and what each search took
         lines += ["", "## Recipe searches", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in notes.items()]
+    stale = lock_notes(record)
+    if stale:
+        lines += ["", "## Locked for other inputs", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in stale]
     reasons = Counter(c.message for c in record.cases if c.status == "skipped")
     if reasons:
         lines += ["", "## Skipped", ""] + [f"- {n} × {_cell(reason)}" for reason, n in reasons.most_common()]
     return "\n".join(lines) + "\n"
+
+
+def lock_notes(record: RunRecord) -> list[tuple[str, str]]:
+    """(model and precision, note) of each recipe locked for another graph or calibration set, once each: a stale
+    lock said so in the terminal only (and a hover tooltip)."""
+    found = {f"{c.model} {c.precision}": c.metrics.recipe.lock.note for c in record.cases
+             if c.metrics.recipe and c.metrics.recipe.lock and c.metrics.recipe.lock.note}
+    return sorted(found.items())
 
 
 def _search(case: CaseRecord) -> SearchRecord | None:
@@ -82,6 +93,7 @@ def html_page(record: RunRecord, history: list[RunRecord], sections: Sequence[st
             f"<p>{html.escape(markdown(record).splitlines()[2])}</p>",
             f"<p>Runner class: {html.escape(str(record.environment.runner_class or 'unknown'))}</p>",
             "<h2>Accuracy matrix</h2>", _matrix(record),
+            *(f'<p class="legend">{html.escape(case)}: {html.escape(note)}</p>' for case, note in lock_notes(record)),
             '<p class="legend">Cell colour: margin to the tolerance (green: over half the budget left; '
             "amber: less; red: failed; grey: skipped). Text: SNR in dB against the FP32 reference; in a failed case, the "
             "first bound it broke and its value.</p>"]

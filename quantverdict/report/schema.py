@@ -103,10 +103,20 @@ class SearchRecord(_Open):
     cost: CostRecord | None = None
 
 
+class LockRecord(_Open):
+    """The lock a case's recipe came from (:class:`quantverdict.tune.lock.LockState`)."""
+
+    path: str
+    current_graph: bool = True
+    current_calibration: bool = True
+    note: str | None = None  # where it was locked for other inputs: which moved, and how to take the change
+
+
 class RecipeVerdict(ViewRecord):
     passed: bool | None = None
     coverage: Coverage | None = None
     search: SearchRecord | None = None
+    lock: LockRecord | None = None
 
 
 class OutputFidelityRecord(_Open):
