@@ -190,3 +190,18 @@ def test_runs_are_ordered_by_their_utc_instant_and_a_run_without_a_start_time_is
     with sqlite3.connect(db) as connection:
         connection.execute("UPDATE runs SET started = NULL WHERE run_id = 'x86_64-avx2-1'")
     assert main(["history", "--history-db", str(db)]) == 2
+
+
+def test_a_history_from_before_statuses_says_its_completeness_is_unchecked(tmp_path, capsys):
+    import sqlite3
+
+    from quantverdict.report.history import append
+
+    db = tmp_path / "history.sqlite"
+    for run in range(1, 4):
+        append(db, _typed(_record(run, 10.0, "x86_64-avx2", "2.14.0")))
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TABLE statuses")
+        connection.execute("DROP TABLE whole_runs")
+    assert main(["history", "--history-db", str(db)]) == 0
+    assert "unchecked         completeness: this history was written before" in capsys.readouterr().out

@@ -37,6 +37,8 @@ CREATE TABLE IF NOT EXISTS statuses (run_id TEXT, case_id TEXT, status TEXT, PRI
 CREATE TABLE IF NOT EXISTS whole_runs (run_id TEXT PRIMARY KEY);
 """
 JUDGED = ("passed", "failed")
+UNCHECKED = ("unchecked         completeness: this history was written before each case's status was kept, so a case "
+             "a run stopped judging cannot be told (runs appended from now on are checked)")
 
 
 def case_metrics(case: CaseRecord) -> dict[str, float]:
@@ -247,7 +249,7 @@ def unjudged(db: Path) -> list[str]:
         with contextlib.closing(_ordered(db)) as connection:
             tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not {"statuses", "whole_runs"} <= tables:  # a history written before statuses were kept
-                return []
+                return [UNCHECKED]
             rows = connection.execute(
                 "SELECT r.runner_class, s.case_id, s.status, r.run_id, r.started, w.run_id IS NOT NULL FROM statuses s "
                 "JOIN runs r USING (run_id) LEFT JOIN whole_runs w USING (run_id) "

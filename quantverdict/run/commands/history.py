@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     import time as clock
     from collections import Counter
 
-    from quantverdict.report.history import judge_history, load_policies, unjudged
+    from quantverdict.report.history import UNCHECKED, judge_history, load_policies, unjudged
 
     if args.page:
         from quantverdict.report.record import check_writable
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     gaps = unjudged(args.history_db)
     for line in gaps:
         print(line)
+    gaps = [line for line in gaps if line != UNCHECKED]  # said, not failed: an older history cannot tell
     print(f"{len(verdicts)} series ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}) "
           f"judged in {clock.perf_counter() - start:.1f} s, profile {args.profile}"
           + (f"; {len(gaps)} case(s) judged in one run and not in the next" if gaps else ""))
