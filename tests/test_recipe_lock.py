@@ -290,7 +290,8 @@ def test_a_lock_that_missed_the_bounds_when_locked_is_not_searched_again_for_mis
     assert "the lock holds" in out and "it misses the case's bounds there, as it did when locked" in out
 
 
-def test_two_writers_of_one_lock_keep_both_entries_and_a_dangling_link_is_not_written_through(repo, tmp_path):
+def test_two_writers_of_one_lock_keep_both_entries_and_a_dangling_link_is_not_written_through(repo, tmp_path,
+                                                                                             capsys):
     """Two ``lock`` processes (one per model) each read the file, then write it: the second writer re-reads it under
     an exclusive lock and merges its own entries in, where it dropped the first's."""
     assert _lock(repo) == 0
@@ -303,6 +304,8 @@ def test_two_writers_of_one_lock_keep_both_entries_and_a_dangling_link_is_not_wr
     second.write()
     recipes = RecipeLock.read(path).recipes
     assert set(recipes) == {"dw", "alpha", "beta"} and set(recipes["beta"]) == {"fp8"}
+    assert _lock(repo) == 0  # entries of models no manifest declares are kept, and said
+    assert "alpha: locked, but no model of that name is declared or registered" in capsys.readouterr().out
     link = repo / "linked.lock"
     link.symlink_to(tmp_path / "elsewhere" / "nothing.lock")
     with pytest.raises(HarnessError, match="it is a link to .*nothing.lock, which does not exist"):

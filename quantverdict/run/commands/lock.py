@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     assert pipeline.lock is not None
     recipes, lock = pipeline.recipes, pipeline.lock
     cases = pipeline.cases(settings["models"], settings["precisions"])  # names checked: a typo is exit 2
+    for model in sorted(set(lock.recipes) - set(pipeline.models.names())):
+        print(f"{model}: locked, but no model of that name is declared or registered: its entry is kept (remove it "
+              "from the lock if the model is gone)")
     names = list(dict.fromkeys(case.model for case in cases))
     precisions = [p for p in settings["precisions"] or known_precisions() if p in SEARCHED]
     if not precisions:
