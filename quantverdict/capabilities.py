@@ -136,7 +136,8 @@ class Capabilities:
         """Why ``precision`` cannot run on this GPU, or None if it can."""
         if self.gpu is None:
             needed = MIN_COMPUTE_CAPABILITY[precision]
-            return f"{precision} needs an NVIDIA GPU (compute capability ≥ {needed[0]}.{needed[1]}); none found"
+            at_least = f" (compute capability ≥ {needed[0]}.{needed[1]})" if needed > (0, 0) else ""
+            return f"{precision} needs an NVIDIA GPU{at_least}; none found"
         return cc_requirement(precision, self.gpu.compute_capability, f"this GPU ({self.gpu.name})")
 
     def rtx_runtime_requirement(self) -> str | None:

@@ -440,3 +440,15 @@ def test_a_cache_dir_that_is_a_file_is_one_line_before_any_case(tmp_path, capsys
     out, err = capsys.readouterr()
     assert out == "" and err.strip().splitlines() == [f"error: cannot write the cache (exports, calibrations, engines) "
                                                       f"to {tmp_path / 'a-file'}: File exists"], err
+
+
+def test_a_cpu_runners_run_counts_its_skips_by_reason_instead_of_a_line_each(tmp_path, capsys):
+    """The cold main job printed a line per skipped case (73% of 286 lines on a CPU runner) in the log and the table."""
+    from quantverdict.run.cli import main
+
+    assert main(["run", "--models", "mlp,cnn", "--precisions", "fp32,tf32", "--backends", "torch",
+                 "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / "r")]) == 0
+    out, err = capsys.readouterr()
+    assert "skipped (" not in err and ": skipped" not in out
+    assert "skipped: 2 case(s)" in out and "  2 × tf32 needs an NVIDIA GPU (compute capability ≥ 8.0); none found" \
+        in out, out

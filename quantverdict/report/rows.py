@@ -2,6 +2,8 @@
 all render (each chooses its columns and its formatting; none re-derives a value or re-parses another)."""
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -72,19 +74,24 @@ def number(value: float | None, spec: str, suffix: str = "", missing: str = "–
 
 
 def terminal_table(cases: Iterable[CaseRow]) -> str:
-    """The run command's table: one line per case, skipped ones with their reason."""
+    """The run command's table: one line per case judged, then the skipped ones counted by reason (a CPU runner's
+    cold main job printed 286 lines, 73% of them skips for want of a GPU)."""
     header = f"{'model':<18} {'precision':<9} {'backend':<12} {'cosine':>8} {'snr_db':>7} {'top1':>6} " \
              f"{'acc':>6} {'Δacc':>6} {'recipe':>11} {'flips':>6} {'layers':>7}  {'95% interval':<22} result"
     lines = [header, "-" * len(header)]
-    for row in cases:
+    rows = list(cases)
+    skipped = Counter(row.message for row in rows if row.status == "skipped")
+    for row in (row for row in rows if row.status != "skipped"):
         recipe = f"{row.recipe} {number(row.recipe_snr_db, '.1f', missing='-').rjust(5)}" if row.recipe else "-"
         flips = f"{100 * row.flip_fraction:.2g}%" if row.flip_fraction is not None else "-"
         cells = [number(row.cosine, ".5f", missing="-").rjust(8), number(row.snr_db, ".1f", missing="-").rjust(7),
                  number(row.top1, ".3f", missing="-").rjust(6), number(row.accuracy, ".3f", missing="-").rjust(6),
                  number(row.accuracy_change, "+.2f", missing="-").rjust(6), recipe.rjust(11), flips.rjust(6),
                  (row.coverage or "-").rjust(7), (row.interval or "-").ljust(22)]
-        outcome = row.status if row.status != "skipped" else f"skipped: {row.message}"
-        lines.append(f"{row.model:<18} {row.precision:<9} {row.backend:<12} {' '.join(cells)} {outcome}")
+        lines.append(f"{row.model:<18} {row.precision:<9} {row.backend:<12} {' '.join(cells)} {row.status}")
+    if skipped:
+        lines += ["", f"skipped: {sum(skipped.values())} case(s)"]
+        lines += [f"  {count} × {reason}" for reason, count in skipped.most_common()]
     return "\n".join(lines)
 
 

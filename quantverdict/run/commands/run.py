@@ -44,7 +44,7 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
             progress.set_postfix_str(case.id)
             begun = time.perf_counter()
             results.append(pipeline.run(case))
-            if progress.disable:  # no terminal (a CI log): one plain line per case
+            if progress.disable and results[-1].status != "skipped":  # a CI log: a line per case judged
                 print(f"[{number}/{len(cases)}] {case.id}: {results[-1].status} ({time.perf_counter() - begun:.0f} s)",
                       file=sys.stderr, flush=True)
     if received():  # a Ctrl-C some library swallowed: this run did not finish
