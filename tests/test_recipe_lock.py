@@ -347,3 +347,21 @@ def test_a_quoted_version_says_to_write_it_unquoted(tmp_path):
     (tmp_path / "quantverdict.lock").write_text('version: "1"\nrecipes: {}\n')
     with pytest.raises(DocumentError, match="version: '1' is a string: write it unquoted, 1$"):
         RecipeLock.read(tmp_path / "quantverdict.lock")
+
+
+def test_a_weight_change_under_a_lock_is_attributed_to_the_graph_not_the_recipe(repo, capsys):
+    """Two real runs with the lock, the second after a training step: under a policy that makes any SNR change a
+    regression, the gate says the FP32 graph moved (and the precision graph built from it), not the recipe settings."""
+    assert _lock(repo) == 0
+    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
+           "--cache-dir", "cache"]
+    assert main([*run, "--report-dir", "before"]) == 0
+    _weights_changed(repo)
+    (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
+    main([*run, "--report-dir", "after"])
+    (repo / "strict.yaml").write_text("defaults: {max_snr_drop_db: -1000}\n")  # every case regresses: say why
+    capsys.readouterr()
+    code = main(["gate", "--baseline", str(next((repo / "before").glob("run-*.json"))), "--current",
+                 str(next((repo / "after").glob("run-*.json"))), "--gate-policy", "strict.yaml"])
+    why = [line for line in capsys.readouterr().out.splitlines() if line.startswith("why: dw-int8-onnxruntime: ")]
+    assert code == 1 and why and "the FP32 graph" in why[0] and "recipe settings" not in why[0], why

@@ -492,3 +492,47 @@ def test_the_gate_refuses_to_pass_metrics_it_cannot_compare(record_path, tmp_pat
     proc = harness("gate", "--baseline", str(_variant(record_path, tmp_path, _nan_baseline)), "--current",
                    str(record_path))
     assert proc.returncode == 1 and "the baseline's cosine is nan: it cannot be compared" in proc.stdout, proc.stdout
+
+
+def _drop_cosine(record: dict) -> dict:
+    """The INT8 digits case 3 points of cosine worse in its runtime's outputs (a regression by the gate's rules)."""
+    case = _int8(record)
+    for output in case["metrics"]["metrics"].values():
+        output["cosine"] -= 0.03
+        output["snr_db"] -= 10
+    return case
+
+
+def _moved_line(record_path, tmp_path, edit) -> str:
+    proc = harness("gate", "--baseline", str(record_path), "--current", str(_edited(record_path, tmp_path, edit)))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return next(line for line in proc.stdout.splitlines() if line.startswith("why: digits-cnn-int8-onnxruntime: "))
+
+
+def test_a_record_holds_each_cases_fingerprint(record_path):
+    cases = {case["id"]: case for case in json.loads(record_path.read_text())["cases"]}
+    int8, fp32 = cases["digits-cnn-int8-onnxruntime"]["metrics"]["fingerprint"], cases["digits-cnn-fp32-onnxruntime"][
+        "metrics"]["fingerprint"]
+    assert set(int8) == {"graph", "evaluation", "calibration", "recipe", "qdq", "tolerance"}
+    assert set(fp32) == {"graph", "evaluation", "recipe", "tolerance"} and fp32["graph"] == int8["graph"]
+    assert fp32["recipe"] != int8["recipe"] and len(int8["graph"]) == 64
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda r: _drop_cosine(r)["metrics"]["fingerprint"].__setitem__("graph", "0" * 64), "moved: the FP32 graph"),
+    (lambda r: _drop_cosine(r)["metrics"]["fingerprint"].__setitem__("calibration", "1" * 64),
+     "moved: the calibration data"),
+    (lambda r: [_drop_cosine(r)["metrics"]["fingerprint"].__setitem__("recipe", "2" * 64),
+                _int8(r)["metrics"]["fingerprint"].__setitem__("qdq", "3" * 64)],
+     "moved: the recipe settings, the precision graph"),
+    (lambda r: [_drop_cosine(r), r["environment"]["packages"].__setitem__("onnxruntime", "9.9.9")],
+     "moved: onnxruntime "),
+    (lambda r: _drop_cosine(r), "moved: nothing the records hold (graph, data, recipe, tolerance, packages and runner)"),
+])
+def test_the_gate_says_what_moved_beside_a_regression(record_path, tmp_path, edit, said):
+    """Pairs of runs that differ in one component (or two): the gate names each that moved, and where the recipe's
+    graph and semantics are the same in both, that the runtime moved."""
+    line = _moved_line(record_path, tmp_path, edit)
+    assert said in line, line
+    same_recipe = "the runtime moved, not the recipe" in line
+    assert same_recipe == ("precision graph" not in said), line

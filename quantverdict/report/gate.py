@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from quantverdict.documents import DocumentError, layers
 from quantverdict.precision import known_precisions
 from quantverdict.report.load import RecordError
+from quantverdict.report.moved import moved
 from quantverdict.report.schema import CaseRecord, RunRecord, ViewRecord
 
 
@@ -55,13 +56,15 @@ class GateResult:
     only_in_current: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # the current run's skipped cases, with their reasons
     notes: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)  # beside each case that regressed: what moved between the runs
 
     @property
     def exit_code(self) -> int:
         return 1 if self.regressions else 0
 
     def report(self) -> str:
-        sections = [("note", self.notes), ("REGRESSION", self.regressions), ("improved", self.improvements),
+        sections = [("note", self.notes), ("REGRESSION", self.regressions), ("why", self.moved),
+                    ("improved", self.improvements),
                     ("only in baseline", self.only_in_baseline), ("only in current", self.only_in_current),
                     ("skipped", self.skipped)]
         lines = [f"{label}: {item}" for label, items in sections for item in items]
@@ -123,6 +126,9 @@ def gate(baseline: RunRecord, current: RunRecord, policy: dict[str, Any]) -> Gat
                                                rules_for(policy, cur[case_id].precision), same_runner=note is None)
         result.regressions += regressions
         result.improvements += improvements
+        if regressions:
+            why = moved(base[case_id], cur[case_id], baseline.environment, current.environment)
+            result.moved.append(f"{case_id}: {why}")
     return result
 
 

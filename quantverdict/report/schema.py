@@ -143,7 +143,20 @@ class Divergence(_Open):
     summary: str = ""
 
 
+class Fingerprint(_Open):
+    """Content keys of what decides a case's verdict, to say what moved between two runs of it
+    (:mod:`quantverdict.report.moved`)."""
+
+    graph: str | None = None  # the FP32 graph's sha256
+    evaluation: str | None = None  # the evaluation batches' content key
+    calibration: str | None = None  # the calibration batches' (quantized precisions)
+    recipe: str | None = None  # the recipe's settings as resolved (layers kept wider and their formats included)
+    qdq: str | None = None  # the precision graph's sha256 (the recipe's graph, a user's own)
+    tolerance: str | None = None  # the bounds applied
+
+
 class CaseMetrics(ViewRecord):
+    fingerprint: Fingerprint | None = None
     coverage: Coverage | None = None  # what the backend ran in the precision, of the layers it should quantize
     recipe: RecipeVerdict | None = None
     fidelity: FidelityRecord | None = None

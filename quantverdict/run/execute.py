@@ -21,7 +21,7 @@ from quantverdict.backends import Artifacts, Backend, Runner, infer_all
 from quantverdict.capabilities import Capabilities, physical_memory
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
-from quantverdict.hashing import file_sha256
+from quantverdict.hashing import content_hash, file_sha256
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.judge.compare import Comparison, judge_task_metrics, task_accuracy
@@ -125,7 +125,8 @@ class CaseExecutor:
             candidate, runtime = store.run_outputs(case.model, case.backend, artifacts)
             timings["outputs_s"] = time.perf_counter() - start
         runtime_cmp = self._judge(spec, case.precision, reference, candidate, tolerance)
-        metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime}
+        metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime,
+                                   "fingerprint": self._fingerprint(case, artifacts, backend, spec, tolerance)}
         if coverage is not None:
             metrics["coverage"] = coverage
         if built:
@@ -153,6 +154,20 @@ class CaseExecutor:
         if note:  # a verdict on a recipe reviewed for another graph says so, passed or not
             message = "\n".join(filter(None, [message, f"{case.id}: {note}"]))
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
+
+    def _fingerprint(self, case: Case, artifacts: Artifacts, backend: Backend, spec: ModelSpec,
+                     tolerance: Tolerance) -> dict[str, str]:
+        """Content keys of what decides the case (graph, data, recipe, precision graph, bounds): two records then say
+        which of them moved between two runs (:mod:`quantverdict.report.moved`)."""
+        store, recipe = self.store, artifacts.recipe
+        found = {"graph": file_sha256(store.fp32_onnx(case.model)),
+                 "evaluation": store.data_key(case.model, "evaluation"), "recipe": content_hash(recipe.params()),
+                 "tolerance": content_hash(tolerance.to_dict())}
+        if recipe.quantized and backend.runs_recipe_graph:
+            if case.precision not in spec.quantized and spec.calibration is not None:
+                found["calibration"] = store.data_key(case.model, "calibration")
+            found["qdq"] = file_sha256(store.precision_onnx(case.model, recipe))
+        return found
 
     def _recipe_and_fidelity(self, case: Case, spec: ModelSpec, reference: dict[str, np.ndarray],
                              candidate: dict[str, np.ndarray], runtime: str, tolerance: Tolerance,

@@ -23,6 +23,7 @@ from quantverdict.precision.settings import RecipeSettings
 from quantverdict.registry import Registry
 from quantverdict.report.gate import case_unjudged, judge_case, load_policy, rules_for, runner_class, runner_class_note
 from quantverdict.report.load import load_record
+from quantverdict.report.moved import moved
 from quantverdict.report.schema import RunRecord
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, enumerate_cases
@@ -150,7 +151,8 @@ class BaselineJudge:
                                       "improvements": improvements, "note": self.note}
         if regressions:
             result.status = "failed"
-            lines = [f"{result.case.id}: regressed against baseline {self.path}:", *regressions]
+            lines = [f"{result.case.id}: regressed against baseline {self.path}:", *regressions,
+                     f"{result.case.id}: {moved(old, new)}"]
             if self.note:
                 lines.append(f"({self.note})")
             result.message = "\n".join(filter(None, [result.message, *lines]))
