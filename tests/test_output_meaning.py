@@ -210,6 +210,12 @@ def test_one_moved_image_fails_the_worst_sample_bound_where_the_mean_holds():
     assert "region_iou_worst" in failed and "region_iou" not in failed and "peak_agreement" not in failed
 
 
+IMAGE_CALIBRATION = """
+
+def calibration():
+    rng = np.random.default_rng(1)
+    return [{"image": rng.uniform(0, 1, (4, 3, %(size)d, %(size)d)).astype(np.float32)} for _ in range(4)]
+"""
 SALIENCY = textwrap.dedent("""\
     import numpy as np
     import torch
@@ -224,28 +230,26 @@ SALIENCY = textwrap.dedent("""\
             layers[4].weight.mul_(40.0)  # a map that spans (0, 1), as a trained one does
         return layers
 
+    """) + IMAGE_CALIBRATION % {"size": 24}
 
-    def calibration():
-        rng = np.random.default_rng(1)
-        return [{"image": rng.uniform(0, 1, (4, 3, 24, 24)).astype(np.float32)} for _ in range(4)]
-    """)
+
+def _fp32_and_int8(tmp_path, monkeypatch, source: str, build: str, size: int, output: str, extra: str):
+    """A user's image model (its module ``source``, its calibration :data:`IMAGE_CALIBRATION`) run in FP32 and INT8
+    on ONNX Runtime: the FP32 case's metrics of ``output``, and the INT8 case's result."""
+    module = build.partition(":")[0]
+    written(tmp_path, monkeypatch, {f"{module}.py": source, "models.yaml": (
+        f"models:\n  - name: {module}\n    build: {build}\n    build_files: []\n"
+        f"    inputs: [{{name: image, shape: [4, 3, {size}, {size}], range: [0, 1]}}]\n    outputs: [{output}]\n"
+        f"    {extra}\n    calibration: {module}:calibration\n")})
+    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    exact = pipeline.run(Case(module, "fp32", "onnxruntime")).metrics["metrics"][output]
+    return exact, pipeline.run(Case(module, "int8", "onnxruntime"))
 
 
 def test_a_sigmoid_map_is_judged_at_its_declared_threshold(tmp_path, monkeypatch):
-    written(tmp_path, monkeypatch, {"saliency.py": SALIENCY, "models.yaml": textwrap.dedent("""\
-        models:
-          - name: saliency
-            build: saliency:net
-            build_files: []
-            inputs: [{name: image, shape: [4, 3, 24, 24], range: [0, 1]}]
-            outputs: [map]
-            thresholds: {map: 0.52}
-            calibration: saliency:calibration
-        """)})
-    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
-    exact = pipeline.run(Case("saliency", "fp32", "onnxruntime")).metrics["metrics"]["map"]
+    exact, int8 = _fp32_and_int8(tmp_path, monkeypatch, SALIENCY, "saliency:net", 24, "map",
+                                 "thresholds: {map: 0.52}")
     assert exact["region_threshold"] == 0.52 and exact["region_iou"] == 1.0 and exact["peak_agreement"] == 1.0
-    int8 = pipeline.run(Case("saliency", "int8", "onnxruntime"))
     assert int8.metrics["metrics"]["map"]["region_samples"] > 0
     assert {"region_iou", "region_iou_worst", "peak_agreement"} <= {c["metric"] for c in int8.metrics["checks"]}
 
@@ -357,27 +361,12 @@ DETECTOR = textwrap.dedent("""\
             scores = torch.sigmoid(self.cls(features))
             return torch.cat([boxes, scores], 1).flatten(2)
 
-
-    def calibration():
-        rng = np.random.default_rng(1)
-        return [{"image": rng.uniform(0, 1, (4, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
-    """)
+    """) + IMAGE_CALIBRATION % {"size": 32}
 
 
 def test_a_declared_detector_head_is_judged_by_detections_in_a_run(tmp_path, monkeypatch):
-    written(tmp_path, monkeypatch, {"headnet.py": DETECTOR, "models.yaml": textwrap.dedent("""\
-        models:
-          - name: detector
-            build: headnet:Head
-            build_files: []
-            inputs: [{name: image, shape: [4, 3, 32, 32], range: [0, 1]}]
-            outputs: [output0]
-            detections: {output0: {score: 0.5}}
-            calibration: headnet:calibration
-        """)})
-    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
-    exact = pipeline.run(Case("detector", "fp32", "onnxruntime")).metrics["metrics"]["output0"]
+    exact, int8 = _fp32_and_int8(tmp_path, monkeypatch, DETECTOR, "headnet:Head", 32, "output0",
+                                 "detections: {output0: {score: 0.5}}")
     assert exact["detection_f1"] == 1.0 and exact["detection_score_threshold"] == 0.5
     assert exact["detections_reference"] > 0 and exact["samples"] == exact["detections_reference"]
-    int8 = pipeline.run(Case("detector", "int8", "onnxruntime"))
     assert "detection_f1" in {check["metric"] for check in int8.metrics["checks"]}, int8.message
