@@ -50,6 +50,19 @@ def most_telling(cases: list[Any], key: Callable[[Any], float]) -> tuple[list[An
     return [c for c in cases if id(c) in kept], f" ({MAX_BARS} lowest of {len(cases)})"
 
 
+FEW_BARS = 12  # up to this many bars, labels are set at a readable size, slanted; more, upright and small
+
+
+def _label_bars(ax: Any, labels: list[str]) -> None:
+    """A bar per case, labelled by case id: readable for one case (a lone 6-point label was not) and for sixty."""
+    if len(labels) <= FEW_BARS:
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=9)
+        room = max(0.0, (FEW_BARS - len(labels)) / 4)  # a lone bar is not a wall across the chart
+        ax.set_xlim(-0.5 - room, len(labels) - 0.5 + room)
+    else:
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+
+
 def plot_snr(record: RunRecord) -> str | None:
     snr = {id(c): c.metrics.first().snr_db for c in _ran(record)}
     cases, note = most_telling([c for c in _ran(record) if snr[id(c)] is not None and np.isfinite(snr[id(c)])],
@@ -60,7 +73,7 @@ def plot_snr(record: RunRecord) -> str | None:
             return False
         colors = ["#c0392b" if c.status != "passed" else "#2e86c1" for c in cases]
         ax.bar(range(len(cases)), [snr[id(c)] for c in cases], color=colors)
-        ax.set_xticks(range(len(cases)), [c.id for c in cases], rotation=90, fontsize=6)
+        _label_bars(ax, [c.id for c in cases])
         ax.set_ylabel(f"SNR vs FP32 (dB){note}")
         return True
 
@@ -84,7 +97,7 @@ def plot_accuracy_delta(record: RunRecord) -> str | None:
                         label="95% interval")
             ax.legend(fontsize=7)
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(cases)), cases, rotation=45, ha="right", fontsize=7)
+        _label_bars(ax, cases)
         ax.set_ylabel(f"accuracy change (points){note}")
         return True
 
@@ -100,7 +113,7 @@ def plot_speedup(record: RunRecord) -> str | None:
             return False
         ax.bar(range(len(names)), [found[n] for n in names], color="#8e44ad")
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
+        _label_bars(ax, names)
         ax.set_ylabel(f"× FP32 throughput (median latency ratio){note}")
         return True
 
