@@ -73,7 +73,7 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-c
          "td,th{border:1px solid #999;padding:3px 6px;font-size:12px;text-align:center}"
          ".ok{background:#8fd18f}.thin{background:#f5d76e}.bad{background:#f08080}.skip{background:#ddd}"
          "img{max-width:100%}.legend,.empty{color:#555}.charts{display:flex;flex-wrap:wrap;gap:8px}"
-         ".charts img{width:560px}")
+         ".charts img{width:560px}pre,code{white-space:pre-wrap;overflow-wrap:anywhere}")  # failures wrap
 
 
 def page(title: str, body: list[str]) -> str:
