@@ -452,3 +452,16 @@ def test_a_cpu_runners_run_counts_its_skips_by_reason_instead_of_a_line_each(tmp
     assert "skipped (" not in err and ": skipped" not in out
     assert "skipped: 2 case(s)" in out and "  2 × tf32 needs an NVIDIA GPU (compute capability ≥ 8.0); none found" \
         in out, out
+
+
+def test_the_main_job_leaves_the_slow_built_ins_out_unless_named(tmp_path, monkeypatch, capsys):
+    """The cold main job took 107 s on the 2-core runner, 80 of them in ResNet-50 and -101: they run where named."""
+    from quantverdict.report.load import load_record
+    from quantverdict.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--precisions", "fp32", "--backends", "onnxruntime", "--cache-dir", "cache",
+                 "--report-dir", "r"]) == 0
+    assert "left out, as slow: resnet50, resnet101 (name them with --models to run them)" in capsys.readouterr().err
+    models = {case.model for case in load_record(next((tmp_path / "r").glob("run-*.json"))).cases}
+    assert "resnet18" in models and not models & {"resnet50", "resnet101"}

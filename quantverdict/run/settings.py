@@ -51,7 +51,8 @@ class Setting:
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("manifest", "model manifest (YAML): your models, and the registered ones it includes", "path"),
-    Setting("models", "comma-separated model names (default: the manifest's, else every registered model)", "csv"),
+    Setting("models", "comma-separated model names (default: the manifest's, else every registered model; the main "
+            "job leaves out the slow built-ins unless named)", "csv"),
     Setting("precisions", "comma-separated precisions (default: all each backend offers)", "csv"),
     Setting("backends", "comma-separated backends (default: all)", "csv"),
     Setting("tolerances", "tolerance file merged over the packaged table", "path"),
