@@ -12,9 +12,9 @@ from quantverdict.errors import CalibrationError
 from quantverdict.models.data import batches_key
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings, auto_settings
-from quantverdict.tune import search as searching
-from quantverdict.tune.search import (CALIBRATORS, MAX_DB, MIN_GAIN_DB, better, out_of_reach, sample_snr_db,
-                                      signal_floor, stages)
+from quantverdict.tune import rules
+from quantverdict.tune.rules import MAX_DB, MIN_GAIN_DB, better, out_of_reach, sample_snr_db, signal_floor
+from quantverdict.tune.search import CALIBRATORS, stages
 from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe
@@ -135,7 +135,7 @@ def test_a_candidate_stops_after_the_fold_that_puts_it_out_of_reach_and_only_the
 @pytest.mark.int8
 def test_racing_chooses_what_judging_every_candidate_on_every_fold_chooses(repo, qv_pipeline, tmp_path, monkeypatch):
     raced = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
-    monkeypatch.setattr(searching, "REACH_SE", math.inf)  # never out of reach: every candidate judged to the end
+    monkeypatch.setattr(rules, "REACH_SE", math.inf)  # never out of reach: every candidate judged to the end
     full = Pipeline(tmp_path / "full", manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert raced is not None and full is not None and raced.chosen == full.chosen
     assert all(candidate.folds is None for candidate in full.candidates)

@@ -7,7 +7,7 @@ The check judges the locked recipe as the lock holds it (its settings, and the l
 the :data:`NEAREST` alternatives its search ranked next when it was locked, those that keep as many layers wider in the
 same formats with the lock's layers too: the settings compared at equal layers, and no layer ranked again (a ranking
 evaluates each layer quantized alone, the most of a check's time). The lock holds where its recipe still meets
-the case's bounds on the held-out samples and neither alternative is :func:`~quantverdict.tune.search.better` (the
+the case's bounds on the held-out samples and neither alternative is :func:`~quantverdict.tune.rules.better` (the
 search's own paired test); an alternative that is better is proposed in its place; where the lock's recipe misses the
 bounds it met when locked, the full search runs, the locked recipe judged beside its candidates as before. Where it
 missed them when locked too (no candidate of that search met them), missing them again is no news: the alternatives
@@ -24,7 +24,8 @@ from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.qdq import QDQ
 from quantverdict.tune.result import Incumbent, SearchResult
-from quantverdict.tune.search import Progress, Trials, better
+from quantverdict.tune.rules import better
+from quantverdict.tune.search import Progress, Trials
 
 NEAREST = 2  # the alternatives a check judges beside the locked recipe: the best others of its search
 
