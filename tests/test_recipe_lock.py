@@ -104,7 +104,7 @@ def test_a_changed_graph_keeps_its_locked_recipe_and_the_verdict_says_so(repo, c
     from quantverdict.report.render import markdown
 
     summary = markdown(load_record(next((repo / "reports").glob("run-*.json"))))  # not the terminal's alone
-    assert "## Locked for other inputs" in summary and "- dw int8: recipe locked for an earlier graph" in summary
+    assert "## Locks that do not match this run" in summary and "- dw int8: recipe locked for an earlier graph" in summary
 
 
 def test_a_lock_naming_layers_the_graph_lacks_or_settings_no_recipe_takes_is_one_line(repo):
@@ -365,3 +365,14 @@ def test_a_weight_change_under_a_lock_is_attributed_to_the_graph_not_the_recipe(
                  str(next((repo / "after").glob("run-*.json"))), "--gate-policy", "strict.yaml"])
     why = [line for line in capsys.readouterr().out.splitlines() if line.startswith("why: dw-int8-onnxruntime: ")]
     assert code == 1 and why and "the FP32 graph" in why[0] and "recipe settings" not in why[0], why
+
+
+def test_a_lock_whose_precision_graph_this_runner_builds_otherwise_says_so(repo):
+    """An edited (or another version's) qdq_sha256 was recorded as same_qdq_graph false and said nowhere."""
+    assert _lock(repo) == 0
+    path = repo / "quantverdict.lock"
+    path.write_text(re.sub(r"qdq_sha256: [0-9a-f]{64}", "qdq_sha256: " + "f" * 64, path.read_text()))
+    result = Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path).run(Case("dw", "int8", "onnxruntime"))
+    lock = result.metrics["recipe"]["lock"]
+    assert lock["same_qdq_graph"] is False and "this runner built a precision graph other than the lock's" in \
+        lock["note"] and "locked ffffffffffff" in result.message, result.message

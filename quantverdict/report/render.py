@@ -38,7 +38,7 @@ def markdown(record: RunRecord) -> str:
         lines += ["", "## Recipe searches", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in notes.items()]
     stale = lock_notes(record)
     if stale:
-        lines += ["", "## Locked for other inputs", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in stale]
+        lines += ["", "## Locks that do not match this run", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in stale]
     reasons = Counter(c.message for c in record.cases if c.status == "skipped")
     if reasons:
         lines += ["", "## Skipped", ""] + [f"- {n} × {_cell(reason)}" for reason, n in reasons.most_common()]
@@ -46,8 +46,8 @@ def markdown(record: RunRecord) -> str:
 
 
 def lock_notes(record: RunRecord) -> list[tuple[str, str]]:
-    """(model and precision, note) of each recipe locked for another graph or calibration set, once each: a stale
-    lock said so in the terminal only (and a hover tooltip)."""
+    """(model and precision, note) of each recipe locked for another graph or calibration set, or whose precision
+    graph this runner built otherwise, once each: a stale lock said so in the terminal only (and a hover tooltip)."""
     found = {f"{c.model} {c.precision}": c.metrics.recipe.lock.note for c in record.cases
              if c.metrics.recipe and c.metrics.recipe.lock and c.metrics.recipe.lock.note}
     return sorted(found.items())

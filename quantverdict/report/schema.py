@@ -109,7 +109,7 @@ class LockRecord(_Open):
     path: str
     current_graph: bool = True
     current_calibration: bool = True
-    note: str | None = None  # where it was locked for other inputs: which moved, and how to take the change
+    note: str | None = None  # where it does not match this run (other inputs, another precision graph): what, and why
 
 
 class RecipeVerdict(ViewRecord):

@@ -204,8 +204,13 @@ class Resolver:
             note = (f"recipe locked for an earlier {' and '.join(changed)}; re-search on purpose: quantverdict lock "
                     f"--update {model}, or take the proposed lock of quantverdict lock --check")
         elif locked.qdq_sha256 is not None:  # the same inputs: another CPU's kernels must not change the bytes
-            built = self.bench.precision_onnx(model, self.recipe(model, precision, "emulated"))
-            same = file_sha256(built) == locked.qdq_sha256
+            built = file_sha256(self.bench.precision_onnx(model, self.recipe(model, precision, "emulated")))
+            same = built == locked.qdq_sha256
+            if not same:  # it was recorded and said nowhere: an edited hash passed silently
+                note = (f"this runner built a precision graph other than the lock's from the same graph and "
+                        f"calibration data (sha256 {built[:12]}, locked {locked.qdq_sha256[:12]}): the recipe rounds "
+                        f"differently here (another package version, or an edited lock); re-lock on purpose: "
+                        f"quantverdict lock --update {model}")
         return LockState(str(self.options.lock.path), locked.graph_sha256, graph == locked.graph_sha256,
                          data == locked.calibration_data, same, note)
 
