@@ -52,6 +52,7 @@ def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as
              if line.startswith("recipe search dw int8:") and "still judging after" not in line]
     assert lines[0].startswith("recipe search dw int8: at most ") and "folds of 16 calibration samples" in lines[0]
     assert len(lines) >= 10 and all("best so far" in line and "s left" in line for line in lines[1:-1])
+    assert all("taken: " in line for line in lines[1:-1] if " dB in " in line)  # and why it is taken, or not
     assert "CPU-s, peak memory" in lines[-1]  # and, at its end, what it took
     text = (repo / "quantverdict.lock").read_text()
     assert text.startswith("# quantverdict recipe lock") and "lock: " in out

@@ -19,6 +19,7 @@ class Candidate:
     seconds: float = 0.0
     error: str | None = None  # a technique this graph refuses (its message), not a failed search
     folds: int | None = None  # judged on this many folds only: stopped there, out of reach of the best (else all)
+    taken: bool | None = None  # the search took it over the best before it (None: not decided, or stopped short)
     why: str | None = None  # whether the search took it over the best before it, and by which rule and numbers
 
     def to_dict(self) -> dict[str, Any]:

@@ -120,14 +120,15 @@ class Trials:
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
-              kept: Mapping[str, str] | None = None, rival: tuple[Candidate, np.ndarray] | None = None
-              ) -> tuple[Candidate, np.ndarray | None]:
+              kept: Mapping[str, str] | None = None, rival: tuple[Candidate, np.ndarray] | None = None,
+              decide: bool = False) -> tuple[Candidate, np.ndarray | None]:
         """``settings`` judged (a fold's graph is not kept): its held-out samples' SNR (None where the technique does
         not apply to this graph, or it stopped short), reported beside the best of the search's candidates ``among``
         and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its fallback keeps wider, as
         a lock names them (else ranked on each fold). ``rival``: the candidate it must be :func:`better` than, and
         its samples' SNR; where that one meets the case's bounds, the candidate stops after the first fold that puts
-        it :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better)."""
+        it :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better). ``decide``:
+        whether it is taken over ``rival`` (or is the first) is decided, and its line says why."""
         begun, candidate = time.perf_counter(), Candidate(settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         racing = rival[1] if rival is not None and rival[0].passed else None
@@ -142,9 +143,13 @@ class Trials:
         self.done += 1
         leader = max((c.score for c in [*among, candidate] if c.score is not None and c.folds is None), default=None)
         stopped = f" on {candidate.folds} of {len(self.folds)} folds, out of reach" if candidate.folds else ""
+        if decide and samples is not None:
+            candidate.taken, candidate.why = weighed(samples, rival[1] if rival else None, candidate.passed,
+                                                     rival[0].passed if rival else None)
         self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'}{stopped} in {candidate.seconds:.0f} s; "
                     f"best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
-                    f"{time_left(ahead, [*among, candidate])}")
+                    f"{time_left(ahead, [*among, candidate])}" + (f"; {candidate.why}" if decide and candidate.why
+                                                                  else ""))
         return candidate, samples
 
     def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None, rival: np.ndarray | None = None
@@ -212,13 +217,11 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
                 result.not_tried.append(settings)
                 continue
             candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
-                each for after in planned[number + 1:] for each in after)]), result.candidates, rival=stage_best)
+                each for after in planned[number + 1:] for each in after)]), result.candidates, rival=stage_best,
+                decide=True)
             result.candidates.append(candidate)
-            if samples is not None:
-                taken, candidate.why = weighed(samples, stage_best[1] if stage_best else None, candidate.passed,
-                                               stage_best[0].passed if stage_best else None)
-                if taken:
-                    stage_best = candidate, samples
+            if samples is not None and candidate.taken:
+                stage_best = candidate, samples
         best = stage_best
     if result.not_tried:
         result.note = (f"stopped at the wall-time limit of {auto.budget_s:g} s: {len(result.not_tried)} candidates "
