@@ -366,6 +366,9 @@ def test_a_weight_change_under_a_lock_is_attributed_to_the_graph_not_the_recipe(
                  str(next((repo / "after").glob("run-*.json"))), "--gate-policy", "strict.yaml"])
     why = [line for line in capsys.readouterr().out.splitlines() if line.startswith("why: dw-int8-onnxruntime: ")]
     assert code == 1 and why and "the FP32 graph" in why[0] and "recipe settings" not in why[0], why
+    assert main(["explain", "--baseline", str(next((repo / "before").glob("run-*.json"))), "--current",
+                 str(next((repo / "after").glob("run-*.json"))), "--gate-policy", "strict.yaml"]) == 1
+    assert "untested here: no swap reproduces what moved" in capsys.readouterr().out  # the old graph is gone
 
 
 def test_a_lock_whose_precision_graph_this_runner_builds_otherwise_says_so(repo):
@@ -377,3 +380,27 @@ def test_a_lock_whose_precision_graph_this_runner_builds_otherwise_says_so(repo)
     lock = result.metrics["recipe"]["lock"]
     assert lock["same_qdq_graph"] is False and "this runner built a precision graph other than the lock's" in \
         lock["note"] and "locked ffffffffffff" in result.message, result.message
+
+
+def test_explain_names_the_recipe_when_the_baselines_recipe_restores_the_verdict(repo, capsys):
+    """Two real runs of one graph with two recipe settings; the worse one regresses under a policy set at half their
+    measured gap: what moved is the recipe, and running the case again with the baseline's settings restores it."""
+    from quantverdict.report.load import load_record
+
+    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
+           "--cache-dir", "cache"]
+    records = {}
+    for name, option in (("max", "calibration=max"), ("mse", "calibration=mse")):
+        main([*run, "--report-dir", name, "--recipe-option", option])
+        path = next((repo / name).glob("run-*.json"))
+        records[name] = path, load_record(path).cases[0].metrics.recipe.first().snr_db
+    (better, high), (worse, low) = sorted(records.values(), key=lambda pair: -pair[1])
+    if high - low < 0.02:
+        pytest.skip(f"the two calibrations score within 0.02 dB here ({high:.3f}, {low:.3f}): no regression to explain")
+    (repo / "policy.yaml").write_text(f"defaults: {{max_snr_drop_db: {(high - low) / 2}}}\n")
+    capsys.readouterr()
+    code = main(["explain", "--baseline", str(better), "--current", str(worse), "--gate-policy", "policy.yaml",
+                 "--manifest", "models.yaml", "--cache-dir", "cache"])
+    out = capsys.readouterr().out
+    assert code == 0 and "dw-int8-onnxruntime: moved: the recipe settings" in out, out
+    assert "on this graph restore it: the recipe change caused it" in out, out

@@ -9,7 +9,7 @@ from types import ModuleType
 COMMANDS = {"run": "run", "init": "init", "report": "report", "gate": "gate", "history": "history",
             "merge": "merge", "nightly": "nightly", "models": "models", "env": "env", "sensitivity": "sensitivity",
             "compare-recipes": "compare_recipes", "formats": "formats", "mutate": "mutate", "bench": "bench",
-            "compare-timings": "compare_timings", "prune-cache": "prune_cache", "lock": "lock"}
+            "compare-timings": "compare_timings", "prune-cache": "prune_cache", "lock": "lock", "explain": "explain"}
 
 
 def command(name: str) -> ModuleType:
