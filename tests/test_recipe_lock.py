@@ -400,7 +400,7 @@ def test_explain_names_the_recipe_when_the_baselines_recipe_restores_the_verdict
     (repo / "policy.yaml").write_text(f"defaults: {{max_snr_drop_db: {(high - low) / 2}}}\n")
     capsys.readouterr()
     code = main(["explain", "--baseline", str(better), "--current", str(worse), "--gate-policy", "policy.yaml",
-                 "--manifest", "models.yaml", "--cache-dir", "cache"])
+                 "--manifest", "models.yaml", "--cache-dir", "cache", "--case", "dw-int8-onnxruntime"])
     out = capsys.readouterr().out
     assert code == 0 and "dw-int8-onnxruntime: moved: the recipe settings" in out, out
     assert "on this graph restore it: the recipe change caused it" in out, out
