@@ -129,6 +129,11 @@ def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(qv_pipeline
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 1, run.stdout[-2000:]
     assert "regressed against baseline" in run.stdout and "recipe SNR" in run.stdout
+    assert "cnn-int8-onnxruntime: moved: nothing the records hold" in run.stdout  # the baseline was edited, not rerun
+    from quantverdict.report.render import markdown
+
+    summary = markdown(load_record(next(tmp_path.glob("run-*.json"))))
+    assert "## Regressions against the baseline" in summary and "- cnn-int8-onnxruntime: " in summary
 
 
 @pytest.mark.int8

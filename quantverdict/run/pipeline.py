@@ -151,8 +151,9 @@ class BaselineJudge:
                                       "improvements": improvements, "note": self.note}
         if regressions:
             result.status = "failed"
+            result.metrics["baseline"]["moved"] = moved(old, new)
             lines = [f"{result.case.id}: regressed against baseline {self.path}:", *regressions,
-                     f"{result.case.id}: {moved(old, new)}"]
+                     f"{result.case.id}: {result.metrics['baseline']['moved']}"]
             if self.note:
                 lines.append(f"({self.note})")
             result.message = "\n".join(filter(None, [result.message, *lines]))
