@@ -22,10 +22,8 @@ def moved(old: CaseRecord, new: CaseRecord, old_env: Environment | None = None,
         found += [words for part, words in PARTS.items()
                   if getattr(before, part) is not None and getattr(now, part) is not None
                   and getattr(before, part) != getattr(now, part)]
-    old_runtime, new_runtime = (old.metrics.model_extra or {}).get("runtime"), (new.metrics.model_extra or {}).get(
-        "runtime")
-    if old_runtime and new_runtime and old_runtime != new_runtime:
-        found.append(f"the runtime ({old_runtime} → {new_runtime})")
+    if old.metrics.runtime and new.metrics.runtime and old.metrics.runtime != new.metrics.runtime:
+        found.append(f"the runtime ({old.metrics.runtime} → {new.metrics.runtime})")
     if old_env is not None and new_env is not None:
         found += [f"{name} {old_env.packages.get(name)} → {new_env.packages.get(name)}" for name in DECIDING
                   if old_env.packages.get(name) != new_env.packages.get(name)

@@ -36,12 +36,11 @@ def markdown(record: RunRecord) -> str:
         for c in record.cases if (search := _search(c)) is not None and (search.note or search.cost)}
     if notes:  # what the case's bounds would take where a searched recipe misses them, and what each search took
         lines += ["", "## Recipe searches", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in notes.items()]
-    against = [(c.id, c.metrics.model_extra.get("baseline") or {}) for c in record.cases if c.metrics.model_extra]
-    regressed = [(case_id, found) for case_id, found in against if found.get("regressions")]
+    regressed = [c for c in record.cases if c.metrics.baseline and c.metrics.baseline.regressions]
     if regressed:  # pytest --qv-baseline: each regression with what moved between the runs
         lines += ["", "## Regressions against the baseline", ""] + [
-            f"- {_cell(case_id)}: {_cell('; '.join(found['regressions']))} ({_cell(found.get('moved', 'moved: -'))})"
-            for case_id, found in regressed]
+            f"- {_cell(c.id)}: {_cell('; '.join(c.metrics.baseline.regressions))} "
+            f"({_cell(c.metrics.baseline.moved or 'moved: -')})" for c in regressed if c.metrics.baseline]
     stale = lock_notes(record)
     if stale:
         lines += ["", "## Locks that do not match this run", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in stale]

@@ -10,7 +10,7 @@ they are (``extra="allow"``), so records of this schema version with more in the
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -117,6 +117,7 @@ class RecipeVerdict(ViewRecord):
     coverage: Coverage | None = None
     search: SearchRecord | None = None
     lock: LockRecord | None = None
+    settings: dict[str, Any] = {}  # the recipe's parameters as resolved (a user's graph: how it is quantized)
 
 
 class OutputFidelityRecord(_Open):
@@ -155,8 +156,20 @@ class Fingerprint(_Open):
     tolerance: str | None = None  # the bounds applied
 
 
+class BaselineRecord(_Open):
+    """A case judged against a baseline run's same case (``pytest --qv-baseline``)."""
+
+    path: str
+    found: bool = True
+    regressions: list[str] = []
+    improvements: list[str] = []
+    moved: str | None = None  # beside a regression: what moved between the runs (quantverdict.report.moved)
+
+
 class CaseMetrics(ViewRecord):
     fingerprint: Fingerprint | None = None
+    runtime: str | None = None  # what ran the case (package, provider, optimisations)
+    baseline: BaselineRecord | None = None
     coverage: Coverage | None = None  # what the backend ran in the precision, of the layers it should quantize
     recipe: RecipeVerdict | None = None
     fidelity: FidelityRecord | None = None

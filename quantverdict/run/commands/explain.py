@@ -62,12 +62,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{case_id}: {moved(old, new, baseline.environment, current.environment)}")
         before, now = old.metrics.fingerprint, new.metrics.fingerprint
         recipe_moved = before is not None and now is not None and before.recipe != now.recipe
-        if not (recipe_moved and old.metrics.recipe and (old.metrics.recipe.model_extra or {}).get("settings")):
+        if not (recipe_moved and old.metrics.recipe and old.metrics.recipe.settings):
             print(f"{case_id}: untested here: no swap reproduces what moved (the baseline's graph, data, packages or "
                   "runner are not on this runner)")
             unexplained += 1
             continue
-        swapped = recorded_settings(old.metrics.recipe.model_extra["settings"])
+        swapped = recorded_settings(old.metrics.recipe.settings)
         pipeline = Pipeline(given["cache-dir"], given["tolerances"], given["manifest"],
                             recipe_settings={new.precision: swapped})
         again = pipeline.run(Case(new.model, new.precision, new.backend)).record()
