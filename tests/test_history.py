@@ -205,3 +205,20 @@ def test_a_history_from_before_statuses_says_its_completeness_is_unchecked(tmp_p
         connection.execute("DROP TABLE whole_runs")
     assert main(["history", "--history-db", str(db)]) == 0
     assert "unchecked         completeness: this history was written before" in capsys.readouterr().out
+
+
+def test_the_history_command_says_what_moved_since_the_last_good_run(tmp_path, capsys):
+    """A regression's line is followed by what moved since its last good run: the packages and the commits."""
+    from quantverdict.report.history import append
+
+    rng = np.random.default_rng(7)
+    db = tmp_path / "history.sqlite"
+    for run in range(1, 29):
+        slow = run >= 20
+        append(db, _typed(_record(run, 10 * (1.15 if slow else 1) * (1 + 0.01 * rng.standard_normal()),
+                                  "x86_64-avx2", "2.14.1" if slow else "2.14.0")))
+    assert main(["history", "--history-db", str(db)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(out) if line.startswith("regression") and "latency_ms" in line)
+    assert out[at + 1] == "  since run x86_64-avx2-19: packages changed: torch 2.14.0→2.14.1; commit " \
+                          f"19cccccccccc → 28cccccccccc", out[at:at + 2]

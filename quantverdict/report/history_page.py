@@ -70,7 +70,7 @@ def _changes_table(db: Path, flagged: list[SeriesVerdict]) -> str:
         before, now = series.values[good], series.values[-1]
         cells = [v.verdict.state, v.case_id, v.metric, v.runner_class, _run_cell(series, good), f"{before:.5g}",
                  _run_cell(series, -1), f"{now:.5g}", _change(before, now),
-                 _package_diff(packages.get(series.run_ids[good], {}), packages.get(series.run_ids[-1], {}))]
+                 package_diff(packages.get(series.run_ids[good], {}), packages.get(series.run_ids[-1], {}))]
         cls = {"regression": "bad", "suspicious": "thin", "improvement": "ok"}[v.verdict.state]
         rows.append(f'<tr class="{cls}">' + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return ("<h3>What changed since the last good run</h3>"
@@ -89,7 +89,8 @@ def _run_cell(series: Any, index: int) -> str:
     return f"{series.started[index][:16]} ({commit[:10] if commit else 'no commit'})"
 
 
-def _package_diff(before: dict[str, str], after: dict[str, str]) -> str:
+def package_diff(before: dict[str, str], after: dict[str, str]) -> str:
+    """The package versions that differ between two runs, or 'none'."""
     changed = [f"{name} {before.get(name, '–')}→{after.get(name, '–')}" for name in sorted({*before, *after})
                if before.get(name) != after.get(name)]
     return ", ".join(changed) or "none"

@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     import time as clock
     from collections import Counter
 
-    from quantverdict.report.history import UNCHECKED, judge_history, load_policies, unjudged
+    from quantverdict.report.history import UNCHECKED, judge_history, load_policies, run_packages, unjudged
+    from quantverdict.report.history_page import package_diff
 
     if args.page:
         from quantverdict.report.record import check_writable
@@ -34,9 +35,17 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.page.parent, "the history page")
     start = clock.perf_counter()
     verdicts = judge_history(args.history_db, load_policies(args.history_policy, args.profile))
-    for verdict in verdicts:
-        if args.all or verdict.verdict.state not in ("stable", "insufficient data"):
-            print(verdict.describe())
+    shown = [v for v in verdicts if args.all or v.verdict.state not in ("stable", "insufficient data")]
+    runs = sorted({v.series.run_ids[i] for v in shown for i in (v.last_good, -1) if i is not None})
+    packages = run_packages(args.history_db, runs) if runs else {}
+    for verdict in shown:
+        print(verdict.describe())
+        good, series = verdict.last_good, verdict.series
+        if good is not None and verdict.verdict.state != "stable":  # what moved since the last good run
+            commits = " → ".join((series.commits[i] or "?")[:12] for i in (good, -1))
+            print(f"  since run {series.run_ids[good]}: packages changed: "
+                  f"{package_diff(packages.get(series.run_ids[good], {}), packages.get(series.run_ids[-1], {}))}; "
+                  f"commit {commits}")
     counts = Counter(v.verdict.state for v in verdicts)
     gaps = unjudged(args.history_db)
     for line in gaps:
