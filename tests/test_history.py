@@ -221,4 +221,4 @@ def test_the_history_command_says_what_moved_since_the_last_good_run(tmp_path, c
     out = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(out) if line.startswith("regression") and "latency_ms" in line)
     assert out[at + 1] == "  since run x86_64-avx2-19: packages changed: torch 2.14.0→2.14.1; commit " \
-                          f"19cccccccccc → 28cccccccccc", out[at:at + 2]
+                          "19cccccccccc → 28cccccccccc", out[at:at + 2]
