@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 
 from quantverdict.judge.by_kind import ByKind
-from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.qdq import QDQ
 from quantverdict.tune.result import Incumbent, SearchResult
@@ -38,7 +37,7 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
     search says)."""
     trials = Trials(whole, folds, held_out, model, base, judging, report)
     result = SearchResult(chosen=incumbent.settings, held_out_samples=trials.samples, folds=len(folds),
-                          layers=len(weighted_layers(folds[0], model, base)))
+                          layers=trials.layers)
     trials.planned = 1 + len(incumbent.nearest)
     report(f"recipe search {model} {base.name}: checking the lock first: its recipe and the {len(incumbent.nearest)} "
            f"alternatives nearest to it, on {len(folds)} folds of {result.held_out_samples} calibration samples")

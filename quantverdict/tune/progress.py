@@ -53,10 +53,21 @@ def upcoming(settings: RecipeSettings, options: Sequence[RecipeSettings]) -> lis
     return out
 
 
-def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed]) -> str:
+RANKED_SHARE = 0.5  # a layer quantized alone is evaluated from the cut before it: about half the graph, on average
+
+
+def ranking_factor(layers: int, workers: int) -> float:
+    """How many plain candidates' time ranking ``layers`` layers quantized alone takes on ``workers`` workers, before
+    one was timed: each layer's graph is evaluated on the whole calibration set (what a plain candidate evaluates
+    over its folds) from its cut (:data:`RANKED_SHARE` of the graph), the workers sharing them."""
+    return RANKED_SHARE * layers / max(workers, 1)
+
+
+def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None) -> str:
     """About how long the candidates ``plan`` take, each timed as the mean of those ``timed`` of its kind: one that
     keeps layers wider with a calibration and preparation no candidate before it ranked layers for ranks every
-    layer quantized alone and costs several others (:func:`quantverdict.tune.fallback.fallback_per_part`)."""
+    layer quantized alone and costs several others (:func:`quantverdict.tune.fallback.fallback_per_part`); until one
+    is timed, it is priced as a plain candidate and ``ranking`` (:func:`ranking_factor`) times one, and said so."""
     ranked: list[RecipeSettings] = []
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:
@@ -67,10 +78,14 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed]) -> str:
             ranked.append(by)
     means = {kind: float(np.mean(seconds)) for kind in (False, True)
              if (seconds := [c.seconds for c, ranks in zip(timed, kinds) if ranks == kind])}
+    guessed = True not in means and False in means and ranking is not None
+    if guessed:
+        means[True] = means[False] * (1 + ranking)  # type: ignore[operator]
     ahead = kinds[len(timed):]
     said = f"about {sum(means[kind] for kind in ahead if kind in means):.0f} s left"
-    untimed = ahead.count(True) if True not in means else 0
+    untimed = ahead.count(True) if True not in means or guessed else 0
     if untimed:
         many = untimed > 1
-        said += f", and {untimed} candidate{'s' if many else ''} that rank{'' if many else 's'} layers, not timed yet"
+        said += f", {'with ' if guessed else 'and '}{untimed} candidate{'s' if many else ''} that rank" \
+                f"{'' if many else 's'} layers, " + ("estimated from the layers' count" if guessed else "not timed yet")
     return said

@@ -40,9 +40,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from quantverdict.capabilities import cpus_per_worker
 from quantverdict.errors import CalibrationError, HarnessError, ResourceError
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.compare import judge_task_metrics
+from quantverdict.judge.layers_alone import LAYERS_PER_WORKER
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
@@ -53,7 +55,7 @@ from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_counts, beyond_note, fewest_in_float
 from quantverdict.tune.fallback import fallback_per_part, layers_kept
 from quantverdict.tune.margin import short_of_margin
-from quantverdict.tune.progress import heartbeat, time_left, upcoming
+from quantverdict.tune.progress import heartbeat, ranking_factor, time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
 from quantverdict.tune.rules import (MIN_GAIN_DB, REACH_SE, better, out_of_reach, sample_snr_db, signal_floor,
                                      weighed)
@@ -97,6 +99,8 @@ class Trials:
         self.floor = signal_floor(self.references[self.spec.outputs[0]])  # of every held-out sample: fixed per sample
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
         self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
+        self.layers = len(weighted_layers(folds[0], model, base))  # those a fallback share is counted of
+        self.ranking = ranking_factor(self.layers, min(cpus_per_worker(), max(1, self.layers // LAYERS_PER_WORKER)))
         self.started, self.slowest = time.monotonic(), 0.0
 
     @property
@@ -148,8 +152,8 @@ class Trials:
                                                      rival[0].passed if rival else None)
         self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'}{stopped} in {candidate.seconds:.0f} s; "
                     f"best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
-                    f"{time_left(ahead, [*among, candidate])}" + (f"; {candidate.why}" if decide and candidate.why
-                                                                  else ""))
+                    f"{time_left(ahead, [*among, candidate], self.ranking)}"
+                    + (f"; {candidate.why}" if decide and candidate.why else ""))
         return candidate, samples
 
     def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None, rival: np.ndarray | None = None
@@ -194,7 +198,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     against it by :func:`better`; ``progress`` hears of each candidate as it ends."""
     trials = Trials(whole, folds, held_out, model, base, judging, progress or (lambda line: LOG.info("%s", line)))
     result = SearchResult(chosen=RecipeSettings(), held_out_samples=trials.samples, folds=len(folds),
-                          layers=len(weighted_layers(folds[0], model, base)))
+                          layers=trials.layers)
     best: tuple[Candidate, np.ndarray] | None = None
     planned = stages(auto, result.layers)
     trials.planned = sum(map(len, planned)) + (incumbent is not None)

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from quantverdict.errors import HarnessError
+    from quantverdict.hashing import file_sha256
     from quantverdict.precision import known_precisions
     from quantverdict.run.pipeline import Pipeline
     from quantverdict.tune.decide import decided_before_calibration
@@ -78,33 +79,36 @@ def run(args: argparse.Namespace) -> int:
                   f"{decided.message}")
             continue
         try:
-            entry = recipes.entry(model, precision)
+            searched = recipes.search(model, precision)
+            assert searched is not None
+            holds = args.check and kept is not None and not searched.beats_incumbent
+            entry = None if holds else recipes.entry(model, precision)  # a lock that holds ranks no layer again
         except HarnessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed += 1
             continue
-        searched = recipes.search(model, precision)
-        assert searched is not None
+        if holds and kept is not None:
+            missed = searched.incumbent is not None and searched.incumbent.passed is False
+            now = (file_sha256(pipeline.store.fp32_onnx(model)), pipeline.store.data_key(model, "calibration"))
+            stale = (kept.graph_sha256, kept.calibration_data) != now
+            print(f"{model} {precision}: the lock holds ({_words(kept.settings)}; no candidate significantly "
+                  "better on the held-out samples" + ("; it misses the case's bounds there, as it did when locked"
+                                                      if missed else "") + ")" + (
+                "; its entry names an earlier graph or calibration set: the proposed lock names these" if stale
+                else ""))
+            if stale:  # adopted, the proposed lock no longer says "locked for an earlier graph" on every run
+                proposed.append((model, precision, kept.model_copy(update={
+                    "graph_sha256": now[0], "calibration_data": now[1], "qdq_sha256": None})))
+            continue
+        assert entry is not None
         if args.check and kept is None:
             print(f"{model} {precision}: not locked yet; the search chose {_words(entry.settings)}")
             proposed.append((model, precision, entry))
             continue
         if args.check and kept is not None:
-            if searched.beats_incumbent:
-                gain = _gain(searched)
-                print(f"{model} {precision}: {_words(entry.settings)} beats the locked {_words(kept.settings)}{gain}")
-                proposed.append((model, precision, entry))
-            else:
-                missed = searched.incumbent is not None and searched.incumbent.passed is False
-                stale = (kept.graph_sha256, kept.calibration_data) != (entry.graph_sha256, entry.calibration_data)
-                print(f"{model} {precision}: the lock holds ({_words(kept.settings)}; no candidate significantly "
-                      "better on the held-out samples" + ("; it misses the case's bounds there, as it did when locked"
-                                                          if missed else "") + ")" + (
-                    "; its entry names an earlier graph or calibration set: the proposed lock names these" if stale
-                    else ""))
-                if stale:  # adopted, the proposed lock no longer says "locked for an earlier graph" on every run
-                    proposed.append((model, precision, entry.model_copy(update={
-                        "settings": kept.settings, "float_layers": kept.float_layers})))
+            gain = _gain(searched)
+            print(f"{model} {precision}: {_words(entry.settings)} beats the locked {_words(kept.settings)}{gain}")
+            proposed.append((model, precision, entry))
             continue
         change = "added" if kept is None else "unchanged" if kept.settings == entry.settings and \
             kept.float_layers == entry.float_layers else f"was {_words(kept.settings)}"
