@@ -422,6 +422,13 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
                                                          RecipeSettings(gptq=True), RecipeSettings(calibration="max")])
     assert [bool(each.fallback) for each in later] == [False, True, True, True]
     assert time_left(later, timed[:2]) == "about 10 s left, and 2 candidates that rank layers, not timed yet"
+    from quantverdict.tune.progress import ranking_factor
+
+    factor = ranking_factor(layers=52, workers=2)  # MobileNetV2's 52 layers on a 2-core runner: 13 plain candidates
+    assert factor == 13.0
+    assert time_left(plan, timed[:2], factor) == ("about 80 s left, with 1 candidate that ranks layers, estimated "
+                                                  "from the layers' count")  # 5 + 5 × (1 + 13) + 5
+    assert time_left(plan, timed, factor) == "about 15 s left"  # timed once: the measured time, not the estimate
 
 
 def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypatch, tmp_path):
