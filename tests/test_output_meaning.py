@@ -370,3 +370,55 @@ def test_a_declared_detector_head_is_judged_by_detections_in_a_run(tmp_path, mon
     assert exact["detection_f1"] == 1.0 and exact["detection_score_threshold"] == 0.5
     assert exact["detections_reference"] > 0 and exact["samples"] == exact["detections_reference"]
     assert "detection_f1" in {check["metric"] for check in int8.metrics["checks"]}, int8.message
+
+
+def _ctc(samples: int, positions: int, symbols: int, seed: int) -> np.ndarray:
+    """A recogniser's CTC output [samples, positions, symbols]: each position a confident symbol (0 is the blank),
+    symbols held over runs of positions, as a line of text is read."""
+    rng = np.random.default_rng(seed)
+    best = np.repeat(rng.integers(0, symbols, (samples, positions // 4)), 4, axis=1)
+    logits = rng.normal(0, 1, (samples, positions, symbols)) + 8 * np.eye(symbols)[best]
+    return (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).astype(np.float32)
+
+
+def test_a_sequence_output_is_judged_by_what_it_decodes_to():
+    """A flip inside a run of one symbol leaves the text as it was: per-position top-1 counts it, the decoded
+    agreement does not; a changed symbol changes the text of that sample only."""
+    from quantverdict.judge.compare import compare
+    from quantverdict.judge.sequences import decode, edit_distance
+    from quantverdict.judge.tolerances import ToleranceTable
+    from quantverdict.models.spec import SequenceFormat
+
+    assert decode(np.eye(4)[[0, 2, 2, 0, 2, 3, 3, 0]], blank=0) == [2, 2, 3]
+    assert edit_distance([1, 2, 3], [1, 3]) == 1 and edit_distance([], [4, 4]) == 2
+    reference = _ctc(20, 32, 30, 0)
+    within_run = reference.copy()
+    best = reference.argmax(-1)
+    flipped = [sample for sample in range(20) if best[sample, 3] != best[sample, 4] and best[sample, 3] != 0][:8]
+    within_run[flipped, 3] = np.eye(30)[0]  # a run's last position read as the blank: the same text, a top-1 flip
+    layout = {"text": SequenceFormat()}
+    tolerance = ToleranceTable.load().resolve("ocr", "int8", {}, "regression", "distribution")
+    same = compare({"text": reference}, {"text": within_run}, tolerance, positionwise=frozenset({"text"}),
+                   sequences=layout)
+    assert len(flipped) >= 4 and same.metrics["text"]["top1_agreement"] == pytest.approx(1 - len(flipped) / 640)
+    assert same.metrics["text"]["sequence_agreement"] == 1.0 and same.metrics["text"]["symbol_error_rate"] == 0.0
+    changed = reference.copy()
+    winner = changed[7, 8:12].argmax(-1)[0]
+    changed[7, 8:12, winner], changed[7, 8:12, (winner + 1) % 30] = 0.0, 1.0  # one symbol of sample 7 replaced
+    judged = compare({"text": reference}, {"text": changed}, tolerance, positionwise=frozenset({"text"}),
+                     sequences=layout)
+    metrics = judged.metrics["text"]
+    assert metrics["sequence_agreement"] == pytest.approx(19 / 20) and metrics["sequence_worst_sample"] == 7
+    assert metrics["sequence_worst_edits"] == 1 and judged.passed, judged.explain()
+
+
+def test_a_manifest_declares_a_sequence_output_and_its_blank(tmp_path):
+    from quantverdict.models.spec import SequenceFormat
+    from quantverdict.run.manifest import load_manifest
+
+    (tmp_path / "models.yaml").write_text("models:\n  - name: ocr\n    onnx: ocr.onnx\n    inputs: [{name: x, shape: "
+                                          "[2, 32, 100]}]\n    outputs: [text]\n    calibration: synthetic\n"
+                                          "    sequences: {text: {blank: 5, batch_axis: 1}}\n")
+    spec = load_manifest(tmp_path / "models.yaml").specs[0]
+    assert spec.sequences == {"text": SequenceFormat(blank=5, batch_axis=1)} and spec.output_kinds == {
+        "text": "distribution"}

@@ -42,4 +42,4 @@ class ByKind:
         return compare(reference, outputs, self.tolerance, spec.task == "classification", undecided, self.bounds,
                        frozenset(name for name, kind in kinds.items() if kind == "distribution"),
                        {name: spec.thresholds.get(name, DEFAULT_THRESHOLD) for name, kind in kinds.items()
-                        if kind == "probabilities"}, spec.detections)
+                        if kind == "probabilities"}, spec.detections, spec.sequences)

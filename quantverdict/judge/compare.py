@@ -19,8 +19,9 @@ from quantverdict.judge.intervals import (accuracy_drop_interval, bootstrap_cosi
 from quantverdict.judge.detections import detection_metrics
 from quantverdict.judge.elementwise import within_bounds
 from quantverdict.judge.map_decisions import map_decisions
+from quantverdict.judge.sequences import sequence_metrics
 from quantverdict.judge.tolerances import Tolerance
-from quantverdict.models.spec import DetectionFormat
+from quantverdict.models.spec import DetectionFormat, SequenceFormat
 
 WORST_ELEMENTS = 5
 HISTOGRAM_EDGES = [0.0, *np.logspace(-7, 0, 15).tolist(), float("inf")]  # |err| / max |reference|
@@ -130,6 +131,7 @@ def compare(
     positionwise: frozenset[str] = frozenset(),
     maps: Mapping[str, float] | None = None,
     detections: Mapping[str, DetectionFormat] | None = None,
+    sequences: Mapping[str, SequenceFormat] | None = None,
 ) -> Comparison:
     """Compare named outputs (batches already concatenated) under ``tolerance``, or an output's own bounds in
     ``per_output`` (its kind's: :mod:`quantverdict.judge.output_kinds`); top-1 agreement leaves out the
@@ -137,7 +139,8 @@ def compare(
     and is taken at every position of the ``positionwise`` outputs (a softmax per position). The ``maps`` (output →
     threshold) are probability maps, also judged by their region and peak (:mod:`quantverdict.judge.map_decisions`);
     the ``detections`` (output → layout) are detector heads, judged by their detections, and by the raw bounds on the
-    anchors FP32 keeps only (:mod:`quantverdict.judge.detections`)."""
+    anchors FP32 keeps only (:mod:`quantverdict.judge.detections`); the ``sequences`` by what they decode to
+    (:mod:`quantverdict.judge.sequences`)."""
     result = Comparison()
     for name, ref in reference.items():
         bounds = (per_output or {}).get(name, tolerance)
@@ -158,6 +161,8 @@ def compare(
         else:
             metrics = _metrics(ref, out, classification or name in positionwise,
                                None if name in positionwise else undecided)
+        if name in (sequences or {}) and ref.ndim == 3:
+            metrics.update(sequence_metrics(ref, out, (sequences or {})[name]))
         if name in (maps or {}) and ref.ndim >= 2:
             metrics.update(map_decisions(ref, out, (maps or {})[name], bounds.min_cosine))
         result.metrics[name] = metrics
@@ -255,10 +260,17 @@ def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparis
         resolution = resolve_agreement_bound(peak, max(metrics["samples"], 1), f"{name}: min_peak_agreement")
         result.note(resolution.warning)
         peak = resolution.used
+    decoded = tol.min_sequence_agreement
+    if decoded is not None and "sequence_agreement" in metrics:
+        resolution = resolve_agreement_bound(decoded, max(metrics["sequence_samples"], 1),
+                                             f"{name}: min_sequence_agreement")
+        result.note(resolution.warning)
+        decoded = resolution.used
     bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
               ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", top1, True),
               ("region_iou", tol.min_region_iou, True), ("region_iou_worst", tol.min_worst_region_iou, True),
-              ("peak_agreement", peak, True), ("detection_f1", tol.min_detection_f1, True)]
+              ("peak_agreement", peak, True), ("detection_f1", tol.min_detection_f1, True),
+              ("sequence_agreement", decoded, True)]
     return [Check(name, metric, metrics[metric], bound, higher)
             for metric, bound, higher in bounds if bound is not None and metric in metrics]
 

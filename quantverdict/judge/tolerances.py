@@ -36,12 +36,13 @@ class Tolerance(BaseModel):
     min_worst_region_iou: float | None = None  # ... and its worst sample's
     min_peak_agreement: float | None = None  # a probability map's peak where FP32's is
     min_detection_f1: float | None = None  # a detector head's detections against FP32's, per image (judge.detections)
+    min_sequence_agreement: float | None = None  # the share of samples a sequence output decodes as FP32's does
     task_min: Mapping[str, float] | None = None  # bounds on the model's task metrics, by name (judge.task_metrics)
     task_max: Mapping[str, float] | None = None
 
     @field_validator("atol", "rtol", "min_cosine", "max_norm_err", "min_top1", "max_accuracy_drop",
                      "max_flip_fraction", "min_region_iou", "min_worst_region_iou", "min_peak_agreement",
-                     "min_detection_f1")
+                     "min_detection_f1", "min_sequence_agreement")
     @classmethod
     def _bound(cls, value: float | None) -> float | None:
         if value is not None and not (math.isfinite(value) and value >= 0):

@@ -88,6 +88,15 @@ class DetectionFormat:
 
 
 @dataclass(frozen=True)
+class SequenceFormat:
+    """How a sequence output is read (:mod:`quantverdict.judge.sequences`): per-position distributions over symbols,
+    decoded greedily as CTC does; ``batch_axis`` 1 for a ``[positions, batch, symbols]`` output (torch's CTC layout)."""
+
+    blank: int = 0
+    batch_axis: Literal[0, 1] = 0
+
+
+@dataclass(frozen=True)
 class LabeledData:
     """Held-out inputs with labels, for a task-accuracy metric."""
 
@@ -145,6 +154,7 @@ class ModelSpec:
     output_kinds: Mapping[str, str] = field(default_factory=dict)  # declared kinds (quantverdict.judge.output_kinds)
     thresholds: Mapping[str, float] = field(default_factory=dict)  # where an application cuts a probability map
     detections: Mapping[str, DetectionFormat] = field(default_factory=dict)  # the detector heads among the outputs
+    sequences: Mapping[str, SequenceFormat] = field(default_factory=dict)  # the CTC-decoded outputs
     build: Callable[[], "object"] | None = None
     onnx_path: Path | None = None
     task: Literal["classification", "regression", "embedding"] = "regression"

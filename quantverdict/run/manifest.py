@@ -24,7 +24,8 @@ from quantverdict.documents import DocumentError, dotted, read_yaml, validate
 from quantverdict.errors import HarnessError
 from quantverdict.judge.tolerances import PrecisionName, Tolerance
 from quantverdict.models import registered_specs
-from quantverdict.models.spec import DetectionFormat, InputSpec, ModelSpec, Ref
+from quantverdict.models.spec import DetectionFormat, InputSpec, ModelSpec, Ref, SequenceFormat
+from quantverdict.run.output_entries import DetectionEntry, SequenceEntry
 from quantverdict.registry import Registry
 
 CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
@@ -63,16 +64,6 @@ class InputEntry(_Strict):
         return value
 
 
-class DetectionEntry(_Strict):
-    """A detector head's layout (quantverdict.models.spec.DetectionFormat)."""
-
-    boxes: Literal["cxcywh", "xyxy"] = "cxcywh"
-    objectness: bool = False
-    attribute_axis: Literal[1, 2] | None = None
-    score: Annotated[float, Field(gt=0, lt=1)] = 0.25
-    nms_iou: Annotated[float, Field(gt=0, le=1)] = 0.45
-
-
 class ModelEntry(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     build: CallableRef | None = None
@@ -83,6 +74,7 @@ class ModelEntry(_Strict):
     output_kinds: dict[str, Literal["logits", "distribution", "probabilities", "detections"]] = {}  # judge.output_kinds
     thresholds: dict[str, Annotated[float, Field(gt=0, lt=1)]] = {}  # a probability map's cut (judge.map_decisions)
     detections: dict[str, DetectionEntry] = {}  # detector heads and their layout (judge.detections)
+    sequences: dict[str, SequenceEntry] = {}  # CTC outputs, judged by what they decode to (judge.sequences)
     task: Literal["classification", "regression", "embedding"] = "regression"
     calibration: str | None = None
     eval: CallableRef | None = None
@@ -204,11 +196,13 @@ def _spec(entry: ModelEntry, root: Path) -> ModelSpec:
         name=entry.name,
         inputs=[_input(item) for item in entry.inputs],
         outputs=list(entry.outputs),
-        output_kinds={**entry.output_kinds, **{name: "detections" for name in entry.detections}},
+        output_kinds={**entry.output_kinds, **{name: "detections" for name in entry.detections},
+                      **{name: "distribution" for name in entry.sequences}},
         thresholds=dict(entry.thresholds),
         detections={name: DetectionFormat(**layout.model_dump()) for name, layout in {
             **{name: DetectionEntry() for name, kind in entry.output_kinds.items() if kind == "detections"},
             **entry.detections}.items()},
+        sequences={name: SequenceFormat(**layout.model_dump()) for name, layout in entry.sequences.items()},
         build=Ref(entry.build) if entry.build else None,
         onnx_path=root / entry.onnx if entry.onnx else None,
         quantized={precision: root / file for precision, file in entry.quantized.items()},
