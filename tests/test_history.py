@@ -91,20 +91,30 @@ def _record(run: int, latency: float, runner_class: str, torch_version: str) -> 
             "cases": [case]}
 
 
-def test_the_history_page_shows_what_changed_since_the_last_good_run(tmp_path):
-    """Two runner classes, 28 nights; on one of them latency steps up 15% from night 20, when torch
-    changed: the page's table names night 19 as the last good run, the commits and the torch change,
-    and the chart of that series is labelled with its runner class; the other class stays stable."""
+def _slowed_at_night_20(tmp_path, rng, runner_class: str, beside=None):
+    """28 nights of one runner class whose latency steps up 15% from night 20, when torch changed (and, each night,
+    ``beside(night)``'s record too)."""
     from quantverdict.report.history import append
-    from quantverdict.report.history_page import history_section
 
-    rng = np.random.default_rng(5)
     db = tmp_path / "history.sqlite"
     for run in range(1, 29):
         slow = run >= 20
         append(db, _typed(_record(run, 10 * (1.15 if slow else 1) * (1 + 0.01 * rng.standard_normal()),
-                                  "x86_64-avx512-vnni", "2.14.1" if slow else "2.14.0")))
-        append(db, _typed(_record(run, 20 * (1 + 0.01 * rng.standard_normal()), "x86_64-avx2", "2.14.0")))
+                                  runner_class, "2.14.1" if slow else "2.14.0")))
+        if beside is not None:
+            append(db, _typed(beside(run)))
+    return db
+
+
+def test_the_history_page_shows_what_changed_since_the_last_good_run(tmp_path):
+    """Two runner classes, 28 nights; on one of them latency steps up 15% from night 20, when torch
+    changed: the page's table names night 19 as the last good run, the commits and the torch change,
+    and the chart of that series is labelled with its runner class; the other class stays stable."""
+    from quantverdict.report.history_page import history_section
+
+    rng = np.random.default_rng(5)
+    db = _slowed_at_night_20(tmp_path, rng, "x86_64-avx512-vnni",
+                             lambda run: _record(run, 20 * (1 + 0.01 * rng.standard_normal()), "x86_64-avx2", "2.14.0"))
     verdicts = judge_history(db, load_policies(None, "nightly"))
     states = {(v.runner_class, v.metric): v.verdict.state for v in verdicts}
     assert states[("x86_64-avx512-vnni", "latency_ms")] == "regression"
@@ -209,14 +219,7 @@ def test_a_history_from_before_statuses_says_its_completeness_is_unchecked(tmp_p
 
 def test_the_history_command_says_what_moved_since_the_last_good_run(tmp_path, capsys):
     """A regression's line is followed by what moved since its last good run: the packages and the commits."""
-    from quantverdict.report.history import append
-
-    rng = np.random.default_rng(7)
-    db = tmp_path / "history.sqlite"
-    for run in range(1, 29):
-        slow = run >= 20
-        append(db, _typed(_record(run, 10 * (1.15 if slow else 1) * (1 + 0.01 * rng.standard_normal()),
-                                  "x86_64-avx2", "2.14.1" if slow else "2.14.0")))
+    db = _slowed_at_night_20(tmp_path, np.random.default_rng(7), "x86_64-avx2")
     assert main(["history", "--history-db", str(db)]) == 1
     out = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(out) if line.startswith("regression") and "latency_ms" in line)
