@@ -474,3 +474,19 @@ def test_the_main_job_leaves_the_slow_built_ins_out_unless_named(tmp_path, monke
     assert "left out, as slow: resnet50, resnet101 (name them with --models to run them)" in capsys.readouterr().err
     models = {case.model for case in load_record(next((tmp_path / "r").glob("run-*.json"))).cases}
     assert "resnet18" in models and not models & {"resnet50", "resnet101"}
+
+
+def test_a_runs_warnings_are_said_once_each_under_the_table_not_amid_the_progress(tmp_path, monkeypatch, capsys):
+    from quantverdict.run.cli import main
+
+    (tmp_path / "noisy.py").write_text("import warnings\nfrom torch import nn\n\n\ndef net():\n"
+                                       "    warnings.warn('the factory says so', UserWarning)\n"
+                                       "    return nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).eval()\n")
+    (tmp_path / "models.yaml").write_text("models:\n  - name: noisy\n    build: noisy:net\n    inputs: [{name: x, shape: "
+                                          "[2, 3, 4]}]\n    outputs: [y]\n    calibration: synthetic\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--manifest", "models.yaml", "--models", "noisy", "--precisions", "fp32,fp16", "--backends",
+                 "onnxruntime", "--cache-dir", "cache", "--report-dir", "r"]) == 0
+    out, err = capsys.readouterr()
+    assert "the factory says so" not in err
+    assert "warnings, each once" in out and "  UserWarning: the factory says so" in out

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 
 from quantverdict.report.rows import CaseRow, terminal_table
@@ -46,7 +48,9 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     if shard is not None:
         cases = shard.select(cases)
     results = []
-    with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress:
+    with tqdm(cases, unit="case", file=sys.stderr, disable=None) as progress, \
+            warnings.catch_warnings(record=True) as caught:  # said once each under the table, not amid the progress
+        warnings.simplefilter("always")
         for number, case in enumerate(progress, 1):
             progress.set_postfix_str(case.id)
             begun = time.perf_counter()
@@ -57,6 +61,11 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     if received():  # a Ctrl-C some library swallowed: this run did not finish
         raise KeyboardInterrupt
     print(terminal_table(CaseRow.of(r.record()) for r in results))
+    said = Counter(f"{warning.category.__name__}: {warning.message}" for warning in caught)
+    if said:
+        print(f"\nwarnings, each once ({sum(said.values())} in all):")
+        for text, count in said.items():
+            print(f"  {text}" + (f" (×{count})" if count > 1 else ""))
     record = build_record([r.to_dict() for r in results], pipeline.caps, started, dict(pipeline.cache.stats),
                           shard.to_dict() if shard else None)
     with held():  # a Ctrl-C from here waits until the record's path is printed
