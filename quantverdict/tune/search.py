@@ -40,11 +40,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from quantverdict.capabilities import cpus_per_worker
 from quantverdict.errors import CalibrationError, HarnessError, ResourceError
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.compare import judge_task_metrics
-from quantverdict.judge.layers_alone import LAYERS_PER_WORKER
+from quantverdict.judge.layers_alone import worker_count
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
@@ -100,7 +99,8 @@ class Trials:
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
         self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
         self.layers = len(weighted_layers(folds[0], model, base))  # those a fallback share is counted of
-        self.ranking = ranking_factor(self.layers, min(cpus_per_worker(), max(1, self.layers // LAYERS_PER_WORKER)))
+        graph_bytes = folds[0].fp32_onnx(model).stat().st_size  # about the prepared graph's: what workers hold
+        self.ranking = ranking_factor(self.layers, worker_count(graph_bytes, self.layers))
         self.started, self.slowest = time.monotonic(), 0.0
 
     @property
