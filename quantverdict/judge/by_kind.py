@@ -33,12 +33,10 @@ class ByKind:
 
     def compare(self, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
                 undecided: np.ndarray | None = None) -> Comparison:
-        """The declared outputs (a graph's others, a classifier's int64 label, are not the user's to judge) against
-        FP32's, each under its kind's bounds: a distribution at each position, a probability map by its region and
-        peak at its threshold, a detector head by its detections."""
+        """``outputs`` against FP32's ``reference`` (the declared outputs: the caller's to choose), each under its
+        kind's bounds: a distribution at each position, a probability map by its region and peak at its threshold, a
+        detector head by its detections, a sequence by what it decodes to."""
         spec, kinds = self.spec, self.kinds
-        reference = {name: reference[name] for name in spec.outputs if name in reference}
-        outputs = {name: outputs[name] for name in reference if name in outputs}
         return compare(reference, outputs, self.tolerance, spec.task == "classification", undecided, self.bounds,
                        frozenset(name for name, kind in kinds.items() if kind == "distribution"),
                        {name: spec.thresholds.get(name, DEFAULT_THRESHOLD) for name, kind in kinds.items()

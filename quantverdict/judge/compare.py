@@ -250,27 +250,25 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool, undecided: 
     return metrics
 
 
+# an agreement metric → (its bound's name, the metric counting the samples it is a share of)
+AGREEMENTS = {"top1_agreement": ("min_top1", "top1_samples"), "peak_agreement": ("min_peak_agreement", "samples"),
+              "sequence_agreement": ("min_sequence_agreement", "sequence_samples")}
+
+
 def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparison) -> list[Check]:
-    top1, peak = tol.min_top1, tol.min_peak_agreement
-    if top1 is not None and "top1_agreement" in metrics:
-        resolution = resolve_agreement_bound(top1, max(metrics["top1_samples"], 1), f"{name}: min_top1")
-        result.note(resolution.warning)
-        top1 = resolution.used
-    if peak is not None and "peak_agreement" in metrics:
-        resolution = resolve_agreement_bound(peak, max(metrics["samples"], 1), f"{name}: min_peak_agreement")
-        result.note(resolution.warning)
-        peak = resolution.used
-    decoded = tol.min_sequence_agreement
-    if decoded is not None and "sequence_agreement" in metrics:
-        resolution = resolve_agreement_bound(decoded, max(metrics["sequence_samples"], 1),
-                                             f"{name}: min_sequence_agreement")
-        result.note(resolution.warning)
-        decoded = resolution.used
+    resolved: dict[str, float | None] = {}
+    for metric, (bound_name, counted) in AGREEMENTS.items():  # a share bound finer than its samples resolve widens
+        bound = getattr(tol, bound_name)
+        if bound is not None and metric in metrics:
+            resolution = resolve_agreement_bound(bound, max(metrics[counted], 1), f"{name}: {bound_name}")
+            result.note(resolution.warning)
+            bound = resolution.used
+        resolved[metric] = bound
     bounds = [("nonfinite", 0.0, False), ("cosine", tol.min_cosine, True),
-              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", top1, True),
+              ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", resolved["top1_agreement"], True),
               ("region_iou", tol.min_region_iou, True), ("region_iou_worst", tol.min_worst_region_iou, True),
-              ("peak_agreement", peak, True), ("detection_f1", tol.min_detection_f1, True),
-              ("sequence_agreement", decoded, True)]
+              ("peak_agreement", resolved["peak_agreement"], True), ("detection_f1", tol.min_detection_f1, True),
+              ("sequence_agreement", resolved["sequence_agreement"], True)]
     return [Check(name, metric, metrics[metric], bound, higher)
             for metric, bound, higher in bounds if bound is not None and metric in metrics]
 
