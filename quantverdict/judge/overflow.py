@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Collection, Sequence
+from typing import Callable, Collection, Sequence, TypedDict
 
 import numpy as np
 import onnx
@@ -102,8 +102,34 @@ def _outcome(changed: onnx.ModelProto, batch: Batch, outputs: list[str], referen
     return not worst >= min_cosine, worst
 
 
+class OverflowEntry(TypedDict):
+    """A tensor above the format's range, as the record stores it."""
+
+    tensor: str
+    node: str
+    op: str
+    value: float
+    limit: float
+    constant: bool
+    mask: bool
+    breaks_output: bool
+    output_cosine: float | None
+
+
+class Cure(TypedDict):
+    tensors: list[str]
+    output_cosine: float | None
+
+
+class Overflow(OverflowEntry):
+    """The tensor to name (its entry), every tensor above the range (``all``) and the set whose keeping cures."""
+
+    all: list[OverflowEntry]
+    cure: Cure | None
+
+
 def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int, min_cosine: float
-              ) -> dict[str, Any] | None:
+              ) -> Overflow | None:
     """The overflow to name (the first tensor above ``limit`` whose storage in the format alone breaks an output,
     else the first above it), with every tensor above ``limit`` under ``all``: activations (infinite in the format)
     and constants (clipped to ``limit``), in graph order, each with its node (a constant's first reader), op, peak,
@@ -134,7 +160,7 @@ def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int,
         changed = _stored(model, activations, [name for name, constant in tensors if constant], storage, limit)
         return _outcome(changed, batches[0], outputs, reference, min_cosine)
 
-    found = []
+    found: list[OverflowEntry] = []
     for name, node, constant in hot:
         breaks, worst = stored([(name, constant)])
         found.append({"tensor": name, "node": node.name or name, "op": node.op_type,
@@ -176,16 +202,16 @@ def _cure(hot: list[tuple[str, bool]], breakers: list[tuple[str, bool]], stored:
 SHOWN = 5  # other tensors above the range listed one per line; more are counted in one line
 
 
-def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
+def overflow_message(case_id: str, name: str, overflow: Overflow) -> str:
     """The tensors whose keeping in FP32 cures the output (one line where one does), then the others above the
     format's range, one per line where few, else counted in a line, with what each is and the fix a user can make."""
-    def where(entry: dict[str, Any]) -> str:
+    def where(entry: OverflowEntry) -> str:
         if entry.get("constant"):
             return (f"the constant {entry['tensor']!r} (read by {entry['node']}, {entry['op']}) holds "
                     f"{entry['value']:,.6g}")
         return f"{entry['tensor']!r} (output of {entry['node']}, {entry['op']}) reaches {entry['value']:,.6g} in FP32"
 
-    def what(entry: dict[str, Any]) -> str:
+    def what(entry: OverflowEntry) -> str:
         return "a constant" if entry.get("constant") else \
             "a mask's minus infinity before a Softmax" if entry["mask"] else "an activation"
 
@@ -194,7 +220,7 @@ def overflow_message(case_id: str, name: str, overflow: dict[str, Any]) -> str:
     kept = [by_tensor[tensor] for tensor in cure["tensors"]] if cure else []
     if len(kept) > 1:
         cosine = "" if cure["output_cosine"] is None else f": output cosine {cure['output_cosine']:.6g}"
-        nodes: dict[str, list[dict[str, Any]]] = {}
+        nodes: dict[str, list[OverflowEntry]] = {}
         for entry in kept:  # a constant is kept with the node that reads it
             nodes.setdefault(entry["node"], []).append(entry)
         lines = [f"{case_id}: overflow: {len(overflow['all'])} tensors exceed {limit}; keeping {len(nodes)} "

@@ -26,7 +26,7 @@ from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.judge.compare import Comparison, judge_task_metrics, task_accuracy
 from quantverdict.judge.diagnose import first_divergence
-from quantverdict.judge.overflow import overflow_message, overflows
+from quantverdict.judge.overflow import Overflow, overflow_message, overflows
 from quantverdict.judge.fidelity import Fidelity, judge_fidelity
 from quantverdict.judge.timed import judge_timed_outputs
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
@@ -241,7 +241,7 @@ class CaseExecutor:
                          f"{divergence['tensor']!r}, {divergence['summary']}")
         return "\n".join([head, *lines] if overflow else lines)
 
-    def _overflow(self, case: Case, artifacts: Artifacts, tolerance: Tolerance) -> dict[str, Any] | None:
+    def _overflow(self, case: Case, artifacts: Artifacts, tolerance: Tolerance) -> Overflow | None:
         """The tensor whose overflow of the recipe's storage format breaks the output, among all that overflow
         (:func:`overflows`, cached)."""
         recipe = artifacts.recipe
