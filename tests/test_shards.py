@@ -1,11 +1,20 @@
-"""A matrix split into shards and merged back equals the unsharded run (timings aside)."""
+"""A matrix split into shards and merged back equals the unsharded run (timings aside); shards and pytest-xdist's
+workers spread by the durations an earlier run recorded."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from quantverdict.errors import HarnessError
 from quantverdict.report.load import RecordError, load_record
 from quantverdict.report.merge import merge_records
-from quantverdict.run.cases import Shard
+from quantverdict.run.cases import Case
 from quantverdict.run.cli import main
+from quantverdict.run.shards import CASE_TIME, Durations, Shard
+
+REPO = Path(__file__).resolve().parents[1]
 
 RUN = ["run", "--models", "cnn,mlp,digits-cnn", "--precisions", "fp32,int8", "--backends", "onnxruntime"]
 TIMING_KEYS = {"timings", "cache"}
@@ -48,4 +57,64 @@ def test_shards_of_other_commits_or_overlapping_cases_are_refused(tmp_path):
 def test_a_bad_shard_is_named():
     with pytest.raises(HarnessError, match="--shard '3/2'"):
         Shard.parse("3/2")
-    assert [s.select(list(range(7))) for s in (Shard(1, 3), Shard(2, 3), Shard(3, 3))] == [[0, 3, 6], [1, 4], [2, 5]]
+    cases = [Case(f"m{number}", "fp32", "onnxruntime") for number in range(7)]
+    assert [[int(c.model[1:]) for c in Shard(i, 3).of(cases).select(cases)] for i in (1, 2, 3)] == \
+        [[0, 3, 6], [1, 4], [2, 5]]
+
+
+def test_shards_balanced_by_recorded_durations_hold_no_more_than_an_even_share_and_one_case():
+    """Greedy longest-first: the part that ends last took its last case while it was the least loaded, so no part
+    exceeds the even share by more than the longest case; every n-th case can exceed it by much more (here the two
+    long cases fall in one part)."""
+    seconds = [90, 3, 80, 2, 5, 1, 4, 2, 7, 1, 3, 60]
+    cases = [Case(f"m{number}", "int8", "onnxruntime") for number in range(len(seconds))]
+    durations = Durations({case.id: time for case, time in zip(cases, seconds)})
+    parts = durations.balanced(cases, 3)
+    assert sorted(p for part in parts for p in part) == list(range(len(cases))) and all(p == sorted(p) for p in parts)
+    loads = [sum(seconds[p] for p in part) for part in parts]
+    assert max(loads) <= sum(seconds) / 3 + max(seconds)
+    every_third = [sum(seconds[index::3]) for index in range(3)]
+    assert max(loads) < max(every_third)
+    unknown = Case("new", "int8", "onnxruntime")
+    assert durations.of(unknown) == pytest.approx(sum(seconds) / len(seconds))  # a new case: a typical one
+
+
+def test_shards_by_an_earlier_runs_durations_merge_into_the_unsharded_run(tmp_path):
+    """Each case records its wall time; shards chosen by them (not every n-th) merge back in the matrix's order,
+    and shards chosen from different records are refused where they do not split one matrix."""
+    whole_path = _run(tmp_path, "whole")
+    whole = load_record(whole_path)
+    assert all(case.timings[CASE_TIME] > 0 for case in whole.cases if case.judged)
+    first, second = (_run(tmp_path, n, "--shard", s, "--balance-by", str(whole_path)) for n, s in (("a", "1/2"),
+                                                                                                  ("b", "2/2")))
+    assert main(["merge", str(second), str(first), "--out", str(tmp_path / "merged.json")]) == 0
+    merged = load_record(tmp_path / "merged.json")
+    assert [c.id for c in merged.cases] == [c.id for c in whole.cases]
+    took = Durations.recorded(whole_path)
+    loads = [sum(took.seconds[case] for case in load_record(path).shard.positions) for path in (first, second)]
+    assert max(loads) <= sum(took.seconds.values()) / 2 + max(took.seconds.values())
+    edited = json.loads(second.read_text())
+    edited["shard"]["positions"] = {case: place + 1 for case, place in edited["shard"]["positions"].items()}
+    (tmp_path / "moved.json").write_text(json.dumps(edited))
+    with pytest.raises(RecordError, match="do not split one matrix"):
+        merge_records([load_record(first), load_record(tmp_path / "moved.json")], ["a.json", "moved.json"])
+
+
+def test_xdist_workers_take_the_longest_cases_first(tmp_path):
+    """With --qv-balance-by, each worker collects the cases longest first, the order xdist hands them out in: one
+    worker runs them in that order, which its record keeps."""
+    whole = load_record(_run(tmp_path, "whole"))
+    earlier = json.loads(whole.model_dump_json())
+    earlier["cases"] = [case for case in earlier["cases"] if case["model"] in ("cnn", "mlp")]
+    for case, seconds in zip(earlier["cases"], (1.0, 9.0, 3.0, 5.0)):
+        case["timings"] = {CASE_TIME: seconds}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    longest_first = [case["id"] for case in sorted(earlier["cases"], key=lambda case: -case["timings"][CASE_TIME])]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider", "fixtures/models.yaml",
+         "--qv-models", "mlp,cnn", "--qv-precisions", "fp32,int8", "--qv-backends", "onnxruntime",
+         f"--qv-balance-by={tmp_path / 'earlier.json'}", f"--qv-report-dir={tmp_path / 'xdist'}"],
+        capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    [record] = (tmp_path / "xdist").glob("run-*.json")
+    assert [case.id for case in load_record(record).cases] == longest_first

@@ -1,8 +1,8 @@
 """Shard records (``quantverdict run --shard i/n``, ``pytest --shard i/n``) combined into one run record.
 
 Shards must come from one commit and one runner class, carry the same shard count, each index once,
-and no case twice; anything else is refused with the file named (the gate's exit code 2). Cases are
-interleaved in shard-index order, which restores the unsharded order.
+and no case twice; anything else is refused with the file named (the gate's exit code 2). Cases are put back
+where the whole matrix has them (each shard records its cases' places), which restores the unsharded order.
 """
 from __future__ import annotations
 
@@ -42,8 +42,17 @@ def merge_records(records: Sequence[RunRecord], names: Sequence[str]) -> dict[st
                 raise RecordError(f"case {case.id} is in both {seen[case.id]} and {name}")
             seen[case.id] = name
     ordered = sorted(zip(records, shards, names), key=lambda triple: triple[1].index)
-    cases = [case.model_dump(exclude_unset=True) for group in zip_longest(*(r.cases for r, _, _ in ordered))
-             for case in group if case is not None]
+    if all(shard.positions for shard in shards):  # each case where the whole matrix has it
+        place = {case: position for shard in shards for case, position in shard.positions.items()}
+        gaps = sorted(set(range(len(place))) - set(place.values()))
+        if gaps or len(place) != sum(len(shard.positions) for shard in shards):
+            raise RecordError("the shards do not split one matrix (made from different manifests, selections or "
+                              f"--balance-by records): {len(place)} cases, places {gaps[:5] or 'repeated'} "
+                              f"{'missing' if gaps else ''}".rstrip())
+        found = sorted((case for record in records for case in record.cases), key=lambda case: place.get(case.id, -1))
+    else:  # older records: every n-th case, interleaved back
+        found = [case for group in zip_longest(*(r.cases for r, _, _ in ordered)) for case in group if case is not None]
+    cases = [case.model_dump(exclude_unset=True) for case in found]
     cache: Counter = Counter()
     for record in records:
         cache.update(record.cache)
@@ -53,7 +62,7 @@ def merge_records(records: Sequence[RunRecord], names: Sequence[str]) -> dict[st
         "duration_s": max(r.duration_s for r in records),
         "command": ["quantverdict", "merge", *names],
         "environment": records[0].environment.model_dump(exclude_unset=True),
-        "merged_from": [{"file": name, **shard.model_dump(), "started": r.started} for r, shard, name in ordered],
+        "merged_from": [{"file": name, **shard.model_dump(exclude={"positions"}), "started": r.started} for r, shard, name in ordered],
         "summary": summarize(cases),
         "cache": dict(cache),
         "cases": cases,

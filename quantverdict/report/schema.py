@@ -219,6 +219,7 @@ class Environment(_Open):
 class ShardRecord(_Open):
     index: int
     count: int
+    positions: dict[str, int] = {}  # each case's place in the whole matrix (absent from older records)
 
 
 class RunRecord(_Open):

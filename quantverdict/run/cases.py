@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
-from quantverdict.errors import HarnessError
 from quantverdict.precision import get_recipe, precision_rank
 
 if TYPE_CHECKING:
@@ -76,27 +75,3 @@ def enumerate_cases(model_names: Iterable[str], backend_names: Iterable[str],
                     out.append(Case(model, precision, backend))
     return out
 
-
-@dataclass(frozen=True)
-class Shard:
-    """Part ``index`` of ``count`` of a run (1-based): every count-th case, so shards are balanced and
-    interleaving them in index order gives back the unsharded order (:mod:`quantverdict.report.merge`)."""
-
-    index: int
-    count: int
-
-    @classmethod
-    def parse(cls, text: str) -> "Shard":
-        try:
-            index, count = (int(part) for part in text.split("/"))
-        except ValueError:
-            raise HarnessError(f"--shard {text!r}: expected i/n, e.g. 2/4") from None
-        if not 1 <= index <= count:
-            raise HarnessError(f"--shard {text!r}: i must be between 1 and n")
-        return cls(index, count)
-
-    def select(self, cases: list[Case]) -> list[Case]:
-        return cases[self.index - 1::self.count]
-
-    def to_dict(self) -> dict[str, int]:
-        return {"index": self.index, "count": self.count}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,6 +28,7 @@ from quantverdict.report.moved import moved
 from quantverdict.report.schema import RunRecord
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, enumerate_cases
+from quantverdict.run.shards import CASE_TIME
 from quantverdict.run.execute import CaseExecutor
 from quantverdict.tune.folds import search_recipe
 from quantverdict.run.manifest import Manifest, default_models, load_manifest, model_registry
@@ -106,9 +108,10 @@ class Pipeline:
         reason = self.skip_reason(case)
         if reason:
             return CaseResult(case, "skipped", reason)
-        before = Counter(self.cache.stats)
+        before, started = Counter(self.cache.stats), time.perf_counter()
         result = self.executor.run(case)
         result.cache = dict(Counter(self.cache.stats) - before)  # this case's cache hits and misses
+        result.timings[CASE_TIME] = round(time.perf_counter() - started, 3)  # what spreads the next run's work
         if self.baseline is not None:
             self.baseline.judge(result)
         return result

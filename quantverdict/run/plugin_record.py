@@ -19,6 +19,7 @@ class SessionRecord:
     """A pytest plugin object: the results of this session's cases, and the record they make."""
 
     def __init__(self, settings: "Settings", cases: Callable[[], list["Case"]]):
+        """``cases``: the whole matrix the settings name (a shard is a part of it)."""
         self.settings, self.cases = settings, cases
         self.results: list[dict[str, Any]] = []
         self.finished: set[str] = set()  # items whose teardown (or worker's crash) has reported
@@ -61,10 +62,14 @@ class SessionRecord:
         from quantverdict.capabilities import detect
         from quantverdict.errors import HarnessError
         from quantverdict.report.record import build_record, record_run
-        from quantverdict.run.cases import Shard
+        from quantverdict.run.shards import shard_of
 
-        shard = Shard.parse(self.settings["shard"]).to_dict() if self.settings["shard"] else None
-        record = build_record(self.results, detect(), self.started, shard=shard)
+        try:
+            shard = shard_of(self.settings["shard"], self.settings["balance-by"], self.cases())
+        except HarnessError as exc:
+            say(f"quantverdict: error: {exc}", red=True, bold=True)
+            return
+        record = build_record(self.results, detect(), self.started, shard=shard.to_dict() if shard else None)
         try:
             path, problem = record_run(record, self.settings["report-dir"], self.settings["history-db"])
         except HarnessError as exc:

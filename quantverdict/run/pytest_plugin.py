@@ -165,15 +165,21 @@ class ManifestFile(pytest.File):
     includes, or those ``--qv-models`` names), marked by precision and backend."""
 
     def collect(self) -> Iterator["CaseItem"]:
+        """Under pytest-xdist with ``--qv-balance-by``, the longest cases first: xdist hands a worker the next item
+        in this order whenever it is free, so a long case never starts last."""
+        import os
+
         from quantverdict.errors import HarnessError
-        from quantverdict.run.cases import Shard
+        from quantverdict.run.shards import Durations, shard_of
         from quantverdict.run.manifest import declaration_lines
 
         settings, pipe = self.config.stash[_settings_key], pipeline(self.config)
         try:
             cases = pipe.cases(settings["models"], settings["precisions"], settings["backends"])
-            if settings["shard"]:
-                cases = Shard.parse(settings["shard"]).select(cases)
+            shard = shard_of(settings["shard"], settings["balance-by"], cases)
+            cases = shard.select(cases) if shard else cases
+            if settings["balance-by"] and os.environ.get("PYTEST_XDIST_WORKER"):
+                cases = [cases[position] for position in Durations.recorded(settings["balance-by"]).longest_first(cases)]
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None
         lines = declaration_lines(self.path.read_text(encoding="utf-8"))

@@ -71,6 +71,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "path"),
     Setting("cache-dir", "artifact cache shared by runs and workers", "path", ".quantverdict-cache"),
     Setting("shard", "run part i of n of the matrix (i/n); 'merge' combines the records", metavar="I/N"),
+    Setting("balance-by", "an earlier run record whose cases' times balance --shard's parts and give "
+                          "pytest-xdist's workers the longest cases first", "path"),
     Setting("time", "also time each case (median latency, for speedups)", "flag"),
 ]}
 RUN = tuple(SETTINGS)

@@ -29,7 +29,7 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     from tqdm import tqdm
 
     from quantverdict.report.record import build_record, check_destinations, record_run
-    from quantverdict.run.cases import Shard
+    from quantverdict.run.shards import shard_of
     from quantverdict.run.pipeline import Pipeline
     from quantverdict.tune.lock import run_notes
 
@@ -44,7 +44,7 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
         if slow and models:
             print(f"left out, as slow: {', '.join(slow)} (name them with --models to run them)", file=sys.stderr)
     cases = pipeline.cases(models, settings["precisions"], settings["backends"])
-    shard = Shard.parse(settings["shard"]) if settings["shard"] else None
+    shard = shard_of(settings["shard"], settings["balance-by"], cases)
     if shard is not None:
         cases = shard.select(cases)
     results = []

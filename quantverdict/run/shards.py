@@ -1,0 +1,93 @@
+"""How a run's cases are spread: CI shards (part i of n), balanced by the durations an earlier run recorded
+(pytest-split's approach: longest first, each to the shard with least so far), and pytest-xdist's workers given the
+longest cases first, so that no worker starts a long case while the others have finished. A case the record does
+not hold is priced at the mean of those it does (a new model is as long as a typical one)."""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from quantverdict.errors import HarnessError
+from quantverdict.run.cases import Case
+
+CASE_TIME = "case_s"  # the timings key of a case's whole wall time (Pipeline.run); older records: their stages' sum
+
+
+@dataclass(frozen=True)
+class Durations:
+    """Seconds each case took, by case id."""
+
+    seconds: Mapping[str, float]
+
+    @classmethod
+    def recorded(cls, path: Path) -> "Durations":
+        """The durations in the run record at ``path`` (a whole run's, a shard's or a merged one)."""
+        from quantverdict.report.load import load_record
+
+        record = load_record(path)
+        return cls({case.id: case.timings.get(CASE_TIME, sum(case.timings.values())) for case in record.cases})
+
+    def of(self, case: Case) -> float:
+        known = self.seconds.get(case.id)
+        if known is not None:
+            return known
+        return sum(self.seconds.values()) / len(self.seconds) if self.seconds else 1.0
+
+    def longest_first(self, cases: Sequence[Case]) -> list[int]:
+        """The positions of ``cases``, longest first (ties in matrix order)."""
+        return sorted(range(len(cases)), key=lambda position: -self.of(cases[position]))
+
+    def balanced(self, cases: Sequence[Case], count: int) -> list[list[int]]:
+        """``count`` parts of the positions of ``cases``, each in matrix order: longest first, each to the part with
+        the least time so far (the lowest-numbered among equals), which keeps the longest part within the longest
+        case of the shortest."""
+        parts: list[list[int]] = [[] for _ in range(count)]
+        loads = [(0.0, part) for part in range(count)]
+        for position in self.longest_first(cases):
+            load, part = heapq.heappop(loads)
+            parts[part].append(position)
+            heapq.heappush(loads, (load + self.of(cases[position]), part))
+        return [sorted(part) for part in parts]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Part ``index`` of ``count`` of a run (1-based), and where its cases stand in the whole matrix (by case id),
+    which restores the unsharded order when shards are merged (:mod:`quantverdict.report.merge`): every count-th
+    case, or, given the durations an earlier run recorded, parts balanced by them."""
+
+    index: int
+    count: int
+    positions: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise HarnessError(f"--shard {text!r}: expected i/n, e.g. 2/4") from None
+        if not 1 <= index <= count:
+            raise HarnessError(f"--shard {text!r}: i must be between 1 and n")
+        return cls(index, count)
+
+    def of(self, cases: Sequence[Case], durations: Durations | None = None) -> "Shard":
+        """This part of ``cases``: every count-th, or the part of those balanced by ``durations``."""
+        chosen = range(self.index - 1, len(cases), self.count) if durations is None else \
+            durations.balanced(cases, self.count)[self.index - 1]
+        return replace(self, positions={cases[position].id: position for position in chosen})
+
+    def select(self, cases: Sequence[Case]) -> list[Case]:
+        return [case for case in cases if case.id in self.positions]
+
+    def to_dict(self) -> dict[str, int | dict[str, int]]:
+        return {"index": self.index, "count": self.count, "positions": dict(self.positions)}
+
+
+def shard_of(text: str | None, recorded: Path | None, cases: Sequence[Case]) -> Shard | None:
+    """The part of ``cases`` that ``--shard i/n`` names (None where none is named): balanced by the durations in the
+    run record ``recorded`` where one is given, else every n-th case."""
+    if not text:
+        return None
+    return Shard.parse(text).of(cases, None if recorded is None else Durations.recorded(recorded))
