@@ -1,7 +1,9 @@
 """Timing helpers: statistics and the floor rule (no wall-clock asserts: speed lives in benchmarks)."""
 import itertools
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,23 @@ def test_compare_timings_needs_both_a_ratio_and_significance(tmp_path):
     (tmp_path / "bare.json").write_text(json.dumps(document))
     bare = subprocess.run([*compare, str(tmp_path / "bare.json"), str(first)], capture_output=True, text=True, cwd=root)
     assert bare.returncode == 2 and "--benchmark-save-data" in bare.stderr
+
+
+def _enter_slot(gpu: str, mark: Path) -> subprocess.Popen:
+    """Another process (a second xdist worker) that takes ``gpu``'s timing slot and then writes ``mark``."""
+    code = ("import sys; from pathlib import Path; from quantverdict.perf.gpu_slot import timing_slot\n"
+            "with timing_slot(sys.argv[1]):\n    Path(sys.argv[2]).write_text('in')\n")
+    return subprocess.Popen([sys.executable, "-c", code, gpu, str(mark)])
+
+
+def test_one_timing_loop_at_a_time_per_gpu_across_processes(tmp_path):
+    """While this process times on a GPU, another process's loop on that GPU waits; one on another GPU does not."""
+    from quantverdict.perf.gpu_slot import timing_slot
+
+    held, other = f"GPU-test-{os.getpid()}-a", f"GPU-test-{os.getpid()}-b"
+    with timing_slot(held):
+        waiting, elsewhere = _enter_slot(held, tmp_path / "same"), _enter_slot(other, tmp_path / "other")
+        assert elsewhere.wait(timeout=60) == 0 and (tmp_path / "other").exists()
+        time.sleep(0.5)
+        assert waiting.poll() is None and not (tmp_path / "same").exists()  # it waits while the slot is held
+    assert waiting.wait(timeout=60) == 0 and (tmp_path / "same").exists()

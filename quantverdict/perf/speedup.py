@@ -11,6 +11,7 @@ from quantverdict.documents import load
 from quantverdict.errors import HarnessError
 from quantverdict.judge.workbench import Workbench
 from quantverdict.perf.bench import Ratio, Timing, interleaved_ratio, time_call
+from quantverdict.perf.gpu_slot import this_gpu, timing_slot
 from quantverdict.precision import known_precisions
 
 PrecisionName = Literal[tuple(known_precisions())]  # type: ignore[valid-type]
@@ -70,7 +71,12 @@ def _timer(bench: Workbench, floor: Floor, precision: str, target: str = "emulat
         from quantverdict.perf.gpu_lane import torch_cuda_timing
 
         shape = (floor.batch, *spec.inputs[0].shape[1:])
-        return lambda: torch_cuda_timing(bench.module(floor.model), precision, shape)
+
+        def on_gpu() -> Timing:
+            with timing_slot(this_gpu()):  # the GPU to this loop alone
+                return torch_cuda_timing(bench.module(floor.model), precision, shape)
+
+        return on_gpu
     if floor.backend == "onnxruntime" and floor.hardware == "cpu":
         from quantverdict.backends.onnxrt import OnnxRuntimeRunner, integer_kernel_config
         from quantverdict.precision import get_recipe

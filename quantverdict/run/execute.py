@@ -34,6 +34,7 @@ from quantverdict.models import ModelSpec
 from quantverdict.models.data import batches_key
 from quantverdict.models.spec import Batch, sample_count
 from quantverdict.perf.bench import time_call
+from quantverdict.perf.gpu_slot import this_gpu, timing_slot
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 from quantverdict.tune.decide import decided_before_calibration
@@ -119,7 +120,8 @@ class CaseExecutor:
                 built, runtime = runner.describe(), runner.label()
                 if self.timing:
                     items = sample_count(batches[0])
-                    latency = time_call(lambda: runner.infer(batches[0]), items=items)
+                    with timing_slot(this_gpu() if self.caps.gpu is not None else None):  # the GPU to itself
+                        latency = time_call(lambda: runner.infer(batches[0]), items=items)
         else:  # outputs fixed by what the backend names: read them if an earlier run made them
             start = time.perf_counter()
             candidate, runtime = store.run_outputs(case.model, case.backend, artifacts)
