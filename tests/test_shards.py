@@ -100,18 +100,23 @@ def test_shards_by_an_earlier_runs_durations_merge_into_the_unsharded_run(tmp_pa
         merge_records([load_record(first), load_record(tmp_path / "moved.json")], ["a.json", "moved.json"])
 
 
-def test_xdist_workers_take_the_longest_cases_first(tmp_path):
+@pytest.mark.parametrize("dist", ["load", "loadgroup"])
+def test_xdist_workers_take_the_longest_cases_first(tmp_path, dist):
     """With --qv-balance-by, each worker collects the cases longest first, the order xdist hands them out in: one
-    worker runs them in that order, which its record keeps."""
+    worker runs them in that order, which its record keeps; with --dist loadgroup a model's cases run together, the
+    model whose cases take longest together first."""
     whole = load_record(_run(tmp_path, "whole"))
     earlier = json.loads(whole.model_dump_json())
     earlier["cases"] = [case for case in earlier["cases"] if case["model"] in ("cnn", "mlp")]
     for case, seconds in zip(earlier["cases"], (1.0, 9.0, 3.0, 5.0)):
         case["timings"] = {CASE_TIME: seconds}
     (tmp_path / "earlier.json").write_text(json.dumps(earlier))
-    longest_first = [case["id"] for case in sorted(earlier["cases"], key=lambda case: -case["timings"][CASE_TIME])]
+    longest_first = ["cnn-int8-onnxruntime", "mlp-int8-onnxruntime", "mlp-fp32-onnxruntime", "cnn-fp32-onnxruntime"]
+    if dist == "loadgroup":  # cnn's 10 s before mlp's 8 s
+        longest_first = ["cnn-int8-onnxruntime", "cnn-fp32-onnxruntime", "mlp-int8-onnxruntime", "mlp-fp32-onnxruntime"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider", "fixtures/models.yaml",
+        [sys.executable, "-m", "pytest", "-q", "-n", "1", "--dist", dist, "-p", "no:cacheprovider",
+         "fixtures/models.yaml",
          "--qv-models", "mlp,cnn", "--qv-precisions", "fp32,int8", "--qv-backends", "onnxruntime",
          f"--qv-balance-by={tmp_path / 'earlier.json'}", f"--qv-report-dir={tmp_path / 'xdist'}"],
         capture_output=True, text=True, cwd=REPO, timeout=600)

@@ -41,7 +41,7 @@ class SessionRecord:
         from the record, and a gate against a full baseline would pass)."""
         from quantverdict.run.cases import CaseResult
 
-        case_id = report.nodeid.rpartition("::")[2]
+        case_id = report.nodeid.rpartition("::")[2].partition("@")[0]  # --dist loadgroup appends "@group"
         case = next((case for case in self.cases() if case.id == case_id), None)
         what = str(report.longrepr).strip().splitlines()[0] if report.longrepr else "its worker crashed"
         return None if case is None else CaseResult(case, "error", f"{case.id}: {what}").to_dict()

@@ -165,21 +165,17 @@ class ManifestFile(pytest.File):
     includes, or those ``--qv-models`` names), marked by precision and backend."""
 
     def collect(self) -> Iterator["CaseItem"]:
-        """Under pytest-xdist with ``--qv-balance-by``, the longest cases first: xdist hands a worker the next item
-        in this order whenever it is free, so a long case never starts last."""
         import os
 
         from quantverdict.errors import HarnessError
-        from quantverdict.run.shards import Durations, shard_of
+        from quantverdict.run.shards import in_order
         from quantverdict.run.manifest import declaration_lines
 
         settings, pipe = self.config.stash[_settings_key], pipeline(self.config)
         try:
-            cases = pipe.cases(settings["models"], settings["precisions"], settings["backends"])
-            shard = shard_of(settings["shard"], settings["balance-by"], cases)
-            cases = shard.select(cases) if shard else cases
-            if settings["balance-by"] and os.environ.get("PYTEST_XDIST_WORKER"):
-                cases = [cases[position] for position in Durations.recorded(settings["balance-by"]).longest_first(cases)]
+            cases = in_order(pipe.cases(settings["models"], settings["precisions"], settings["backends"]),
+                             settings["shard"], settings["balance-by"], bool(os.environ.get("PYTEST_XDIST_WORKER")),
+                             self.config.getoption("dist", None) == "loadgroup")
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None
         lines = declaration_lines(self.path.read_text(encoding="utf-8"))
@@ -187,6 +183,8 @@ class ManifestFile(pytest.File):
             item = CaseItem.from_parent(self, name=case.id, case=case, line=lines.get(case.model, lines.get("", 0)))
             item.add_marker(case.precision)
             item.add_marker(case.backend)
+            if self.config.pluginmanager.hasplugin("xdist"):  # --dist loadgroup: a model's cases on one worker
+                item.add_marker(pytest.mark.xdist_group(case.model))
             if pipe.models.get(case.model).slow:
                 item.add_marker("slow")
             if case.precision in pipe.backend(case.backend).gpu_precisions:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from quantverdict.errors import HarnessError
 from quantverdict.run.cases import Case
@@ -35,9 +35,15 @@ class Durations:
             return known
         return sum(self.seconds.values()) / len(self.seconds) if self.seconds else 1.0
 
-    def longest_first(self, cases: Sequence[Case]) -> list[int]:
-        """The positions of ``cases``, longest first (ties in matrix order)."""
-        return sorted(range(len(cases)), key=lambda position: -self.of(cases[position]))
+    def longest_first(self, cases: Sequence[Case], together: Callable[[Case], str] | None = None) -> list[int]:
+        """The positions of ``cases``, longest first (ties in matrix order); where ``together`` names the group each
+        case runs in (one worker runs a group), the longest group first, and in it the longest case."""
+        group: dict[str, float] = {}
+        for case in cases:
+            name = together(case) if together else case.id
+            group[name] = group.get(name, 0.0) + self.of(case)
+        return sorted(range(len(cases)), key=lambda position: (
+            -group[together(cases[position]) if together else cases[position].id], -self.of(cases[position])))
 
     def balanced(self, cases: Sequence[Case], count: int) -> list[list[int]]:
         """``count`` parts of the positions of ``cases``, each in matrix order: longest first, each to the part with
@@ -91,3 +97,17 @@ def shard_of(text: str | None, recorded: Path | None, cases: Sequence[Case]) -> 
     if not text:
         return None
     return Shard.parse(text).of(cases, None if recorded is None else Durations.recorded(recorded))
+
+
+def in_order(cases: Sequence[Case], shard: str | None, balance_by: Path | None, distributed: bool,
+             by_model: bool) -> list[Case]:
+    """The cases of ``--shard`` (every case where none is named) in the order to run them: in a pytest-xdist worker
+    (``distributed``) with ``--qv-balance-by``, the longest first, or with ``--dist loadgroup`` (``by_model``: a model's
+    cases run on one worker, sharing its module, reference and data) the models whose cases take longest together:
+    xdist hands a free worker the next in this order, so a long case never starts last."""
+    part = shard_of(shard, balance_by, cases)
+    chosen = part.select(cases) if part else list(cases)
+    if not (distributed and balance_by):
+        return chosen
+    order = Durations.recorded(balance_by).longest_first(chosen, (lambda case: case.model) if by_model else None)
+    return [chosen[position] for position in order]
