@@ -146,3 +146,60 @@ def test_lock_does_not_search_what_coverage_decides(lstm, tmp_path, monkeypatch,
     assert "seq int8: not searched: the case is skipped before any calibration: the recipe runs 1 of 3" in printed
     assert "seq fp8: not searched" in printed and not (tmp_path / "quantverdict.lock").exists()
     assert _made(tmp_path / "cache") == []
+
+
+def _by_rate() -> onnx.ModelProto:
+    """A network whose every weight is inside an ``If`` its int64 sample-rate input decides (a voice detector exported
+    with both rates is): each branch two MatMuls; the 8 kHz one also reads the rate inside its body."""
+    rng = np.random.default_rng(7)
+
+    def branch(name: str, reads_rate: bool) -> onnx.GraphProto:
+        weights = [numpy_helper.from_array(rng.normal(0, 0.4, shape).astype(np.float32), f"{name}_w{number}")
+                   for number, shape in enumerate([(8, 16), (16, 4)])]
+        nodes = [helper.make_node("MatMul", ["x", f"{name}_w0"], [f"{name}_h"], name=f"{name}_mm0"),
+                 helper.make_node("Relu", [f"{name}_h"], [f"{name}_r"], name=f"{name}_relu"),
+                 helper.make_node("MatMul", [f"{name}_r", f"{name}_w1"], [f"{name}_y"], name=f"{name}_mm1")]
+        if reads_rate:
+            nodes[-1].output[0] = f"{name}_z"
+            nodes += [helper.make_node("Cast", ["sr"], [f"{name}_rate"], to=TensorProto.FLOAT),
+                      helper.make_node("Div", [f"{name}_z", f"{name}_rate"], [f"{name}_y"])]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT,
+                                                                                 [None, 4])], weights)
+
+    nodes = [helper.make_node("Equal", ["sr", "rate16k"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["y"], name="by_rate", then_branch=branch("k16", False),
+                              else_branch=branch("k8", True))]
+    graph = helper.make_graph(nodes, "vad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8]),
+                                             helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+                              [numpy_helper.from_array(np.array(16000, np.int64), "rate16k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("rate, branch", [(16000, "k16"), (8000, "k8")])
+def test_an_if_a_fixed_scalar_input_decides_is_quantized_in_the_branch_that_value_takes(tmp_path, rate, branch):
+    """Before: 0 of 4 weighted layers, failed, as for any weights inside a body. With the sample rate fixed in the
+    manifest (``value:``), the If is that branch (the rate read inside it too): its 2 layers are quantized and the
+    case is judged on them; the FP32 graph computes what the original computes at that rate."""
+    import onnxruntime as ort
+
+    path = tmp_path / "vad.onnx"
+    onnx.save(_by_rate(), str(path))
+    inputs = f"[{{name: x, shape: [4, 8]}}, {{name: sr, shape: [], dtype: int64, value: {rate}}}]"
+    pipeline = Pipeline(tmp_path / "cache", manifest=_manifest(tmp_path, "vad", path, inputs, ["y"]))
+    result = pipeline.run(Case("vad", "int8", "onnxruntime"))
+    assert result.status == "passed", result.message
+    coverage = result.metrics["recipe"]["coverage"]
+    assert (coverage["quantized"], coverage["layers"]) == (2, 2)
+    assert coverage["quantized_layers"] == [f"{branch}_mm0", f"{branch}_mm1"]
+    flat = onnx.load(str(pipeline.store.fp32_onnx("vad")))
+    assert "If" not in {node.op_type for node in flat.graph.node}
+    assert {node.name for node in flat.graph.node if node.op_type == "MatMul"} == {f"{branch}_mm0", f"{branch}_mm1"}
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)
+    feed = {"x": x, "sr": np.array(rate, np.int64)}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # each graph as written
+    original, flattened = (ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+                           for model in (str(path), str(pipeline.store.fp32_onnx("vad"))))
+    np.testing.assert_array_equal(original, flattened)

@@ -4,21 +4,21 @@ that graph at the opset a recipe needs.
 - :class:`Fp32Graph`: the user's ONNX file (checked, and lowered to an IR version every runtime reads),
   or the torch module exported, keyed by the spec's build key where it has one (a warm run never builds
   the module) and by the module's weights otherwise; either normalised (:class:`Normalised`).
-- :class:`Normalised`: a graph with its constant subgraphs folded into initializers
-  (:mod:`quantverdict.export.normalise`): weights where a recipe looks for them, whoever exported it.
+- :class:`Normalised`: a graph with its constant subgraphs folded into initializers, its fixed scalar inputs read
+  as constants (:mod:`quantverdict.export.normalise`): weights where a recipe looks for them, whoever exported it.
 - :class:`AtOpset`: a graph converted up to an opset by onnx's version converter, or itself.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from quantverdict.cache import Cache
 from quantverdict.capabilities import package_version
 from quantverdict.export.compat import at_opset, lowest_ir, opset_of, serialized
-from quantverdict.export.normalise import foldable, normalised
+from quantverdict.export.normalise import fixed_inputs, foldable, normalised
 from quantverdict.export.torchscript import export_built, export_onnx, load_onnx
 from quantverdict.errors import InputSpecError
 from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
@@ -32,7 +32,8 @@ class Fp32Graph:
     cache: Cache
 
     def __call__(self) -> Path:
-        return Normalised(self.exported, self.cache)()
+        fixed = {item.name: (item.value, item.dtype) for item in self.spec.inputs if item.value is not None}
+        return Normalised(self.exported, self.cache, fixed)()
 
     def exported(self) -> Path:
         spec = self.spec
@@ -87,17 +88,27 @@ class Normalised:
 
     graph: Callable[[], Path]
     cache: Cache
+    fixed: Mapping[str, tuple[float, str]] = field(default_factory=dict)  # inputs the manifest fixes: value, dtype
 
     def __call__(self) -> Path:
         import onnx
 
         path = self.graph()
         key = content_hash("normalised", file_sha256(path), package_version("onnx_graphsurgeon"),
-                           package_version("onnxruntime"), source_fingerprint("quantverdict.export"))
-        if not self.cache.json("foldable", [key], lambda: foldable(onnx.load(str(path))), {"graph": path.name}):
+                           package_version("onnxruntime"), source_fingerprint("quantverdict.export"),
+                           sorted(self.fixed.items()))
+
+        def changes() -> bool:
+            model = onnx.load(str(path))
+            return foldable(model, fixed_inputs(model, self.fixed))
+
+        def made() -> bytes:
+            model = onnx.load(str(path))
+            return serialized(normalised(model, fixed_inputs(model, self.fixed)))
+
+        if not self.cache.json("foldable", [key], changes, {"graph": path.name}):
             return path
-        return self.cache.get_or_create("normalised", key, ".onnx",
-                                        lambda: serialized(normalised(onnx.load(str(path)))), {"graph": path.name})
+        return self.cache.get_or_create("normalised", key, ".onnx", made, {"graph": path.name})
 
 
 @dataclass(frozen=True)
