@@ -130,10 +130,13 @@ def test_pytest_option_baseline_fails_the_test_of_the_regressed_case(qv_pipeline
     assert run.returncode == 1, run.stdout[-2000:]
     assert "regressed against baseline" in run.stdout and "recipe SNR" in run.stdout
     assert "cnn-int8-onnxruntime: moved: nothing the records hold" in run.stdout  # the baseline was edited, not rerun
-    from quantverdict.report.render import markdown
+    from quantverdict.report.render import html_page, markdown
 
     summary = markdown(load_record(next(tmp_path.glob("run-*.json"))))
     assert "## Regressions against the baseline" in summary and "- cnn-int8-onnxruntime: " in summary
+    page = html_page(load_record(next(tmp_path.glob("run-*.json"))), [])  # the page's row names what moved too
+    assert "<h2>Regressions against the baseline</h2>" in page
+    assert "<td>cnn-int8-onnxruntime</td>" in page and "moved: nothing the records hold" in page
 
 
 @pytest.mark.int8

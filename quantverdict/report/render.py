@@ -36,11 +36,10 @@ def markdown(record: RunRecord) -> str:
         for c in record.cases if (search := _search(c)) is not None and (search.note or search.cost)}
     if notes:  # what the case's bounds would take where a searched recipe misses them, and what each search took
         lines += ["", "## Recipe searches", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in notes.items()]
-    regressed = [c for c in record.cases if c.metrics.baseline and c.metrics.baseline.regressions]
+    regressed = regressions(record)
     if regressed:  # pytest --qv-baseline: each regression with what moved between the runs
         lines += ["", "## Regressions against the baseline", ""] + [
-            f"- {_cell(c.id)}: {_cell('; '.join(c.metrics.baseline.regressions))} "
-            f"({_cell(c.metrics.baseline.moved or 'moved: -')})" for c in regressed if c.metrics.baseline]
+            f"- {_cell(case)}: {_cell(what)} ({_cell(moved)})" for case, what, moved in regressed]
     stale = lock_notes(record)
     if stale:
         lines += ["", "## Locks that do not match this run", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in stale]
@@ -48,6 +47,12 @@ def markdown(record: RunRecord) -> str:
     if reasons:
         lines += ["", "## Skipped", ""] + [f"- {n} × {_cell(reason)}" for reason, n in reasons.most_common()]
     return "\n".join(lines) + "\n"
+
+
+def regressions(record: RunRecord) -> list[tuple[str, str, str]]:
+    """(case, its regressions, what moved between the runs) of each case ``--qv-baseline`` found regressed."""
+    return [(c.id, "; ".join(c.metrics.baseline.regressions), c.metrics.baseline.moved or "moved: -")
+            for c in record.cases if c.metrics.baseline and c.metrics.baseline.regressions]
 
 
 def lock_notes(record: RunRecord) -> list[tuple[str, str]]:
@@ -112,7 +117,7 @@ def html_page(record: RunRecord, history: list[RunRecord], sections: Sequence[st
             body.append(f'<p class="legend">{html.escape(notes[title])}</p>')
         body.append(f'<img alt="{html.escape(title)}" src="data:image/png;base64,{png}">' if png else
                     '<p class="empty">No data in this run for this chart.</p>')
-    body += [_verdicts(record), _failures(record), _skips(record), *sections]
+    body += [_regressions(record), _verdicts(record), _failures(record), _skips(record), *sections]
     return page("Accuracy run", body)
 
 
@@ -181,6 +186,15 @@ def _failures(record: RunRecord) -> str:
                  f"({html.escape(divergence.op)}), {html.escape(divergence.summary)}" if divergence else "")
         items.append(f"<li><b>{html.escape(case.id)}</b><pre>{html.escape(case.message)}</pre>{where}</li>")
     return f"<h2>Failures</h2><ul>{''.join(items)}</ul>"
+
+
+def _regressions(record: RunRecord) -> str:
+    """Each regression against ``--qv-baseline``'s run, with what moved between the two runs (its attribution)."""
+    rows = "".join(f"<tr><td>{html.escape(case)}</td><td style='text-align:left'>{html.escape(what)}</td>"
+                   f"<td style='text-align:left'>{html.escape(moved)}</td></tr>"
+                   for case, what, moved in regressions(record))
+    return (f"<h2>Regressions against the baseline</h2><table><tr><th>case</th><th>regression</th><th>what moved"
+            f"</th></tr>{rows}</table>") if rows else ""
 
 
 def _skips(record: RunRecord) -> str:
