@@ -1,4 +1,6 @@
 """User models from a manifest: loading, errors that name the entry, and a run through the pipeline."""
+import json
+
 import pytest
 
 from quantverdict.errors import HarnessError
@@ -194,3 +196,78 @@ def test_a_field_name_that_breaks_lines_is_quoted_in_its_one_line_message(tmp_pa
         load_policy(path)
     lines = str(raised.value).splitlines()
     assert len(lines) == 2 and all(line.startswith(f"{path}: defaults[") for line in lines), lines
+
+
+def _toml(value: object) -> str:
+    """``value`` as an inline TOML value (None has none: the caller leaves its key out)."""
+    import json
+    import math
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are TOML basic-string escapes
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(item) for item in value if item is not None) + "]"
+    assert isinstance(value, dict)
+    return "{" + ", ".join(f"{json.dumps(key)} = {_toml(item)}" for key, item in value.items() if item is not None) + "}"
+
+
+def test_near_valid_project_settings_are_taken_or_refused_in_one_line_never_crash_a_run(tmp_path):
+    """Hypothesis replaces values anywhere in a ``[tool.quantverdict]`` table that sets every setting (and the
+    packaged speedup floors): resolving the settings as a run does (paths, recipe options, precisions, the shard)
+    either takes them or refuses with a HarnessError whose every line names the file or the setting; nothing else
+    escapes."""
+    import yaml
+    from hypothesis import given, settings
+
+    from near_valid import changes, mutated
+    from quantverdict.documents import packaged
+    from quantverdict.perf.speedup import load_floors
+    from quantverdict.precision import get_recipe
+    from quantverdict.run.settings import Settings
+    from quantverdict.run.shards import Shard
+
+    table = {"manifest": "models.yaml", "models": "cnn,mlp", "precisions": ["int8", "fp16"], "backends": "onnxruntime",
+             "tolerances": "tol.yaml", "calibration": "mse", "recipe-option": ["int8:smoothquant=0.5", "fallback=0.1"],
+             "lock": "quantverdict.lock", "relock": "all", "baseline": "base.json", "gate-policy": "gate.yaml",
+             "report-dir": "reports", "history-db": "h.sqlite", "cache-dir": "c", "shard": "1/2",
+             "balance-by": "last.json", "time": True}
+    pyproject = tmp_path / "pyproject.toml"
+
+    def resolve() -> None:
+        resolved = Settings.resolve({}, tmp_path)
+        resolved.recipe_settings()
+        if resolved["shard"]:
+            Shard.parse(resolved["shard"])
+        for name in resolved["precisions"] or []:
+            get_recipe(name)
+
+    floors = tmp_path / "speedups.yaml"
+    for path, original, read in ((pyproject, {"tool": {"quantverdict": table}}, resolve),
+                                 (floors, yaml.safe_load(packaged("speedups.yaml").read_text()),
+                                  lambda: load_floors(floors))):
+
+        @settings(max_examples=60, deadline=None, derandomize=True)
+        @given(changes())
+        def check(edits):
+            document = mutated(original, edits)
+            if path == pyproject:
+                tool = document.get("tool") if isinstance(document, dict) else None
+                body = tool.get("quantverdict") if isinstance(tool, dict) else None
+                lines = [f"{json.dumps(key)} = {_toml(value)}" for key, value in (body or {}).items()
+                         if value is not None] if isinstance(body, dict) else []
+                path.write_text("[tool.quantverdict]\n" + "\n".join(lines) + "\n")
+            else:
+                path.write_text(yaml.safe_dump(document))
+            try:
+                read()
+            except HarnessError as exc:
+                said = str(exc).splitlines()
+                assert said and all(str(path) in line or "--" in line or "setting" in line for line in said), str(exc)
+
+        check()

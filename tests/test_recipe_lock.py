@@ -404,3 +404,31 @@ def test_explain_names_the_recipe_when_the_baselines_recipe_restores_the_verdict
     out = capsys.readouterr().out
     assert code == 0 and "dw-int8-onnxruntime: moved: the recipe settings" in out, out
     assert "on this graph restore it: the recipe change caused it" in out, out
+
+
+def test_near_valid_locks_are_read_or_refused_in_one_line_never_crash_the_reader(repo):
+    """Hypothesis replaces values anywhere in a lock the search wrote (nulls, NaN, numbers of 400 digits, strings,
+    nested values), as a hand edit or a merge tool gets a lock almost right: reading it either takes the file or
+    refuses it with a HarnessError whose every line names the file; nothing else escapes."""
+    import yaml
+    from hypothesis import given, settings
+
+    from near_valid import changes, mutated
+    from quantverdict.errors import HarnessError
+    from quantverdict.tune.lock import RecipeLock
+
+    assert _lock(repo) == 0
+    path = repo / "quantverdict.lock"
+    original = yaml.safe_load(path.read_text())
+
+    @settings(max_examples=80, deadline=None, derandomize=True)
+    @given(changes())
+    def check(edits):
+        path.write_text(yaml.safe_dump(mutated(original, edits)))
+        try:
+            RecipeLock.read(path)
+        except HarnessError as exc:
+            lines = str(exc).splitlines()
+            assert lines and all(str(path) in line for line in lines), str(exc)
+
+    check()

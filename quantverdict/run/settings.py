@@ -127,13 +127,27 @@ def _checked(table: Mapping[str, Any], path: Path) -> dict[str, Any]:
             problems.append(f"{path}: [tool.{TABLE}].{key}: unknown setting{suggest(key, list(SETTINGS))}")
             continue
         expected = {"flag": bool, "list": list, "csv": (list, str)}.get(setting.kind, str)
-        if not isinstance(value, expected):  # type: ignore[arg-type]
+        if not isinstance(value, expected) or (  # type: ignore[arg-type]
+                isinstance(value, list) and not all(isinstance(item, str) for item in value)):
             problems.append(f"{path}: [tool.{TABLE}].{key}: expected {_kind_words(setting.kind)}, got {value!r}")
+            continue
+        unknown = _unknown_precisions(value) if key == "precisions" else None
+        if unknown:
+            problems.append(f"{path}: [tool.{TABLE}].{key}: {unknown}")
             continue
         values[key] = value
     if problems:
         raise DocumentError("\n".join(problems))
     return values
+
+
+def _unknown_precisions(value: list[str] | str) -> str | None:
+    """What is wrong with a project's precisions (an unknown name, with the known ones), or None."""
+    from quantverdict.precision import known_precisions
+
+    names = [name.strip() for name in (value if isinstance(value, list) else value.split(",")) if name.strip()]
+    unknown = [name for name in names if name not in known_precisions()]
+    return f"unknown precision {unknown[0]!r} (known: {', '.join(sorted(known_precisions()))})" if unknown else None
 
 
 def _kind_words(kind: Kind) -> str:
