@@ -214,7 +214,8 @@ def _toml(value: object) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml(item) for item in value if item is not None) + "]"
     assert isinstance(value, dict)
-    return "{" + ", ".join(f"{json.dumps(key)} = {_toml(item)}" for key, item in value.items() if item is not None) + "}"
+    pairs = [f"{json.dumps(key)} = {_toml(item)}" for key, item in value.items() if item is not None]
+    return "{" + ", ".join(pairs) + "}"
 
 
 def test_near_valid_project_settings_are_taken_or_refused_in_one_line_never_crash_a_run(tmp_path):
