@@ -57,3 +57,18 @@ def test_the_built_ins_do_not_depend_on_the_cpu_kernels():
     out = subprocess.run([sys.executable, "-c", code, *names], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {name: RECORDED[name] for name in names}
+
+
+def test_a_module_is_placed_once_per_device_and_dtype_and_the_built_one_never_changes():
+    """The torch runner's module on a device in a dtype: itself where it is there already, else one copy per process
+    (runs of one model share it), and the module as built keeps its own weights and dtype."""
+    from quantverdict.backends.pyt import placed
+
+    built = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).eval()
+    before = {name: tensor.clone() for name, tensor in built.state_dict().items()}
+    assert placed(built, "cpu", torch.float32) is built
+    wider = placed(built, "cpu", torch.float64)
+    assert wider is not built and placed(built, "cpu", torch.float64) is wider
+    assert all(p.dtype == torch.float64 for p in wider.parameters())
+    assert all(torch.equal(before[name], tensor) for name, tensor in built.state_dict().items())
+    assert all(p.dtype == torch.float32 for p in built.parameters())
