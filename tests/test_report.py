@@ -536,3 +536,17 @@ def test_the_gate_says_what_moved_beside_a_regression(record_path, tmp_path, edi
     assert said in line, line
     same_recipe = "the runtime moved, not the recipe" in line
     assert same_recipe == ("precision graph" not in said), line
+
+
+def test_the_gate_names_an_engine_built_with_other_options(record_path, tmp_path):
+    """Two runs of a case whose engines were built with other TensorRT options (the runner's description keys them):
+    the engine moved, said beside the regression (engines are built on GPU runners only; the records are edited)."""
+    def engine(key: str):
+        return lambda r: _int8(r)["metrics"]["fingerprint"].__setitem__("engine", key * 64)
+
+    (tmp_path / "base").mkdir()
+    base = _edited(record_path, tmp_path / "base", engine("5"))
+    proc = harness("gate", "--baseline", str(base), "--current",
+                   str(_edited(record_path, tmp_path, lambda r: [engine("4")(r), _drop_cosine(r)])))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "moved: the engine's build options (TensorRT's flags, shapes, GPU)" in proc.stdout, proc.stdout

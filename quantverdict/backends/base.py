@@ -17,6 +17,9 @@ from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision.base import Recipe
 
 
+BUILD_OPTIONS = "build_options"  # in a runner's description: what its engine was built with (flags, shapes, GPU)
+
+
 class Runner:
     """Activated, runs batches; a context manager. Running an inactive runner, or activating an active one, is
     an error (a runner's session or engine exists only between ``activate`` and ``deactivate``)."""
@@ -53,7 +56,8 @@ class Runner:
         return self.name
 
     def describe(self) -> dict[str, Any]:
-        """What the backend made, for the run record (e.g. an engine's per-layer precisions)."""
+        """What the backend made, for the run record (e.g. an engine's per-layer precisions; under
+        :data:`BUILD_OPTIONS`, what an engine was built with, which the case's fingerprint keys)."""
         return {}
 
     def activate_impl(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from polygraphy.backend.trt import TrtRunner
 
-from quantverdict.backends.base import Artifacts, Backend, Runner
+from quantverdict.backends.base import BUILD_OPTIONS, Artifacts, Backend, Runner
 from quantverdict.backends.trt_engine import (BuildOptions, cached_engine, engine_summary, gpu_requirement,
                                               profile_from_spec, target_requirement)
 from quantverdict.cache import atomic_write_bytes
@@ -132,13 +132,18 @@ class TensorRTBackend(Backend):
         loaders = make_loaders(onnx_path, plan, build, timing_cache, calibrator)
         engine = cached_engine(FLAVOUR, tensorrt.__version__, onnx_path, artifacts.recipe.name,
                                repr((plan, build, gpu)), lambda: bytes(loaders()), artifacts.cache)
-        return InspectedTrtRunner(EngineFromBytes(engine.read_bytes()), name=f"tensorrt-{artifacts.recipe.name}")
+        runner = InspectedTrtRunner(EngineFromBytes(engine.read_bytes()), name=f"tensorrt-{artifacts.recipe.name}")
+        runner.build_options = repr((plan, build, gpu))
+        return runner
 
 
 class InspectedTrtRunner(TrtRunner):
-    """Polygraphy's ``TrtRunner`` that also reports the engine inspector's per-layer precisions."""
+    """Polygraphy's ``TrtRunner`` that also reports the engine inspector's per-layer precisions and the options its
+    engine was built with."""
+
+    build_options = ""
 
     def describe(self) -> dict[str, Any]:
         import tensorrt
 
-        return engine_summary(tensorrt, self.engine)
+        return {**engine_summary(tensorrt, self.engine), BUILD_OPTIONS: self.build_options}

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from quantverdict.backends.base import Runner
+from quantverdict.backends.base import BUILD_OPTIONS, Runner
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, cc_requirement
 from quantverdict.hashing import content_hash, source_fingerprint
@@ -136,8 +136,8 @@ class EngineRunner(Runner):
 
     name = "tensorrt-engine"
 
-    def __init__(self, trt: ModuleType, engine_path: Path):
-        self.trt, self.engine_path = trt, engine_path
+    def __init__(self, trt: ModuleType, engine_path: Path, build_options: str = ""):
+        self.trt, self.engine_path, self.build_options = trt, engine_path, build_options
 
     def activate_impl(self) -> None:
         import torch
@@ -173,7 +173,7 @@ class EngineRunner(Runner):
         return {name: out.float().cpu().numpy() for name, out in results.items()}
 
     def describe(self) -> dict[str, Any]:
-        return engine_summary(self.trt, self.engine)
+        return {**engine_summary(self.trt, self.engine), BUILD_OPTIONS: self.build_options}
 
     def deactivate_impl(self) -> None:
         del self.context, self.engine, self.runtime

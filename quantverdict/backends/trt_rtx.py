@@ -50,12 +50,15 @@ class TensorRTRTXBackend(Backend):
         reason = target_requirement(precision, artifacts.recipe.params(), target_cc)
         if reason:
             raise UnsupportedError(reason)
-        options = BuildOptions(target_cc=target_cc, tf32=bool(artifacts.recipe.runtime.get("tf32")),
-                               profiles=profile_from_spec(artifacts.spec))
-        return build_engine(_trt(), FLAVOUR, artifacts.onnx_path(), precision, options, artifacts.cache)
+        return build_engine(_trt(), FLAVOUR, artifacts.onnx_path(), precision, self.options(artifacts, target_cc),
+                            artifacts.cache)
+
+    def options(self, artifacts: Artifacts, target_cc: tuple[int, int]) -> BuildOptions:
+        return BuildOptions(target_cc=target_cc, tf32=bool(artifacts.recipe.runtime.get("tf32")),
+                            profiles=profile_from_spec(artifacts.spec))
 
     def load(self, artifacts: Artifacts) -> Runner:
         import torch
 
-        major, minor = torch.cuda.get_device_capability(0)
-        return EngineRunner(_trt(), self.build(artifacts, (major, minor)))
+        target = torch.cuda.get_device_capability(0)
+        return EngineRunner(_trt(), self.build(artifacts, target), repr(self.options(artifacts, target)))

@@ -8,7 +8,8 @@ from __future__ import annotations
 from quantverdict.report.schema import CaseRecord, Environment
 
 PARTS = {"graph": "the FP32 graph", "evaluation": "the evaluation data", "calibration": "the calibration data",
-         "recipe": "the recipe settings", "qdq": "the precision graph", "tolerance": "the tolerance"}
+         "recipe": "the recipe settings", "qdq": "the precision graph",
+         "engine": "the engine's build options (TensorRT's flags, shapes, GPU)", "tolerance": "the tolerance"}
 DECIDING = ("quantverdict", "onnx", "onnxruntime", "onnxruntime-gpu", "onnxruntime_gpu", "torch", "torchvision",
             "tensorrt", "tensorrt_rtx", "numpy", "polygraphy", "onnx_graphsurgeon")
 

@@ -153,6 +153,7 @@ class Fingerprint(_Open):
     calibration: str | None = None  # the calibration batches' (quantized precisions)
     recipe: str | None = None  # the recipe's settings as resolved (layers kept wider and their formats included)
     qdq: str | None = None  # the precision graph's sha256 (the recipe's graph, a user's own)
+    engine: str | None = None  # an engine's build options (TensorRT's flags, shapes, GPU)
     tolerance: str | None = None  # the bounds applied
 
 

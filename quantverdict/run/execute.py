@@ -18,6 +18,7 @@ import numpy as np
 
 from quantverdict import freed_memory
 from quantverdict.backends import Artifacts, Backend, Runner, infer_all
+from quantverdict.backends.base import BUILD_OPTIONS
 from quantverdict.capabilities import Capabilities, physical_memory
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
@@ -128,7 +129,7 @@ class CaseExecutor:
             timings["outputs_s"] = time.perf_counter() - start
         runtime_cmp = self._judge(spec, case.precision, reference, candidate, tolerance)
         metrics: dict[str, Any] = {**runtime_cmp.to_dict(), "runtime": runtime,
-                                   "fingerprint": self._fingerprint(case, artifacts, backend, spec, tolerance)}
+                                   "fingerprint": self._fingerprint(case, artifacts, backend, spec, tolerance, built)}
         if coverage is not None:
             metrics["coverage"] = coverage
         if built:
@@ -158,13 +159,15 @@ class CaseExecutor:
         return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
 
     def _fingerprint(self, case: Case, artifacts: Artifacts, backend: Backend, spec: ModelSpec,
-                     tolerance: Tolerance) -> dict[str, str]:
-        """Content keys of what decides the case (graph, data, recipe, precision graph, bounds): two records then say
-        which of them moved between two runs (:mod:`quantverdict.report.moved`)."""
+                     tolerance: Tolerance, built: dict[str, Any]) -> dict[str, str]:
+        """Content keys of what decides the case (graph, data, recipe, precision graph, an engine's build options,
+        bounds): two records then say which of them moved between two runs (:mod:`quantverdict.report.moved`)."""
         store, recipe = self.store, artifacts.recipe
         found = {"graph": file_sha256(store.fp32_onnx(case.model)),
                  "evaluation": store.data_key(case.model, "evaluation"), "recipe": content_hash(recipe.params()),
                  "tolerance": content_hash(tolerance.to_dict())}
+        if built.get(BUILD_OPTIONS):  # TensorRT's flags, shapes and GPU
+            found["engine"] = content_hash(built[BUILD_OPTIONS])
         if recipe.quantized and backend.runs_recipe_graph:
             if case.precision not in spec.quantized and spec.calibration is not None:
                 found["calibration"] = store.data_key(case.model, "calibration")
