@@ -174,6 +174,28 @@ def test_the_search_offers_the_formats_the_user_allows_and_the_lock_names_each_l
         Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path)
 
 
+def test_a_check_proposes_the_layers_it_judged_and_ranks_none_again(repo, capsys):
+    """A lock whose settings its nearest alternatives beat at the same share of layers kept wider (the lock edited to
+    leave out the SmoothQuant its search chose): the check judges them with the lock's layers, and the proposed entry
+    names those layers, not a ranking made again on the whole calibration set (none is: no fallback entry is added)."""
+    lock = ["lock", "--manifest", "models.yaml", "--precisions", "int8", "--cache-dir", "cache"]
+    assert main(lock) == 0
+    path = repo / "quantverdict.lock"
+    document = yaml.safe_load(path.read_text())
+    entry = document["recipes"]["outliers"]["int8"]
+    assert entry["settings"].get("smoothquant") and entry["float_layers"]
+    worse = {"settings": {key: value for key, value in entry["settings"].items() if key != "smoothquant"}}
+    entry["settings"] = worse["settings"]
+    path.write_text(yaml.safe_dump(document))
+    rankings = sorted((repo / "cache" / "fallback").rglob("*.json"))
+    capsys.readouterr()
+    assert main([*lock, "--check"]) == 3
+    assert "beats the locked" in capsys.readouterr().out
+    proposed = yaml.safe_load(path.with_name("quantverdict.lock.proposed").read_text())["recipes"]["outliers"]["int8"]
+    assert proposed["settings"] != worse["settings"] and proposed["float_layers"] == entry["float_layers"]
+    assert sorted((repo / "cache" / "fallback").rglob("*.json")) == rankings
+
+
 def test_formats_are_listed_once_narrowest_first_and_fp8_only_out_of_int8():
     assert get_recipe("int8").configured({"fallback_format": ["fp16", "fp32"]}).options.fallback_format == (
         "fp16", "fp32")

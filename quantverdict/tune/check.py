@@ -48,7 +48,7 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
         report(f"recipe search {model} {base.name}: the lock's recipe misses the case's bounds on held-out samples: "
                "searching")
         return None
-    best = result.incumbent, locked
+    best, at_locked_layers = (result.incumbent, locked), True
     for index, option in enumerate(incumbent.nearest):
         same_share = option.fallback_formats() == incumbent.settings.fallback_formats() and \
             option.fallback == incumbent.settings.fallback
@@ -56,8 +56,10 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
                                           kept=kept if same_share else None)
         result.candidates.append(candidate)
         if samples is not None and better(samples, best[1], candidate.passed, best[0].passed):
-            best = candidate, samples
+            best, at_locked_layers = (candidate, samples), same_share
     result.chosen, result.beats_incumbent = best[0].settings, best[0] is not result.incumbent
+    if at_locked_layers:  # what it proposes is what it judged: the lock's layers, not a ranking made again
+        result.kept = incumbent.kept
     result.note = (f"checked from the lock: {best[0].settings.words()} does better than the lock's recipe on held-out "
                    "samples by the search's paired test (a search of every candidate: quantverdict lock --update "
                    f"{model})" if result.beats_incumbent else

@@ -242,11 +242,15 @@ class Resolver:
         return recipe.with_kept(kept)
 
     def kept(self, model: str, recipe: QDQ) -> dict[str, str]:
-        """The layers ``recipe``'s fallback keeps wider, each with its format: the lock's, else the most sensitive on
-        the calibration set (:func:`choose_fallback`), once per content key of what decides them."""
+        """The layers ``recipe``'s fallback keeps wider, each with its format: the lock's, or those a check judged the
+        chosen settings with (the lock's too), else the most sensitive on the calibration set (:func:`choose_fallback`),
+        once per content key of what decides them."""
         locked = self.locked(model, recipe.name)
         if locked is not None:
             return self._present(model, recipe, locked)
+        searched = self.search(model, recipe.name)
+        if searched is not None and searched.kept is not None:  # a check judged its choice at the lock's layers
+            return dict(searched.kept)
         from quantverdict.tune.fallback import choose_fallback
 
         bench = self.bench
