@@ -62,7 +62,8 @@ def merge_records(records: Sequence[RunRecord], names: Sequence[str]) -> dict[st
         "duration_s": max(r.duration_s for r in records),
         "command": ["quantverdict", "merge", *names],
         "environment": records[0].environment.model_dump(exclude_unset=True),
-        "merged_from": [{"file": name, **shard.model_dump(exclude={"positions"}), "started": r.started} for r, shard, name in ordered],
+        "merged_from": [{"file": name, **shard.model_dump(exclude={"positions"}), "started": r.started}
+                        for r, shard, name in ordered],
         "summary": summarize(cases),
         "cache": dict(cache),
         "cases": cases,

@@ -105,9 +105,9 @@ def in_order(cases: Sequence[Case], shard: str | None, balance_by: Path | None, 
     (``distributed``) with ``--qv-balance-by``, the longest first, or with ``--dist loadgroup`` (``by_model``: a model's
     cases run on one worker, sharing its module, reference and data) the models whose cases take longest together:
     xdist hands a free worker the next in this order, so a long case never starts last."""
-    part = shard_of(shard, balance_by, cases)
-    chosen = part.select(cases) if part else list(cases)
-    if not (distributed and balance_by):
+    durations = None if balance_by is None else Durations.recorded(balance_by)  # read once for both uses
+    chosen = Shard.parse(shard).of(cases, durations).select(cases) if shard else list(cases)
+    if not (distributed and durations):
         return chosen
-    order = Durations.recorded(balance_by).longest_first(chosen, (lambda case: case.model) if by_model else None)
+    order = durations.longest_first(chosen, (lambda case: case.model) if by_model else None)
     return [chosen[position] for position in order]
