@@ -125,8 +125,8 @@ class Group:
 
 
 def _as_written(graph: bytes) -> OnnxRuntimeRunner:
-    """A runner of ``graph`` as written, on one thread."""
-    return OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=False, threads=1)
+    """A runner of ``graph`` as written, on one thread, its buffers freed after each run: a group holds many at once."""
+    return OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=False, threads=1, pooled=False)
 
 
 def _outputs_marked(model: onnx.ModelProto, names: list[str]) -> bytes:
