@@ -118,7 +118,7 @@ for index, out in enumerate([32, 32, 64, 64]):
 nodes.append(helper.make_node("GlobalAveragePool", [previous], ["pooled"], name="pool"))  # a small output to hold
 graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 128, 256])],
                           [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, None)], weights)
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)  # every runtime reads it
 reference, group = Reference(model), Group()
 for number in range(12):  # each a copy whose first layer's weights moved: its downstream is the whole graph
     changed = onnx.ModelProto.FromString(model.SerializeToString())
