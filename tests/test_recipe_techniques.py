@@ -632,3 +632,25 @@ def test_recipes_that_differ_only_in_their_calibrator_round_each_weight_once(tok
     gptq._ROUNDED.clear()
     fresh = weights("percentile")
     assert len(calls) == 2 * rounded and all(np.array_equal(kept[name], fresh[name]) for name in fresh)
+
+
+@pytest.mark.parametrize("size, groups", [((7, 5), 1), ((7, 5), 4), ((11,), 2)], ids=["2-D", "grouped", "1-D"])
+def test_a_pointwise_convolutions_input_columns_are_unfolds_bit_for_bit(size, groups):
+    """GPTQ's H of a 1×1 convolution (stride 1, no padding) reads its input as the columns without unfolding it:
+    the same values in the same order as unfold gives, so the same H to the last bit."""
+    import torch
+    from onnx import helper
+
+    from quantverdict.precision.hessian import LayerInputs, _columns
+
+    value = np.random.default_rng(3).normal(size=(3, 8, *size)).astype(np.float32)
+    kernel = [1] * len(size)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=kernel, group=groups)
+    layer = LayerInputs(node, (6, 8 // groups, *kernel), groups, 8 // groups)
+    four_d = torch.from_numpy(value if len(size) == 2 else value[:, :, None, :])
+    unfolded = torch.nn.functional.unfold(four_d, (1, 1)).reshape(3, groups, 8 // groups, -1).permute(1, 0, 3, 2)
+    expected = unfolded.reshape(groups, -1, 8 // groups)
+    columns = _columns(layer, value)
+    assert columns.shape == expected.shape and torch.equal(columns, expected)
+    assert torch.equal(columns.double().transpose(1, 2) @ columns.double(),
+                       expected.double().transpose(1, 2) @ expected.double())

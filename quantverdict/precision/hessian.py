@@ -140,8 +140,12 @@ def _columns(layer: LayerInputs, value: np.ndarray) -> "torch.Tensor":
     dilations = ints_attribute(node, "dilations", [1] * (value.ndim - 2))
     if flat:
         value, strides, dilations = value[:, :, None, :], [1, *strides], [1, *dilations]
-    x = torch.nn.functional.pad(torch.from_numpy(np.ascontiguousarray(value)), (left, right, top, bottom))
-    patches = torch.nn.functional.unfold(x, kernel, dilation=dilations, stride=strides)  # [n, c·k, positions]
+    x = torch.from_numpy(np.ascontiguousarray(value))
+    if all(size == 1 for size in (*kernel, *strides)) and not any(pads):  # pointwise: its patches are the input
+        patches = x.reshape(x.shape[0], x.shape[1], -1)  # unfold's values in unfold's order, without its copy
+    else:
+        patches = torch.nn.functional.unfold(torch.nn.functional.pad(x, (left, right, top, bottom)), kernel,
+                                             dilation=dilations, stride=strides)  # [n, c·k, positions]
     n, width, positions = patches.shape
     grouped = patches.reshape(n, layer.groups, width // layer.groups, positions).permute(1, 0, 3, 2)
     return grouped.reshape(layer.groups, n * positions, width // layer.groups)
