@@ -4,6 +4,7 @@ longest cases first, so that no worker starts a long case while the others have 
 not hold is priced at the mean of those it does (a new model is as long as a typical one)."""
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,11 +30,13 @@ class Durations:
         record = load_record(path)
         return cls({case.id: case.timings.get(CASE_TIME, sum(case.timings.values())) for case in record.cases})
 
-    def of(self, case: Case) -> float:
-        known = self.seconds.get(case.id)
-        if known is not None:
-            return known
+    @functools.cached_property
+    def typical(self) -> float:
+        """What a case the record does not hold is priced at: the mean of those it does (1 s where it holds none)."""
         return sum(self.seconds.values()) / len(self.seconds) if self.seconds else 1.0
+
+    def of(self, case: Case) -> float:
+        return self.seconds.get(case.id, self.typical)
 
     def longest_first(self, cases: Sequence[Case], together: Callable[[Case], str] | None = None) -> list[int]:
         """The positions of ``cases``, longest first (ties in matrix order); where ``together`` names the group each
@@ -94,9 +97,11 @@ class Shard:
 def shard_of(text: str | None, recorded: Path | None, cases: Sequence[Case]) -> Shard | None:
     """The part of ``cases`` that ``--shard i/n`` names (None where none is named): balanced by the durations in the
     run record ``recorded`` where one is given, else every n-th case."""
-    if not text:
-        return None
-    return Shard.parse(text).of(cases, None if recorded is None else Durations.recorded(recorded))
+    return _part(text, None if recorded is None else Durations.recorded(recorded), cases)
+
+
+def _part(text: str | None, durations: Durations | None, cases: Sequence[Case]) -> Shard | None:
+    return Shard.parse(text).of(cases, durations) if text else None
 
 
 def in_order(cases: Sequence[Case], shard: str | None, balance_by: Path | None, distributed: bool,
@@ -106,7 +111,8 @@ def in_order(cases: Sequence[Case], shard: str | None, balance_by: Path | None, 
     cases run on one worker, sharing its module, reference and data) the models whose cases take longest together:
     xdist hands a free worker the next in this order, so a long case never starts last."""
     durations = None if balance_by is None else Durations.recorded(balance_by)  # read once for both uses
-    chosen = Shard.parse(shard).of(cases, durations).select(cases) if shard else list(cases)
+    part = _part(shard, durations, cases)
+    chosen = part.select(cases) if part else list(cases)
     if not (distributed and durations):
         return chosen
     order = durations.longest_first(chosen, (lambda case: case.model) if by_model else None)
