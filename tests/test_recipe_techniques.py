@@ -152,8 +152,9 @@ def _quantized(model: onnx.ModelProto, calibration: list[dict], cache: Cache, fm
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     prepared = recipe.prepare(copy, lambda graph, tensors, axis: channel_ranges(cache, graph, tensors, axis, calibration))
-    ranges = calibrate(cache, prepared.SerializeToString(), recipe.tensors_to_calibrate(prepared), calibration)
-    return prepared, recipe.correct(recipe.apply(prepared, ranges), prepared, calibration)
+    graph = prepared.graph
+    ranges = calibrate(cache, graph.SerializeToString(), recipe.tensors_to_calibrate(graph), calibration)
+    return graph, recipe.correct(recipe.apply(graph, ranges), graph, calibration, prepared.rescaling)
 
 
 @pytest.mark.int8

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from quantverdict.precision.rescaling import Prepared, Rescaling
+
 if TYPE_CHECKING:
     from quantverdict.precision.settings import RecipeSettings
 
@@ -86,16 +88,18 @@ class Recipe:
         executors, ``"native"`` for TensorRT's strongly typed builders); most are the same."""
         return self
 
-    def prepare(self, model: onnx.ModelProto, channel_amax: "ChannelRanges") -> onnx.ModelProto:
+    def prepare(self, model: onnx.ModelProto, channel_amax: "ChannelRanges") -> Prepared:
         """A rewrite of the FP32 graph that keeps its function and makes it quantize better (SmoothQuant,
         activation equalization), done before calibration; ``channel_amax(graph bytes, tensors, axis)``
         gives per-channel ranges of named tensors of that graph over the calibration set. Most recipes
         change nothing."""
-        return model
+        return Prepared(model)
 
-    def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
+    def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any],
+                rescaling: Rescaling | None = None) -> onnx.ModelProto:
         """A correction of the graph this recipe made, measured against the (prepared) FP32 graph on
-        the calibration batches (bias correction). Most recipes change nothing."""
+        the calibration batches (bias correction); ``rescaling``: how ``fp32``'s preparation rescaled it. Most
+        recipes change nothing."""
         return quantized
 
     def apply(self, model: onnx.ModelProto, ranges: Mapping[str, float] | None = None) -> onnx.ModelProto:

@@ -43,15 +43,16 @@ def planned(sets: Sequence[Sequence[Batch]]) -> Iterator[None]:
         _PLANNED.remove(group)
 
 
-def siblings(batches: Sequence[Batch], graph: str) -> list[list[Batch]]:
+def siblings(batches: Sequence[Batch], graph: str, shared: bool = False) -> list[list[Batch]]:
     """The sets to measure ``graph``'s statistic of (``graph``: the hash of what it is measured on) together with
     ``batches`` (itself first): the other sets of a :func:`planned` group that holds it where the statistic of
-    ``graph`` was asked of one of them before, or ``batches`` alone."""
+    ``graph`` was asked of one of them before, or is ``shared`` (a graph every set's statistic is asked of: the
+    unprepared graph), or ``batches`` alone."""
     if _PLANNED:
         keys = batch_keys(batches)
         for group in reversed(_PLANNED):
             if any(members == keys for members, _ in group.sets):
-                if graph not in group.graphs:
+                if graph not in group.graphs and not shared:
                     group.graphs.add(graph)
                     break
                 return [list(batches), *(others for members, others in group.sets if members != keys)]

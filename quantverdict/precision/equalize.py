@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 
 from quantverdict.precision.base import ChannelRanges
 from quantverdict.precision.graph import int_attribute, topological_sort, use_counts
+from quantverdict.precision.rescaling import Rescaling
 
 HOMOGENEOUS = {"Relu", "Pad", "MaxPool", "Min"}  # Min only against a per-channel bound this module scales
 SCALE_FLOOR = 1e-4  # no channel is scaled up more than 10^4 (dead channels)
@@ -41,8 +42,10 @@ class _Pair:
     bounds: list[str]  # per-channel Min bounds between them (scaled with the channels)
 
 
-def equalize(model: onnx.ModelProto, channel_amax: ChannelRanges) -> onnx.ModelProto:
-    """``model`` with the activation of every equalizable convolution pair balanced (see above)."""
+def equalize(model: onnx.ModelProto, channel_amax: ChannelRanges, rescaling: Rescaling | None = None
+             ) -> onnx.ModelProto:
+    """``model`` with the activation of every equalizable convolution pair balanced (see above); each activation
+    rescaled recorded in ``rescaling``."""
     graph = model.graph
     _split_relu6(graph)
     pairs = _pairs(graph)
@@ -52,7 +55,9 @@ def equalize(model: onnx.ModelProto, channel_amax: ChannelRanges) -> onnx.ModelP
     tensors = {init.name: init for init in graph.initializer}
     arrays = {name: numpy_helper.to_array(tensors[name]).astype(np.float32) for name in _touched(pairs)}
     for pair in pairs:  # each pair changes only its own activation: ranges of the original graph hold
-        _balance(pair, arrays, ranges[pair.second.input[0]])
+        scale = _balance(pair, arrays, ranges[pair.second.input[0]])
+        if rescaling is not None:
+            rescaling.record(pair.second.input[0], pair.second.input[0], 1.0 / scale.astype(np.float64))
     for name, values in arrays.items():
         tensors[name].CopyFrom(numpy_helper.from_array(values, name))
     return model
@@ -67,7 +72,9 @@ def _touched(pairs: list[_Pair]) -> set[str]:
     return names
 
 
-def _balance(pair: _Pair, arrays: dict[str, np.ndarray], activation: np.ndarray) -> None:
+def _balance(pair: _Pair, arrays: dict[str, np.ndarray], activation: np.ndarray) -> np.ndarray:
+    """The pair's weights (and bounds) rescaled in ``arrays``; the scale each channel of its activation is divided
+    by."""
     first, second = arrays[pair.first.input[1]], arrays[pair.second.input[1]]
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = activation / activation.max()
@@ -78,6 +85,7 @@ def _balance(pair: _Pair, arrays: dict[str, np.ndarray], activation: np.ndarray)
     for bound in pair.bounds:
         arrays[bound] = arrays[bound] / scale.reshape(arrays[bound].shape)
     arrays[pair.second.input[1]] = second * scale.reshape(-1, *[1] * (second.ndim - 1))
+    return scale
 
 
 def _pairs(graph: onnx.GraphProto) -> list[_Pair]:

@@ -18,7 +18,8 @@ as GPTQ's reference does. Conv (1-D and 2-D, explicit pads, any group count), Ge
 MatMul with a constant 2-D weight are rounded this way; any other quantized layer keeps nearest, as
 does one with more than ``MAX_COLUMNS`` inputs per output, or with fewer calibration input vectors than
 inputs (H singular: GPTQ would fit the calibration set, not the layer); a warning names it. H is measured
-once per FP32 graph and calibration set, for every layer (:mod:`quantverdict.precision.hessian`).
+once per FP32 graph and calibration set, for every layer (:mod:`quantverdict.precision.hessian`), a prepared graph's
+derived from the graph before its preparation (:mod:`quantverdict.precision.rescaling`).
 
 A layer's rounding is a function of H, its weight, its scales and the grid alone, not of the activations' ranges:
 recipes that differ only in their calibrator round every weight alike, so each layer's grid values are kept for the
@@ -39,8 +40,9 @@ from onnx import numpy_helper
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
 from quantverdict.precision.grids import stored_format
-from quantverdict.precision.hessian import LayerInputs, measured
+from quantverdict.precision.hessian import LayerInputs, second_moments
 from quantverdict.precision.kept_bytes import KeptBytes
+from quantverdict.precision.rescaling import Rescaling
 
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
@@ -71,11 +73,13 @@ class _Layer:
         return LayerInputs(self.node, self.weight.shape, self.groups, self.rows(self.weight).shape[-1])
 
 
-def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch]) -> onnx.ModelProto:
+def round_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Batch],
+                  rescaling: Rescaling | None = None) -> onnx.ModelProto:
     """``quantized`` with the stored weights of its Conv/Gemm/MatMul layers re-rounded by GPTQ, H from
-    their inputs in ``fp32`` (found by the layer's output name: node names may be empty) over ``batches``;
-    each onto the grid of the format it is stored in (an INT8 recipe's fallback layers may be FP8's)."""
-    _round(_stored_layers(quantized, fp32), fp32, batches)
+    their inputs in ``fp32`` (found by the layer's output name: node names may be empty) over ``batches``, or from the
+    graph before ``fp32``'s preparation (``rescaling``); each onto the grid of the format it is stored in (an INT8
+    recipe's fallback layers may be FP8's)."""
+    _round(_stored_layers(quantized, fp32), fp32, batches, rescaling)
     return quantized
 
 
@@ -102,13 +106,16 @@ def _writer(init: onnx.TensorProto, encode: Callable[[np.ndarray], np.ndarray]) 
     return lambda grid: init.CopyFrom(numpy_helper.from_array(encode(grid), init.name))
 
 
-def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]) -> None:
+def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch],
+           rescaling: Rescaling | None = None) -> None:
     """Every usable layer's weight re-rounded: layers of one shape in one pass over their columns (as groups of one
     weight: the loop over columns is Python's, and a transformer repeats a few shapes dozens of times); the same
     arithmetic per layer as rounding each alone."""
     if not layers:
         return
-    graph = _measure_hessians(fp32, layers, batches)
+    graph, moments = second_moments(fp32, [layer.inputs for layer in layers], batches, _roundable, rescaling)
+    for layer, (hessian, vectors) in zip(layers, moments):
+        layer.hessian, layer.vectors = hessian, vectors
     by_shape: dict[tuple[Hashable, ...], list[tuple[_Layer, np.ndarray]]] = {}
     for layer in layers:
         assert layer.hessian is not None
@@ -243,15 +250,6 @@ def _shapes(node: onnx.NodeProto, shape: tuple[int, ...]):  # type: ignore[no-un
 
 def _auto_pad(node: onnx.NodeProto) -> str:
     return next((a.s.decode() for a in node.attribute if a.name == "auto_pad"), "NOTSET")
-
-
-def _measure_hessians(fp32: onnx.ModelProto, layers: list[_Layer], batches: Sequence[Batch]) -> str:
-    """Each layer's H and vector count (:func:`quantverdict.precision.hessian.measured`); the content hash of ``fp32``
-    and ``batches`` they are of."""
-    graph, sums = measured(fp32, [layer.inputs for layer in layers], batches, lambda: _roundable(fp32))
-    for layer in layers:
-        layer.hessian, layer.vectors = sums[layer.inputs.key]
-    return graph
 
 
 def _roundable(fp32: onnx.ModelProto) -> list[LayerInputs]:

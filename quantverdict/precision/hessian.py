@@ -22,6 +22,7 @@ from quantverdict.precision.batch_sets import siblings, union
 from quantverdict.precision.calibrate import tensor_values
 from quantverdict.precision.graph import ints_attribute
 from quantverdict.precision.kept_bytes import KeptBytes
+from quantverdict.precision.rescaling import Rescaling
 
 if TYPE_CHECKING:
     import torch
@@ -59,10 +60,11 @@ class LayerInputs:
 
 
 def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Sequence[Batch],
-             every: Callable[[], list[LayerInputs]]) -> tuple[str, dict[tuple, Moments]]:
+             every: Callable[[], list[LayerInputs]], shared: bool = False) -> tuple[str, dict[tuple, Moments]]:
     """H and vector count of each layer ``asked`` for (by :attr:`LayerInputs.key`), from those kept for ``fp32`` and
     ``batches``; where one is missing, ``every()`` layer is measured in one pass (those asked for alone where all
-    would take more than ``MEASURED_BYTES``). First, the content hash of ``fp32`` and ``batches`` they are of."""
+    would take more than ``MEASURED_BYTES``), with a search's other sets where ``shared`` or asked before
+    (:func:`~quantverdict.precision.batch_sets.siblings`). First, the content hash of ``fp32`` and ``batches``."""
     model = fp32.SerializeToString()
     key = content_hash(model, list(batches))
     kept = _kept(key)
@@ -72,7 +74,7 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
         if sum(inputs.hessian_bytes for inputs in {**others, **missing}.values()) <= MEASURED_BYTES:
             missing = {**others, **missing}
         layers = list(missing.values())
-        asked_of, *beside = siblings(batches, content_hash(model))  # a search's folds, where all of theirs fit too
+        asked_of, *beside = siblings(batches, content_hash(model), shared)  # a search's folds, where all fit too
         sets = [asked_of, *(found for found in beside if not all(
             layer.key in (_MEASURED.get(content_hash(model, found)) or {}) for layer in layers))]
         if len(sets) > 1 and len(sets) * sum(layer.hessian_bytes for layer in layers) > MEASURED_BYTES:
@@ -82,6 +84,55 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
     out = {inputs.key: kept[inputs.key] for inputs in asked}
     _MEASURED.trim()  # the least recently used pairs' go
     return key, out
+
+
+def second_moments(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Sequence[Batch],
+                   every: Callable[[onnx.ModelProto], list[LayerInputs]], rescaling: Rescaling | None = None
+                   ) -> tuple[str, list[Moments]]:
+    """H and vector count of each layer ``asked`` for: :func:`derived` from the graph before ``fp32``'s preparation
+    where ``rescaling`` says how it was prepared, else :func:`measured` on ``fp32`` (``every``: a graph's layers to
+    measure in the same pass); first, the content hash of what they are of."""
+    found = None if rescaling is None else derived(rescaling, asked, batches, every)
+    if found is None:
+        graph, sums = measured(fp32, asked, batches, lambda: every(fp32))
+        found = graph, [sums[inputs.key] for inputs in asked]
+    return found
+
+
+def derived(rescaling: Rescaling, asked: Sequence[LayerInputs], batches: Sequence[Batch],
+            every: Callable[[onnx.ModelProto], list[LayerInputs]]) -> tuple[str, list[Moments]] | None:
+    """H and vector count of each layer ``asked`` for (of a prepared graph), measured on the graph before its
+    preparation and rescaled where the preparation rescaled its input (:mod:`quantverdict.precision.rescaling`): one
+    measurement for every preparation of that graph. First, the content hash of what they are of. None where a layer
+    or its input is not found there as the preparation recorded it (then measure the prepared graph)."""
+    before = {node.output[0]: node for node in rescaling.before.graph.node if node.output}
+    sources, factors = [], []
+    for inputs in asked:
+        node, rescale = before.get(inputs.node.output[0]), rescaling.tensors.get(inputs.node.input[0])
+        if node is None or node.input[0] != (rescale.source if rescale else inputs.node.input[0]):
+            return None
+        factor = None if rescale is None else _column_factors(inputs, rescale.factor)
+        if rescale is not None and factor is None:
+            return None
+        sources.append(LayerInputs(node, inputs.shape, inputs.groups, inputs.columns))
+        factors.append(factor)
+    graph, sums = measured(rescaling.before, sources, batches, lambda: every(rescaling.before), shared=True)
+    out = []
+    for source, factor in zip(sources, factors):
+        hessian, vectors = sums[source.key]
+        out.append((hessian if factor is None else hessian * factor[:, :, None] * factor[:, None, :], vectors))
+    key = content_hash(graph, sorted((name, rescale.source, rescale.factor)
+                                     for name, rescale in rescaling.tensors.items()))
+    return key, out
+
+
+def _column_factors(inputs: LayerInputs, factor: np.ndarray) -> np.ndarray | None:
+    """A per-channel factor of the layer's input as one per column of each group ([groups, columns]), in the order
+    :func:`_columns` lays them out (a Conv's channel-major patches); None where the channels do not match."""
+    taps = int(np.prod(inputs.shape[2:])) if inputs.node.op_type == "Conv" else 1
+    if factor.size * taps != inputs.groups * inputs.columns:
+        return None
+    return np.repeat(factor.reshape(inputs.groups, -1), taps, axis=1)
 
 
 def _kept(key: str) -> dict[tuple, Moments]:

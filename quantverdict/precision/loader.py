@@ -21,6 +21,7 @@ from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.calibrate import calibrate, channel_ranges
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.rescaling import Prepared
 from quantverdict.precision.single_layer import LayerGraphs, derivable
 
 
@@ -50,10 +51,10 @@ class PrecisionGraph:
         recipe = self.recipe
         if recipe.calibration_data:  # a recipe that calibrates itself from batches
             return serialized(recipe.apply_batches(onnx.load(str(self.source())), self.calibration()))
-        graph, ranges = self.prepared_and_ranges()
-        made = recipe.apply(graph, ranges)
+        prepared, ranges = self.prepared_and_ranges()
+        made = recipe.apply(prepared.graph, ranges)
         if recipe.calibrated:  # corrections measured on the calibration set (bias correction)
-            made = recipe.correct(made, graph, self.calibration())
+            made = recipe.correct(made, prepared.graph, self.calibration(), prepared.rescaling)
         return serialized(made)
 
     def ranges(self) -> dict[str, float]:
@@ -64,16 +65,17 @@ class PrecisionGraph:
         """What each layer quantized alone is made from (:mod:`quantverdict.precision.single_layer`), for a recipe
         :func:`derivable` says it serves."""
         assert isinstance(self.recipe, QDQ) and derivable(self.recipe)
-        graph, ranges = self.prepared_and_ranges()
-        return LayerGraphs.made(self.recipe, graph, ranges, self.calibration())
+        prepared, ranges = self.prepared_and_ranges()
+        return LayerGraphs.made(self.recipe, prepared, ranges, self.calibration())
 
-    def prepared_and_ranges(self) -> tuple[onnx.ModelProto, dict[str, float]]:
+    def prepared_and_ranges(self) -> tuple[Prepared, dict[str, float]]:
         """The FP32 graph as the recipe prepares it (SmoothQuant, equalization: the same function) and the
         recipe's calibrated ranges of that graph; the FP32 graph and no ranges for uncalibrated recipes."""
         recipe, graph = self.recipe, onnx.load(str(self.source()))
         if not recipe.calibrated:
-            return graph, {}
-        graph = recipe.prepare(graph, lambda graph_bytes, tensors, axis: channel_ranges(
+            return Prepared(graph), {}
+        prepared = recipe.prepare(graph, lambda graph_bytes, tensors, axis: channel_ranges(
             self.cache, graph_bytes, tensors, axis, self.calibration()))
-        tensors = recipe.calibration_recipe().tensors_to_calibrate(graph)
-        return graph, calibrate(self.cache, graph.SerializeToString(), tensors, self.calibration(), recipe.calibrator)
+        tensors = recipe.calibration_recipe().tensors_to_calibrate(prepared.graph)
+        return prepared, calibrate(self.cache, prepared.graph.SerializeToString(), tensors, self.calibration(),
+                                   recipe.calibrator)

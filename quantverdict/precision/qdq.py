@@ -30,6 +30,7 @@ from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
 from quantverdict.precision.qdq_settings import other_quantizer
+from quantverdict.precision.rescaling import Prepared, Rescaling
 from quantverdict.precision.settings import UNSET, Formats, RecipeSettings, formats_setting
 from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16
 from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
@@ -178,25 +179,32 @@ class QDQ(Recipe):
             return OrtCpuInt8()
         return self.with_options(native=target == "native")
 
-    def prepare(self, model: onnx.ModelProto, channel_amax: ChannelRanges) -> onnx.ModelProto:
+    def prepare(self, model: onnx.ModelProto, channel_amax: ChannelRanges) -> Prepared:
         """Equalization and smoothing over every candidate layer, whatever ``only``/``exclude`` say:
         both keep the FP32 function, so variants that quantize fewer layers share one prepared graph."""
+        if not self.options.equalize and self.options.smoothquant is None:
+            return Prepared(model)
+        before = onnx.ModelProto()
+        before.CopyFrom(model)
+        rescaling = Rescaling(before)
         if self.options.equalize:
             from quantverdict.precision.equalize import equalize
 
-            model = equalize(model, channel_amax)
+            model = equalize(model, channel_amax, rescaling)
         if self.options.smoothquant is not None:
             from quantverdict.precision.smoothquant import smooth
 
-            model = smooth(model, channel_amax, self.options.smoothquant)
-        return model
+            model = smooth(model, channel_amax, self.options.smoothquant, rescaling)
+        return Prepared(model, rescaling)
 
-    def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any]) -> onnx.ModelProto:
-        """GPTQ's weight rounding, then bias correction (measured with the weights as they end up)."""
+    def correct(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto, batches: Sequence[Any],
+                rescaling: Rescaling | None = None) -> onnx.ModelProto:
+        """GPTQ's weight rounding (H from the graph before preparation where ``rescaling`` says how), then bias
+        correction (measured with the weights as they end up)."""
         if self.options.gptq:
             from quantverdict.precision.gptq import round_weights
 
-            quantized = round_weights(quantized, fp32, batches)
+            quantized = round_weights(quantized, fp32, batches, rescaling)
         if self.options.bias_correction:
             from quantverdict.precision.bias_correction import correct_biases
 

@@ -21,6 +21,7 @@ from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.placement import QDQ_OPS
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.rescaling import Prepared, Rescaling
 
 
 def derivable(recipe: Recipe) -> bool:
@@ -37,20 +38,22 @@ class LayerGraphs:
     rounded: dict[str, onnx.TensorProto]  # the whole recipe's quantized initializers after its correction
     shared: frozenset[str]  # layers whose stored weight another quantized layer reads
     batches: list[Batch]  # the calibration batches, to round those alone
+    rescaling: Rescaling | None = None  # how ``prepared`` rescaled its activations, to round those alone alike
 
     @classmethod
-    def made(cls, recipe: QDQ, prepared: onnx.ModelProto, ranges: dict[str, float],
+    def made(cls, recipe: QDQ, preparation: Prepared, ranges: dict[str, float],
              batches: list[Batch]) -> "LayerGraphs":
-        whole = recipe.with_options(only=None)
+        whole, prepared = recipe.with_options(only=None), preparation.graph
         plan = [node for node, _ in whole.quantized_inputs(prepared) if node.op_type in QDQ_OPS]
         readers = Counter(node.input[1] for node in plan)
         shared = frozenset(node.name for node in plan if readers[node.input[1]] > 1)
         rounded: dict[str, onnx.TensorProto] = {}
         if whole.options.gptq:
-            corrected = whole.correct(whole.apply(prepared, ranges), prepared, batches)
+            corrected = whole.correct(whole.apply(prepared, ranges), prepared, batches, preparation.rescaling)
             kept = {init.name for init in prepared.graph.initializer}  # float: the same in either graph
             rounded = {init.name: init for init in corrected.graph.initializer if init.name not in kept}
-        return cls(whole, prepared, ranges, rounded, shared, batches)
+        rescaling = preparation.rescaling if rounded and shared else None  # the graph before: sent to workers
+        return cls(whole, prepared, ranges, rounded, shared, batches, rescaling)
 
     def graph(self, layer: str) -> bytes:
         """The serialized graph of the recipe with ``only=(layer,)``."""
@@ -63,7 +66,7 @@ class LayerGraphs:
         made.CopyFrom(self.prepared)
         made = alone.apply_impl(made, self.ranges)
         if layer in self.shared:
-            made = alone.correct(made, self.prepared, self.batches)
+            made = alone.correct(made, self.prepared, self.batches, self.rescaling)
         elif self.rounded:
             for init in made.graph.initializer:
                 if init.name in self.rounded:

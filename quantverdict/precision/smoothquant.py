@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from quantverdict.precision.base import ChannelRanges
 from quantverdict.precision.calibrate import portable
 from quantverdict.precision.graph import int_attribute, topological_sort, use_counts
+from quantverdict.precision.rescaling import Rescaling
 
 SCALE_LIMITS = (1e-4, 1e4)
 
@@ -50,9 +51,11 @@ def smoothing_scale(x_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np.
     return portable(np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).clip(*SCALE_LIMITS)).astype(np.float32)
 
 
-def smooth(model: onnx.ModelProto, channel_amax: ChannelRanges, alpha: float) -> onnx.ModelProto:
+def smooth(model: onnx.ModelProto, channel_amax: ChannelRanges, alpha: float,
+           rescaling: Rescaling | None = None) -> onnx.ModelProto:
     """``model`` with every smoothable activation divided by its per-channel ``s`` and its
-    consumers' weights multiplied by it (``channel_amax`` supplies the activations' ranges)."""
+    consumers' weights multiplied by it (``channel_amax`` supplies the activations' ranges); each recorded in
+    ``rescaling``."""
     graph = model.graph
     groups = smoothable(model)
     if not groups:
@@ -70,6 +73,8 @@ def smooth(model: onnx.ModelProto, channel_amax: ChannelRanges, alpha: float) ->
         inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32), f"{tensor}_smooth_inverse_scale")
         graph.initializer.append(inverse)
         graph.node.append(helper.make_node("Mul", [tensor, inverse.name], [smoothed], name=f"{tensor}_Smooth"))
+        if rescaling is not None:
+            rescaling.record(tensor, smoothed, numpy_helper.to_array(inverse).astype(np.float64))
         for node, name, axis in consumers:
             node.input[0] = smoothed
             shape = (-1, 1) if axis == 0 else (1, -1)
