@@ -655,3 +655,18 @@ def test_a_pointwise_convolutions_input_columns_are_unfolds_bit_for_bit(size, gr
     assert columns.shape == expected.shape and torch.equal(columns, expected)
     assert torch.equal(columns.double().transpose(1, 2) @ columns.double(),
                        expected.double().transpose(1, 2) @ expected.double())
+
+
+@pytest.mark.parametrize("settings", [RecipeSettings(), RecipeSettings(calibration="mse", gptq=True),
+                                      RecipeSettings(calibration="percentile", equalize=True, fallback=0.1,
+                                                     fallback_format=("fp16", "fp32"), exclude=("head*",)),
+                                      RecipeSettings(smoothquant=0.5, bias_correction=True, fallback=0.25)])
+def test_a_records_recipe_parameters_give_back_the_settings_they_were_made_with(settings):
+    """What ``explain`` re-runs with: the settings read back from a recipe's parameters as a record stores them
+    (its calibrator's parameters, its lists), each as the run had it or at its default."""
+    import json
+
+    params = json.loads(json.dumps(QDQ(INT8).configured(settings).params()))  # as the record's JSON holds them
+    recorded = RecipeSettings.recorded(params, "int8")
+    assert QDQ(INT8).configured(recorded).params() == QDQ(INT8).configured(settings).params()
+    assert set(settings.given()) <= set(recorded.given())

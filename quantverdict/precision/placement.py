@@ -83,6 +83,9 @@ def float_reasons(source: onnx.ModelProto, planned: set[str], fmt: QuantFormat, 
 
     def no_kernel_of_kind(kind: str) -> str | None:
         """Why no runtime runs a layer of ``kind`` in the format, wherever it is (a control-flow body too)."""
+        if kind == "LSTM" and fmt.name == "int8":
+            return "no kernel: TensorRT runs LSTM in float (no INT8 recurrent kernel takes Q/DQ on its weights); ONNX " \
+                   "Runtime runs it in INT8 where the recipe sets recurrent: dynamic (its DynamicQuantizeLSTM)"
         if kind in RECURRENT:
             return f"no kernel: TensorRT and ONNX Runtime run {kind} in float (no {name} recurrent kernel takes Q/DQ " \
                    "on its weights)"

@@ -20,16 +20,16 @@ import fnmatch
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 
 from quantverdict.errors import CalibrationError
 from quantverdict.precision.base import ChannelRanges, Recipe
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
-from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat, weight_scales
+from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
+from quantverdict.precision.qdq_nodes import activation_qdq, weight_dq
 from quantverdict.precision.qdq_settings import other_quantizer
+from quantverdict.precision.recurrent import dynamic_lstms, quantizable
 from quantverdict.precision.rescaling import Prepared, Rescaling
 from quantverdict.precision.settings import UNSET, Formats, RecipeSettings, formats_setting
 from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16
@@ -56,6 +56,7 @@ class QDQOptions:
     native: bool = False  # TensorRT's graph: those layers natively in their format, not emulated in FP32
     tag: str = ""  # in the names of the Q/DQ tensors it adds: a second format's pass over the fallback layers
     tensorrt_kernels: bool = True  # leave float the convolutions TensorRT has no kernel for (tensorrt_quantizes_conv)
+    recurrent: str = "float"  # LSTMs in float, or "dynamic": ONNX Runtime's INT8 kernel (quantverdict.precision.recurrent)
 
     def kept(self) -> dict[str, str]:
         """Each layer fallback keeps, with its format: its own where one was chosen, else the widest offered."""
@@ -80,6 +81,9 @@ class QDQ(Recipe):
         chosen = len(opts.fallback_format) > 1 and opts.fallback_layers is not None  # float8 Q/DQ only if a layer is
         in_use = kept_formats(tuple(opts.kept().values()), fmt) if chosen else offered
         self.min_opset = max([fmt.min_opset] + [f.min_opset for f in in_use])
+        if opts.recurrent != "float" and fmt is not INT8:
+            raise CalibrationError(f"recurrent: {opts.recurrent} quantizes LSTMs as ONNX Runtime's DynamicQuantizeLSTM, "
+                                   f"an INT8 kernel; {fmt.name} has none: remove it from the {fmt.name} recipe")
 
     @property
     def calibrator(self) -> Calibrator:
@@ -131,6 +135,7 @@ class QDQ(Recipe):
                    else {}),
                 **({"layer_formats": dict(opts.layer_formats)} if opts.layer_formats else {}),
                 **({"native": opts.native} if "fp16" in opts.fallback_format else {}),
+                **({"recurrent": opts.recurrent} if opts.recurrent != "float" else {}),
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def planned_layers(self, source: onnx.ModelProto) -> set[str]:
@@ -149,6 +154,8 @@ class QDQ(Recipe):
         for node in model.graph.node:
             if node.op_type == "Add" and node.output[0] in residual:
                 inputs: tuple[int, ...] = (residual[node.output[0]],)
+            elif self.options.recurrent == "dynamic" and not self.options.native and quantizable(node, set(weights)):
+                inputs = ()  # the kernel quantizes its inputs itself (dynamic_lstms)
             elif node.op_type in self.options.ops:
                 inputs = QUANTIZED_INPUTS[node.op_type]
                 if node.op_type in ("Conv", "ConvTranspose") and self.options.tensorrt_kernels and not tensorrt_quantizes_conv(
@@ -227,7 +234,7 @@ class QDQ(Recipe):
         weights = {init.name: init for init in graph.initializer}
         new_nodes: list[onnx.NodeProto] = []
         for tensor, at in readers.items():
-            new_nodes += self._activation_qdq(graph, tensor, ranges[tensor], at)
+            new_nodes += activation_qdq(graph, self.fmt, tensor, self.options.tag, ranges[tensor], at)
         copies: dict[str, int] = {}  # a tied weight: its own stored copy, scale and DQ per quantized layer
         for node, _ in plan:
             name = node.input[1] if node.op_type in QDQ_OPS else ""
@@ -235,12 +242,13 @@ class QDQ(Recipe):
                 continue
             base = f"{name}{self.options.tag}" if name not in copies else f"{name}{self.options.tag}_{copies[name]}"
             copies[name] = copies.get(name, 0) + 1
-            new_nodes.append(self._weight_dq(graph, weights[name], weight_axis(node, len(weights[name].dims)), base))
+            new_nodes.append(weight_dq(graph, self.fmt, weights[name], weight_axis(node, len(weights[name].dims)), base))
             node.input[1] = f"{base}_dequantized"
         still_read = {name for node in graph.node for name in node.input}  # a tied weight a float layer reads too
         for name in set(copies) - still_read:
             graph.initializer.remove(weights[name])
         graph.node.extend(new_nodes)
+        dynamic_lstms(model, [node for node, _ in plan if node.op_type == "LSTM"])
         topological_sort(graph)
         return self._fallback_in_its_format(model, ranges)
 
@@ -255,46 +263,5 @@ class QDQ(Recipe):
                                           layer_formats=(), tag="_fp8")).apply_impl(model, ranges)
         in_fp16 = [layer for layer, kept_in in kept.items() if kept_in == "fp16"]
         return layers_in_fp16(model, in_fp16, opts.native) if in_fp16 else model
-
-    def _zero_point(self, name: str, count: int | None) -> onnx.TensorProto:
-        zeros = np.zeros(count or (), dtype=self.fmt.np_type)
-        return numpy_helper.from_array(zeros, name)
-
-    def _activation_qdq(self, graph: onnx.GraphProto, tensor: str, amax: float,
-                        consumers: list[tuple[onnx.NodeProto, list[int]]]) -> list[onnx.NodeProto]:
-        """One Q/DQ pair on ``tensor``, feeding the given inputs of its quantized consumers (a
-        residual Add's input from a convolution keeps the float tensor)."""
-        scale = self.fmt.scale(float(amax))
-        names = {k: f"{tensor}{self.options.tag}_{k}" for k in ("scale", "zero_point", "quantized", "dequantized")}
-        graph.initializer.extend([numpy_helper.from_array(scale, names["scale"]),
-                                  self._zero_point(names["zero_point"], None)])
-        for node, indices in consumers:
-            for index in indices:
-                node.input[index] = names["dequantized"]
-        return [
-            helper.make_node("QuantizeLinear", [tensor, names["scale"], names["zero_point"]],
-                             [names["quantized"]], name=f"{tensor}{self.options.tag}_QuantizeLinear"),
-            helper.make_node("DequantizeLinear", [names["quantized"], names["scale"], names["zero_point"]],
-                             [names["dequantized"]], name=f"{tensor}{self.options.tag}_DequantizeLinear"),
-        ]
-
-    def _weight_dq(self, graph: onnx.GraphProto, weight: onnx.TensorProto, axis: int | None,
-                   base: str) -> onnx.NodeProto:
-        """``weight`` stored quantized as ``<base>_quantized`` with its scale and a DequantizeLinear giving
-        ``<base>_dequantized``: one per quantized layer, even of one tied weight (ONNX Runtime's x64 U8S8 rewrite
-        fails on a DequantizeLinear or a zero point two fused layers share: "Attempt to replace the existing
-        tensor"), so GPTQ also rounds each copy for its own layer."""
-        values = numpy_helper.to_array(weight).astype(np.float32)
-        scales = weight_scales(values, axis, self.fmt)
-        quantized = self.fmt.quantize(values / scales)
-        scale = scales if axis is None else scales.reshape(-1)
-        graph.initializer.extend([
-            numpy_helper.from_array(quantized, f"{base}_quantized"),
-            numpy_helper.from_array(scale, f"{base}_scale"),
-            self._zero_point(f"{base}_zero_point", None if axis is None else scale.size),
-        ])
-        extra = {} if axis is None else {"axis": axis}
-        return helper.make_node("DequantizeLinear", [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"],
-                                [f"{base}_dequantized"], name=f"{base}_DequantizeLinear", **extra)
 
 INT8_RECIPE, FP8_RECIPE = QDQ(INT8), QDQ(FP8_E4M3)

@@ -36,6 +36,7 @@ class Unset:
 
 
 UNSET = Unset()
+RECURRENT_SETTINGS = ("float", "dynamic")  # LSTMs in float, or ONNX Runtime's INT8 (precision.recurrent)
 WIDER_FORMATS = ("fp8", "fp16", "fp32")  # a fallback layer's format, narrowest first (FP8: only out of INT8)
 Formats = tuple[str, ...]  # the formats a recipe's fallback may keep a layer in, narrowest first
 Value = Union[bool, int, float, str, list[str], None]  # a setting as a document writes it
@@ -81,6 +82,7 @@ class RecipeSettings:
     fallback_format: Formats | Unset = UNSET  # the formats it may keep them in, narrowest first
     gptq: bool | Unset = UNSET  # weights rounded to minimise each layer's output error
     bias_correction: bool | Unset = UNSET  # output means matched to FP32's
+    recurrent: str | Unset = UNSET  # LSTMs: "float", or "dynamic" (ONNX Runtime's DynamicQuantizeLSTM, INT8 only)
 
     @classmethod
     def parse(cls, values: "Mapping[str, object] | RecipeSettings", recipe: str) -> "RecipeSettings":
@@ -102,6 +104,16 @@ class RecipeSettings:
         """The settings among ``values`` that are recipe settings (a manifest's ``recipe:`` also holds a search's)."""
         names = {field.name for field in fields(cls)}
         return cls.parse({name: value for name, value in values.items() if name in names}, recipe)
+
+    @classmethod
+    def recorded(cls, params: Mapping[str, object], recipe: str) -> "RecipeSettings":
+        """The settings a recipe's parameters as a record holds them (``metrics.recipe.settings``) were made with, as
+        a run takes them: the layers its fallback kept are not among them (ranked again where they are applied)."""
+        values = {name: params[name] for name in _READ if name != "quantizer" and params.get(name) not in (None, [])}
+        calibration = values.get("calibration")
+        if isinstance(calibration, Mapping):  # a calibrator's parameters
+            values["calibration"] = calibration.get("method")
+        return cls.parse(values, recipe)
 
     def given(self) -> tuple[str, ...]:
         """The names of the settings given, in declaration order."""
@@ -179,6 +191,13 @@ def _patterns(value: object) -> tuple[str, ...]:
     return tuple(item.strip() for item in items if item.strip())
 
 
+def _recurrent(value: object) -> str:
+    if value not in RECURRENT_SETTINGS:
+        raise CalibrationError(f"recurrent {value!r}: expected one of {', '.join(RECURRENT_SETTINGS)} (dynamic: LSTMs in "
+                               "INT8 as ONNX Runtime's DynamicQuantizeLSTM runs them; TensorRT keeps them in float)")
+    return str(value)
+
+
 def _same(value: object) -> Value:
     return value  # type: ignore[return-value]
 
@@ -186,5 +205,5 @@ def _same(value: object) -> Value:
 _READ = {"quantizer": str, "calibration": _method, "smoothquant": _optional_float,
          "equalize": lambda value: flag(value, "equalize"), "exclude": _patterns, "fallback": _share,
          "fallback_format": wider_formats, "gptq": lambda value: flag(value, "gptq"),
-         "bias_correction": lambda value: flag(value, "bias_correction")}
+         "bias_correction": lambda value: flag(value, "bias_correction"), "recurrent": _recurrent}
 _WRITE = {"exclude": list, "fallback_format": formats_setting}

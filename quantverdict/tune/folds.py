@@ -89,6 +89,7 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     spec = store.spec(model)
     base = get_recipe(precision).for_target("emulated")
     assert isinstance(base, QDQ)
+    base = base.with_settings(auto.fixed())
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [file_sha256(store.fp32_onnx(model)), precision, asdict(auto), tolerance.to_dict(),
              store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.key(),
@@ -110,6 +111,7 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
                 if incumbent else None
             result = checked or search(store, views, held_out, model, base, judging, auto,
                                        incumbent.settings if incumbent else None, report)
+        result.chosen = auto.fixed().over(result.chosen)  # what the user fixed beside the search: locked with it
         result.cost = cost()
         report(f"recipe search {model} {base.name}: {result.cost.words()}")
         return result.to_dict()

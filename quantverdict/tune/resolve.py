@@ -25,7 +25,7 @@ from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
-from quantverdict.tune.auto import AUTO_KEYS, AutoSettings, auto_settings
+from quantverdict.tune.auto import AUTO_KEYS, BESIDE_AUTO, AutoSettings, auto_settings
 from quantverdict.tune.check import NEAREST
 from quantverdict.tune.lock import LockedRecipe, LockState, RecipeLock, SearchEvidence
 from quantverdict.tune.result import Incumbent, SearchResult
@@ -112,8 +112,10 @@ class Resolver:
         """The settings the lock holds, else those the search chose, else the model's own with this run's over
         them."""
         locked = self.locked(model, precision)
-        if locked is not None:
-            return RecipeSettings.parse(locked.settings, precision)
+        if locked is not None:  # what the manifest fixes beside the search as it says now, the rest as locked
+            auto = self.auto(model, precision)
+            assert auto is not None  # a lock applies to searched recipes only
+            return auto.fixed().over(RecipeSettings.parse(locked.settings, precision).unset(*BESIDE_AUTO))
         searched = self.search(model, precision)
         if searched is not None:
             return searched.chosen

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
 from quantverdict.run.settings import add_options
 
 HELP = "say why a case regressed between two run records: what moved, and whether the baseline's recipe restores it"
@@ -22,20 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument, ("gate-policy", "manifest", "tolerances", "cache-dir"))
 
 
-def recorded_settings(params: dict[str, Any]) -> dict[str, Any]:
-    """The recipe settings a record's ``metrics.recipe.settings`` (a recipe's parameters) was made with, as a run
-    takes them (the layers its fallback keeps wider are ranked again on the graph they are applied to)."""
-    calibration = params.get("calibration")
-    settings = {"calibration": calibration.get("method") if isinstance(calibration, dict) else calibration,
-                "smoothquant": params.get("smoothquant"), "equalize": params.get("equalize"),
-                "gptq": params.get("gptq"), "bias_correction": params.get("bias_correction"),
-                "exclude": params.get("exclude") or None, "fallback": params.get("fallback"),
-                "fallback_format": params.get("fallback_format")}
-    return {key: value for key, value in settings.items() if value is not None}
-
-
 def run(args: argparse.Namespace) -> int:
     from quantverdict.errors import HarnessError
+    from quantverdict.precision.settings import RecipeSettings
     from quantverdict.report.gate import gate, judge_case, load_policy, rules_for
     from quantverdict.report.load import load_record
     from quantverdict.report.moved import moved
@@ -67,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                   "runner are not on this runner)")
             unexplained += 1
             continue
-        swapped = recorded_settings(old.metrics.recipe.settings)
+        swapped = RecipeSettings.recorded(old.metrics.recipe.settings, new.precision).to_dict()
         pipeline = Pipeline(given["cache-dir"], given["tolerances"], given["manifest"],
                             recipe_settings={new.precision: swapped})
         again = pipeline.run(Case(new.model, new.precision, new.backend)).record()
