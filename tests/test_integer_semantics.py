@@ -19,6 +19,7 @@ from quantverdict.precision.describe import describe_quantization
 from quantverdict.precision.coverage import quantized_layers
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
+from user_repo import speaker_manifest, written
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], initializers: dict[str, np.ndarray],
@@ -255,17 +256,7 @@ def test_a_contrib_integer_lstm_is_counted_recorded_and_labelled_as_the_cpus_ker
 
     from quantverdict.judge.semantics import KERNELS
 
-    (tmp_path / "speaker.py").write_text(LSTM_NET)
-    (tmp_path / "models.yaml").write_text(textwrap.dedent("""\
-        models:
-          - name: speaker
-            build: speaker:net
-            build_files: []
-            inputs: [{name: frames, shape: [4, 10, 16]}]
-            outputs: [embedding]
-            calibration: synthetic
-        """))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    written(tmp_path, monkeypatch, {"speaker.py": LSTM_NET, "models.yaml": speaker_manifest("speaker")})
     fp32 = Pipeline(qv_pipeline.cache.root, manifest=tmp_path / "models.yaml").store.fp32_onnx("speaker")
     quantize_dynamic(str(fp32), str(tmp_path / "speaker-int8.onnx"), weight_type=QuantType.QInt8)
     graph = onnx.load(str(tmp_path / "speaker-int8.onnx"))

@@ -1,7 +1,5 @@
 """LSTMs in INT8 where a runtime runs them so: ``recurrent: dynamic`` writes ONNX Runtime's DynamicQuantizeLSTM (what
 its ``quantize_dynamic`` writes), judged like any layer; TensorRT's graph keeps them in float with the reason."""
-import textwrap
-
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -12,6 +10,7 @@ from quantverdict.precision import get_recipe
 from quantverdict.precision.recurrent import dynamic_lstms
 from quantverdict.run.cases import Case
 from quantverdict.run.pipeline import Pipeline
+from user_repo import speaker_manifest, written
 
 SPEAKER = """import torch
 from torch import nn
@@ -37,18 +36,8 @@ def net():
 def speaker(tmp_path, monkeypatch, qv_pipeline):
     """A torch-exported 2-layer bidirectional LSTM speaker embedder (two ``LSTM`` nodes, almost all of its weights)
     and its manifest, INT8 set to ``recurrent: dynamic``."""
-    (tmp_path / "speaker.py").write_text(SPEAKER)
-    (tmp_path / "models.yaml").write_text(textwrap.dedent("""\
-        models:
-          - name: speaker
-            build: speaker:net
-            build_files: []
-            inputs: [{name: frames, shape: [4, 10, 16]}]
-            outputs: [embedding]
-            calibration: synthetic
-            recipe: {int8: {calibration: max, recurrent: dynamic}}
-        """))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    written(tmp_path, monkeypatch, {"bispeaker.py": SPEAKER, "models.yaml": speaker_manifest(
+        "bispeaker", "{int8: {calibration: max, recurrent: dynamic}}")})
     return Pipeline(qv_pipeline.cache.root, manifest=tmp_path / "models.yaml")
 
 

@@ -43,3 +43,18 @@ def written(folder: Path, monkeypatch, files: dict[str, str]) -> Path:
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.chdir(folder)
     return folder
+
+
+def speaker_manifest(module: str, recipe: str = "") -> str:
+    """A manifest of one sequence model ``speaker`` built by ``module``'s ``net`` (frames [4, 10, 16] → an
+    embedding), with ``recipe`` (a manifest value) where given. Each test's module its own name: a process imports
+    a module once."""
+    return textwrap.dedent(f"""\
+        models:
+          - name: speaker
+            build: {module}:net
+            build_files: []
+            inputs: [{{name: frames, shape: [4, 10, 16]}}]
+            outputs: [embedding]
+            calibration: synthetic
+        """) + (f"    recipe: {recipe}\n" if recipe else "")
