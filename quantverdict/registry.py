@@ -38,6 +38,12 @@ class Registry(Generic[T]):
             raise HarnessError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = entry
 
+    def replaced(self, name: str, entry: T) -> "Registry[T]":
+        """A copy with ``name``'s entry replaced (a case run again on another of its artifacts)."""
+        other: Registry[T] = Registry(self.kind)
+        other._entries = {**self._all(), name: entry}
+        return other
+
     def get(self, name: str) -> T:
         entries = self._all()
         if name not in entries:
