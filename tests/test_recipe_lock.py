@@ -422,6 +422,33 @@ def test_explain_names_the_recipe_when_the_baselines_recipe_restores_the_verdict
     assert "on this graph restore it: the recipe change caused it" in out, out
 
 
+def test_explain_names_the_cause_among_two_that_moved_by_re_running_each_swap(repo, capsys):
+    """The weights moved (a training step) and the recipe stopped keeping the two most sensitive layers in FP32: two
+    runs that differ in both. The gate names both; explain re-runs the case with each swapped back and names the one whose
+    swap restores the verdict (the recipe), and says that the other's does not (the graph)."""
+    from quantverdict.report.load import load_record
+
+    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
+           "--cache-dir", "cache"]
+    assert main([*run, "--report-dir", "before", "--recipe-option", "calibration=max", "--recipe-option",
+                 "exclude=/0/Conv;/11/Gemm"]) in (0, 1)
+    _weights_changed(repo)
+    (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
+    assert main([*run, "--report-dir", "after", "--recipe-option", "calibration=max"]) in (0, 1)
+    before, after = (next((repo / name).glob("run-*.json")) for name in ("before", "after"))
+    high, low = (load_record(path).cases[0].metrics.recipe.first().snr_db for path in (before, after))
+    if high - low < 3:
+        pytest.skip(f"the layers kept gain {high - low:.2f} dB on dw here: too little to tell the causes apart")
+    (repo / "policy.yaml").write_text(f"defaults: {{max_snr_drop_db: {(high - low) / 2}}}\n")
+    capsys.readouterr()
+    code = main(["explain", "--baseline", str(before), "--current", str(after), "--gate-policy", "policy.yaml",
+                 "--manifest", "models.yaml", "--cache-dir", "cache"])
+    out = capsys.readouterr().out
+    assert "moved: " in out and "the FP32 graph" in out and "the recipe settings" in out, out
+    assert code == 0 and "restore it: the recipe change caused it" in out, out
+    assert "on the baseline's graph (found in the cache) do not restore it" in out and "not the graph change" in out
+
+
 def test_near_valid_locks_are_read_or_refused_in_one_line_never_crash_the_reader(repo):
     """Hypothesis replaces values anywhere in a lock the search wrote (nulls, NaN, numbers of 400 digits, strings,
     nested values), as a hand edit or a merge tool gets a lock almost right: reading it either takes the file or
