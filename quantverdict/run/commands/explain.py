@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{case_id}: {said} do not restore it ({still[0]}): not {component}")
             causes += [] if still else [component]
         if not causes:
-            print(f"{case_id}: no swap tried here restores it: what else moved did")
+            print(f"{case_id}: no swap tried here restores it: " + ("what else moved did" if len(swaps) == 1 else
+                  "the components swapped back each cost part of it together, or what else moved did"))
             unexplained += 1
     return 1 if unexplained else 0
