@@ -98,20 +98,6 @@ def _branches() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-@pytest.mark.int8
-def test_weights_inside_control_flow_fail_the_case_before_any_calibration_or_search(tmp_path):
-    path = tmp_path / "branches.onnx"
-    onnx.save(_branches(), str(path))
-    cache = tmp_path / "cache"
-    result = Pipeline(cache, manifest=_manifest(tmp_path, "branches", path, "[{name: x, shape: [4, 8]}]", ["y"])).run(
-        Case("branches", "int8", "onnxruntime"))
-    assert result.status == "failed", result.message
-    assert result.message.startswith("branches-int8-onnxruntime: INT8 ran on 0 of 2 weighted layers of 'branches': "
-                                     "2 MatMul in float that the recipe did not keep in float by name (inside an If "
-                                     "body, which the recipe does not enter)")
-    assert _made(cache) == []
-
-
 def test_a_recurrent_layer_inside_a_body_is_kept_for_the_same_reason_as_one_outside():
     """One vocabulary: an LSTM has no INT8 kernel wherever it is, so one inside an ``If`` body is *kept* with that
     reason, as a top-level one is; the MatMul beside it, which a recipe could quantize, is *missed*."""

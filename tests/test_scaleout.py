@@ -1,6 +1,7 @@
 """What a nightly gains from a host's GPUs (pytest -m benchmark, on a host with two or more): GPU-bound cases —
 torchvision CNNs at a deployment batch (64 × 3 × 224²), PyTorch on CUDA in FP32, TF32, FP16 and BF16, each timed —
-run under pytest-xdist with two workers per GPU, pinned to one GPU and spread over all of them, side by side on a warm
+run under pytest-xdist with four workers per GPU (one times at a time on each GPU: the others
+prepare their next case meanwhile), pinned to one GPU and spread over all of them, side by side on a warm
 cache, the longest cases first by the durations of a first (cold) run; each case by itself (``--dist load``) and a
 model's cases on one worker (``--dist loadgroup``: its module, reference and data made once). Wall time goes to
 pytest-benchmark, the ratios and each run's CPU-seconds to ``extra_info``, never into asserts."""
@@ -71,7 +72,7 @@ def test_a_gpu_bound_nightly_spread_over_the_hosts_gpus(benchmark, tmp_path):
     (tmp_path / "gpunets.py").write_text(NETS + "".join(FACTORY.format(name=name) for name in MODELS))
     (tmp_path / "models.yaml").write_text("models:\n" + "".join(ENTRY.format(name=name) for name in MODELS))
     gpus = _gpus()
-    workers = 2 * gpus
+    workers = 4 * gpus
     _, cold_cpu, first = _nightly(tmp_path, "cold", workers, False, None)
     cases = json.loads(first.read_text())["cases"]
     assert {case["status"] for case in cases} <= {"passed", "failed"}, [case["message"] for case in cases]

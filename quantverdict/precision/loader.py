@@ -19,7 +19,8 @@ from quantverdict.export.compat import serialized
 from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
-from quantverdict.precision.calibrate import calibrate, channel_ranges
+from quantverdict.precision.bodies import branch_ranges
+from quantverdict.precision.calibrate import calibrate, channel_ranges, tensor_values
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.rescaling import Prepared
 from quantverdict.precision.single_layer import LayerGraphs, derivable
@@ -76,6 +77,13 @@ class PrecisionGraph:
             return Prepared(graph), {}
         prepared = recipe.prepare(graph, lambda graph_bytes, tensors, axis: channel_ranges(
             self.cache, graph_bytes, tensors, axis, self.calibration()))
-        tensors = recipe.calibration_recipe().tensors_to_calibrate(prepared.graph)
-        return prepared, calibrate(self.cache, prepared.graph.SerializeToString(), tensors, self.calibration(),
-                                   recipe.calibrator)
+        calibrating = recipe.calibration_recipe()
+        tensors = calibrating.tensors_to_calibrate(prepared.graph)
+        ranges = dict(calibrate(self.cache, prepared.graph.SerializeToString(), tensors, self.calibration(),
+                                recipe.calibrator))
+        if isinstance(recipe, QDQ):  # the layers inside an If's branches, each branch on its own batches
+            ranges.update(branch_ranges(prepared.graph, calibrating.tensors_to_calibrate, self.calibration(),
+                                        lambda graph, names, batches: calibrate(self.cache, graph, names, batches,
+                                                                                recipe.calibrator),
+                                        lambda graph, names, batches: list(tensor_values(graph, names, batches))))
+        return prepared, ranges

@@ -24,6 +24,7 @@ import onnx
 
 from quantverdict.errors import CalibrationError
 from quantverdict.precision.base import ChannelRanges, Recipe
+from quantverdict.precision.bodies import as_model, branches, in_branch, put_back
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.precision.graph import initializer_names, topological_sort
 from quantverdict.precision.grids import FP8_E4M3, INT8, QuantFormat
@@ -139,7 +140,10 @@ class QDQ(Recipe):
                 "weights": "per-channel symmetric", "activations": "per-tensor symmetric"}
 
     def planned_layers(self, source: onnx.ModelProto) -> set[str]:
-        return {node.name for node in self.quantized_nodes(source)}
+        """The layers it quantizes, those inside an ``If``'s branches named ``<If>/<layer>`` (:mod:`.bodies`)."""
+        inside = {f"{node.name}/{layer.name}" for node, _, body in branches(source)
+                  for layer in self.quantized_nodes(as_model(body, source))}
+        return {node.name for node in self.quantized_nodes(source)} | inside
 
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
         """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``fallback_layers``/``only``."""
@@ -249,6 +253,12 @@ class QDQ(Recipe):
             graph.initializer.remove(weights[name])
         graph.node.extend(new_nodes)
         dynamic_lstms(model, [node for node, _ in plan if node.op_type == "LSTM"])
+        for node, attribute, body in branches(model):  # each branch as a graph of its own, on its own ranges
+            within = in_branch(ranges, node, attribute)
+            if within:  # (a branch of a nested If was not calibrated: its layers stay in float)
+                placed, tag = as_model(body, model), f"{self.options.tag}__{node.name}_{attribute}"
+                self.with_options(tag=tag).apply_impl(placed, within)
+                put_back(body, placed, model)
         topological_sort(graph)
         return self._fallback_in_its_format(model, ranges)
 
