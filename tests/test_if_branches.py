@@ -73,3 +73,20 @@ def test_a_network_whose_weights_live_in_an_ifs_branches_is_quantized_there_and_
     for _, attribute, body in branches(built):
         kinds = [node.op_type for node in body.node]
         assert kinds.count("QuantizeLinear") == 1 and kinds.count("DequantizeLinear") == 2, (attribute, kinds)
+
+
+@pytest.mark.int8
+def test_a_voice_detector_whose_rate_is_data_is_quantized_in_both_branches(tmp_path):
+    """The sample rate a 0-d input, not fixed: the If stays, and both rates' layers (4 of 4) run in INT8, the 8 kHz
+    branch reading the rate inside its body too."""
+    from test_before_search import _by_rate
+
+    path = tmp_path / "vad.onnx"
+    onnx.save(_by_rate(), str(path))
+    inputs = "[{name: x, shape: [4, 8]}, {name: sr, shape: [], dtype: int64, range: [8000, 16001]}]"
+    pipeline = Pipeline(tmp_path / "cache", manifest=_manifest(tmp_path, "vad", path, inputs, ["y"]))
+    result = pipeline.run(Case("vad", "int8", "onnxruntime"))
+    assert result.status in ("passed", "failed"), result.message
+    coverage = result.metrics["recipe"]["coverage"]
+    assert (coverage["quantized"], coverage["layers"]) == (4, 4), coverage
+    assert "If" in {node.op_type for node in onnx.load(str(pipeline.store.fp32_onnx("vad"))).graph.node}
