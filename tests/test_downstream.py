@@ -137,7 +137,8 @@ def test_a_group_of_parts_holds_one_runs_buffers_not_one_per_session(tmp_path):
     freed when it ends, so the group's peak grows by a few runs' activations, not one per session held (a text
     detector's workers were killed at 5.6 GB each). Side by side with sessions that keep their buffers (ONNX Runtime's
     default), in processes of their own: less than half the growth (twelve sessions against the reference's pass, a
-    part's and what the allocator keeps of them); each at least one pass's every intermediate tensor."""
+    part's and what the allocator keeps of them); each at least the largest tensor a pass holds (an allocator that
+    frees each tensor at its last use holds little more: ONNX Runtime 1.30 on the H100 host grew 44 MB)."""
     import subprocess
     import sys
 
@@ -147,5 +148,5 @@ def test_a_group_of_parts_holds_one_runs_buffers_not_one_per_session(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         before, after = map(float, proc.stdout.split())
         growth[mode] = after - before
-    one_pass_mb = 2 * 128 * 256 * 4 * 2 * (32 + 32 + 64 + 64) / 2 ** 20  # each Conv's and Relu's output, batch 2
-    assert one_pass_mb < growth["freed"] < growth["kept"] / 2, (growth, one_pass_mb)
+    largest_mb = 2 * 128 * 256 * 4 * 64 / 2 ** 20  # a 64-channel Conv's output, batch 2
+    assert largest_mb < growth["freed"] < growth["kept"] / 2, (growth, largest_mb)
