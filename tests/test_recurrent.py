@@ -114,5 +114,10 @@ def test_recurrent_is_fixed_beside_a_search_and_locked_with_its_choice(speaker, 
     assert resolved.origin == "search" and resolved.search.chosen.recurrent == "dynamic"
     assert resolved.recipe.options.recurrent == "dynamic"
     assert pipeline.recipes.entry("speaker", "int8").settings["recurrent"] == "dynamic"
+    from quantverdict.run.cli import main  # the command decides before searching too: on the recipe with it
+
+    assert main(["lock", "--manifest", str(manifest), "--precisions", "int8", "--cache-dir",
+                 str(qv_pipeline.cache.root)]) == 0
+    assert "recurrent: dynamic" in (tmp_path / "quantverdict.lock").read_text()
     with pytest.raises(CalibrationError, match="gptq cannot be set beside it"):
         auto_settings({"auto": True, "recurrent": "dynamic", "gptq": True})

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.precision import Recipe, get_recipe
-from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.resolve import Resolver
 
 
@@ -24,14 +23,15 @@ class Decided:
 
 def planned(recipes: Resolver, model: str, precision: str, target: str) -> Recipe:
     """``precision``'s recipe as far as it is known before anything is calibrated or searched: the lock's where it
-    applies, else the settings given (a search's to choose: the defaults), its fallback layers not chosen."""
+    applies, else the settings given (a search's to choose: the defaults, with those fixed beside it), its
+    fallback layers not chosen."""
     recipe = get_recipe(precision).for_target(target)
     if not recipe.configurable:
         return recipe
     if recipes.locked(model, precision) is not None:
         return recipes.recipe(model, precision, target)  # the lock names its layers: nothing to calibrate for them
-    given = RecipeSettings() if recipes.auto(model, precision) is not None else recipes.settings(model, precision)
-    return recipe.configured(given)
+    auto = recipes.auto(model, precision)  # a search's to choose: the defaults, and what is fixed beside it
+    return recipe.configured(auto.fixed() if auto is not None else recipes.settings(model, precision))
 
 
 def decided_before_calibration(recipes: Resolver, model: str, precision: str, target: str) -> Decided | None:
