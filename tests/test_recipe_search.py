@@ -429,6 +429,10 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     assert time_left(plan, timed[:2], factor) == ("about 80 s left, with 1 candidate that ranks layers, estimated "
                                                   "from the layers' count")  # 5 + 5 × (1 + 13) + 5
     assert time_left(plan, timed, factor) == "about 15 s left"  # timed once: the measured time, not the estimate
+    first = [Candidate(RecipeSettings(calibration="max"), seconds=20.0),  # the search's one-time work, FP32 references
+             *(Candidate(RecipeSettings(calibration=name), seconds=2.0 + index) for index, name in
+               enumerate(["percentile", "mse"]))]
+    assert time_left([RecipeSettings(smoothquant=0.5), RecipeSettings(equalize=True)], first) == "about 6 s left"
 
 
 def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypatch, tmp_path):

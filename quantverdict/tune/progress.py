@@ -64,7 +64,8 @@ def ranking_factor(layers: int, workers: int) -> float:
 
 
 def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None) -> str:
-    """About how long the candidates ``plan`` take, each timed as the mean of those ``timed`` of its kind: one that
+    """About how long the candidates ``plan`` take, each timed as the median of those ``timed`` of its kind (the first
+    carries the search's one-time work, its FP32 references, and one slow technique should not price the rest): one that
     keeps layers wider with a calibration and preparation no candidate before it ranked layers for ranks every
     layer quantized alone and costs several others (:func:`quantverdict.tune.fallback.fallback_per_part`); until one
     is timed, it is priced as a plain candidate and ``ranking`` (:func:`ranking_factor`) times one, and said so."""
@@ -76,7 +77,7 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: f
         kinds.append(ranks)
         if ranks:
             ranked.append(by)
-    means = {kind: float(np.mean(seconds)) for kind in (False, True)
+    means = {kind: float(np.median(seconds)) for kind in (False, True)
              if (seconds := [c.seconds for c, ranks in zip(timed, kinds) if ranks == kind])}
     guessed = True not in means and False in means and ranking is not None
     if guessed:
