@@ -118,3 +118,31 @@ def test_a_ctrl_c_outside_the_held_block_ends_the_run_at_once_with_no_record_cla
                             text=True, timeout=60)
     assert result.returncode == EXIT_CODE and result.stdout.splitlines() == ["record: written"]
     assert result.stderr.strip().splitlines() == [MESSAGE]
+
+
+WORKING = """
+import signal, sys, time
+from quantverdict.run.interrupt import STOPPING, exit_within, on_sigint
+from quantverdict.scratch import work_folder
+
+for signum in STOPPING:
+    signal.signal(signum, on_sigint)
+with exit_within():
+    with work_folder("layers") as folder:
+        (folder / "work.pkl").write_bytes(bytes(1 << 20))  # what a search's layer workers read
+        print(folder, flush=True)
+        time.sleep(60)
+"""
+
+
+def test_cis_timeout_signal_to_the_process_alone_ends_it_as_ctrl_c_does_and_leaves_no_work_folder():
+    """``timeout`` sends SIGTERM to the process, not its group: one line, exit 143 (128 + SIGTERM), and its work
+    folder removed now, not by the next run (a killed ``lock`` left 141 MB there)."""
+    process = subprocess.Popen([sys.executable, "-c", WORKING], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    folder = Path(process.stdout.readline().strip())
+    assert folder.is_dir()
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == [MESSAGE] and not folder.exists()

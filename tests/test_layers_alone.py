@@ -183,7 +183,7 @@ def test_a_worker_dies_with_its_parent_killed_alone_and_its_folder_is_swept_by_t
     import tempfile
     import time
 
-    from quantverdict.judge.layers_alone import FOLDER_PREFIX, sweep_orphans
+    from quantverdict.scratch import PREFIX, sweep_orphans
 
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
@@ -199,8 +199,8 @@ def test_a_worker_dies_with_its_parent_killed_alone_and_its_folder_is_swept_by_t
     else:
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the worker outlived its parent by 10 s")
-    orphan = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{parent.pid}-"))
-    live = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
-    sweep_orphans()
+    orphan = Path(tempfile.mkdtemp(prefix=f"{PREFIX}layers-{parent.pid}-"))
+    live = Path(tempfile.mkdtemp(prefix=f"{PREFIX}layers-{os.getpid()}-"))
+    sweep_orphans("layers")
     assert not orphan.exists() and live.exists()
     live.rmdir()

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -29,6 +27,7 @@ from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import cpus_per_worker
 from quantverdict.errors import HarnessError, ResourceError
 from quantverdict.resources import available_memory, peak_memory_mb, worker_peak
+from quantverdict.scratch import work_folder
 from quantverdict.export.compat import serialized
 from quantverdict.judge.downstream import Group, Reference
 from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
@@ -71,10 +70,8 @@ def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch],
 
             evaluate(graphs, list(layers), range(len(layers)), batches, group_bytes(1, size), done)
             return found
-        sweep_orphans()
-        with tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-") as folder:
-            return _in_workers(Path(folder), graphs, list(layers), batches, count, group_bytes(count, size),
-                               bar.update)
+        with work_folder("layers") as folder:
+            return _in_workers(folder, graphs, list(layers), batches, count, group_bytes(count, size), bar.update)
 
 
 def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], batches: list[Batch], budget: int,
@@ -156,28 +153,6 @@ def killed(code: int, workers: int, graph_bytes: int) -> str:
     return (f"a worker evaluating layers quantized alone was killed ({name}; {likely}), one of {workers} sharing a "
             f"{graph_bytes / 2 ** 20:.0f} MB graph, {memory}: the search stops here rather than choose among fewer "
             "candidates than another runner would")
-
-
-FOLDER_PREFIX = "quantverdict-layers-"  # then the parent's process id: a folder whose process is gone is an orphan
-
-
-def sweep_orphans() -> None:
-    """Remove the work folders of runs whose process is gone: a process killed alone (CI's ``timeout`` signals it,
-    not its group) cleans nothing up, and its folder held the model's graph and every layer's outputs (141 MB)."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
-        owner = folder.name[len(FOLDER_PREFIX):].partition("-")[0]
-        if owner.isdigit() and not _alive(int(owner)):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def die_with_parent(parent: int) -> None:

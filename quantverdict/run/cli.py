@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import NoReturn, Sequence
 
-from quantverdict.run.interrupt import exit_within, on_sigint, stop
+from quantverdict.run.interrupt import STOPPING, exit_within, on_sigint, stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +26,8 @@ def script() -> NoReturn:
     """The process's entry: a Ctrl-C ends it the same way from its start until the command returns; after that the
     command's output and exit code are whole, and the interpreter's teardown (torch's takes a second) ignores it, where
     Python would die of the signal or print a traceback."""
-    signal.signal(signal.SIGINT, on_sigint)
+    for signum in STOPPING:  # Ctrl-C, and CI's ``timeout`` (SIGTERM to the process alone)
+        signal.signal(signum, on_sigint)
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)

@@ -21,6 +21,7 @@ import time
 from typing import Iterator
 
 from quantverdict.errors import SIGINT_RECEIVED
+from quantverdict.scratch import remove_own
 
 MESSAGE = "interrupted: no run record written (the cache keeps only whole entries)"
 AFTER_RECORD = "interrupted after the run record was written (its path is above)"
@@ -36,6 +37,8 @@ def received() -> bool:
     a library swallowed the KeyboardInterrupt."""
     return _received.is_set()
 EXIT_CODE = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
+STOPPING = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what CI's ``timeout`` sends
+_which = [int(signal.SIGINT)]  # the stopping signal that arrived last
 
 
 def note_sigint() -> None:
@@ -59,20 +62,24 @@ def note_sigint() -> None:
     signal.signal(signal.SIGINT, noting)
 
 
-def stop() -> int:
-    """Say so and end the process now, with finalizers skipped (see the module docstring)."""
+def stop(code: int = EXIT_CODE) -> int:
+    """Say so, remove this process's work folders, and end it now with ``code``, finalizers skipped (see the module
+    docstring)."""
     if not _stopping.acquire(blocking=False):
         time.sleep(HOLD_LIMIT_S)  # the other thread is ending the process
     sys.stdout.flush()
     print(AFTER_RECORD if _recorded.is_set() else MESSAGE, file=sys.stderr, flush=True)
-    os._exit(EXIT_CODE)
+    remove_own()
+    os._exit(code)
 
 
 def on_sigint(signum: int, frame: object) -> None:
-    """The process's SIGINT handler, in place from the script's start to its end (see :func:`exit_within`)."""
+    """The process's SIGINT and SIGTERM handler (CI's ``timeout`` sends SIGTERM to the process alone), in place from
+    the script's start to its end (see :func:`exit_within`); exit code 128 + the signal's number."""
     _received.set()
+    _which[0] = signum
     if not _holding.is_set():
-        stop()
+        stop(128 + signum)
 
 
 @contextlib.contextmanager
@@ -86,7 +93,7 @@ def held() -> Iterator[None]:
     finally:
         _holding.clear()
     if _received.is_set():
-        stop()
+        stop(128 + _which[0])
 
 
 @contextlib.contextmanager
@@ -103,23 +110,25 @@ def exit_within(grace_s: float = 1.5) -> Iterator[None]:
     def watch() -> None:
         try:
             while data := os.read(read, 64):
-                if signal.SIGINT in data:
-                    _received.set()
-                    time.sleep(grace_s)
-                    waited = 0.0
-                    while _holding.is_set() and waited < HOLD_LIMIT_S:
-                        time.sleep(0.05)
-                        waited += 0.05
-                    stop()
+                for signum in STOPPING:
+                    if signum in data:
+                        _received.set()
+                        time.sleep(grace_s)
+                        waited = 0.0
+                        while _holding.is_set() and waited < HOLD_LIMIT_S:
+                            time.sleep(0.05)
+                            waited += 0.05
+                        stop(128 + signum)
         finally:
             os.close(read)
 
     _recorded.clear()
     threading.Thread(target=watch, name="quantverdict-interrupt", daemon=True).start()
-    handler = signal.signal(signal.SIGINT, on_sigint)
+    handlers = {signum: signal.signal(signum, on_sigint) for signum in STOPPING}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, handler)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         signal.set_wakeup_fd(previous)
         os.close(write)  # the watchdog reads end-of-file and returns
