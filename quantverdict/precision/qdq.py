@@ -158,7 +158,7 @@ class QDQ(Recipe):
         for node in model.graph.node:
             if node.op_type == "Add" and node.output[0] in residual:
                 inputs: tuple[int, ...] = (residual[node.output[0]],)
-            elif self.options.recurrent == "dynamic" and not self.options.native and quantizable(node, set(weights)):
+            elif self.options.recurrent == "dynamic" and not self.options.native and quantizable(node, weights):
                 inputs = ()  # the kernel quantizes its inputs itself (dynamic_lstms)
             elif node.op_type in self.options.ops:
                 inputs = QUANTIZED_INPUTS[node.op_type]

@@ -10,7 +10,7 @@ CPU's instruction set (:func:`quantverdict.judge.semantics.evaluator` says so). 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Container, Sequence
 
 import numpy as np
 import onnx
@@ -21,9 +21,9 @@ from quantverdict.precision.grids import INT8
 MS_DOMAIN = "com.microsoft"
 
 
-def quantizable(node: onnx.NodeProto, constants: set[str]) -> bool:
+def quantizable(node: onnx.NodeProto, constants: Container[str]) -> bool:
     """Whether ``node`` is an LSTM whose input and recurrent weights are constants (what the kernel stores)."""
-    return node.op_type == "LSTM" and len(node.input) > 2 and {node.input[1], node.input[2]} <= constants
+    return node.op_type == "LSTM" and len(node.input) > 2 and node.input[1] in constants and node.input[2] in constants
 
 
 def dynamic_lstms(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> None:
