@@ -1,5 +1,7 @@
 """Weighted layers inside an ``If``'s branches (a choice the data makes at run time) quantized as top-level ones are:
 each branch calibrated on the batches that take it, Q/DQ placed in its body, the case judged on every layer."""
+import textwrap
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -90,3 +92,54 @@ def test_a_voice_detector_whose_rate_is_data_is_quantized_in_both_branches(tmp_p
     coverage = result.metrics["recipe"]["coverage"]
     assert (coverage["quantized"], coverage["layers"]) == (4, 4), coverage
     assert "If" in {node.op_type for node in onnx.load(str(pipeline.store.fp32_onnx("vad"))).graph.node}
+
+
+ROUTER = """import torch
+from torch import nn
+
+
+class Router(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.loud = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.quiet = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        if bool(x.abs().mean() > 1.0):
+            return self.loud(x)
+        return self.quiet(x)
+
+
+def net():
+    return torch.jit.script(Router().eval())
+"""
+
+
+@pytest.mark.int8
+def test_a_torchscript_branch_on_the_data_is_quantized_in_both_branches(tmp_path, monkeypatch, qv_pipeline):
+    """torch's TorchScript exporter writes a Python ``if`` on the data as an ``If`` whose branches hold the Linear
+    layers (and their weights as outer initializers): all four run in INT8, the branch each batch takes calibrated on
+    it."""
+    import warnings
+
+    from user_repo import written
+
+    written(tmp_path, monkeypatch, {"router.py": ROUTER, "models.yaml": textwrap.dedent("""\
+        models:
+          - name: router
+            build: router:net
+            build_files: []
+            inputs: [{name: x, shape: [8, 32], range: [-3, 3]}]
+            outputs: [logits]
+            calibration: synthetic
+        """)})
+    pipeline = Pipeline(qv_pipeline.cache.root, manifest=tmp_path / "models.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script's deprecation
+        result = pipeline.run(Case("router", "int8", "onnxruntime"))
+    assert result.status in ("passed", "failed"), result.message
+    fp32 = onnx.load(str(pipeline.store.fp32_onnx("router")))
+    assert [node.op_type for node in fp32.graph.node].count("If") == 1
+    coverage = result.metrics["coverage"]
+    assert coverage["quantized"] == coverage["layers"] == 4 and coverage["kinds"] == {"Gemm": [4, 4]}, coverage
