@@ -6,8 +6,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from quantverdict.cache import Cache
 from quantverdict.precision import hessian
-from quantverdict.precision.calibrate import FORWARD_PASSES
+from quantverdict.precision.calibrate import FORWARD_PASSES, channel_ranges
 from quantverdict.precision.gptq import _roundable
 from quantverdict.precision.hessian import derived, measured
 from quantverdict.precision.qdq import QDQ
@@ -56,25 +57,16 @@ def _batches(model: onnx.ModelProto, count: int, seed: int) -> list[dict[str, np
     return [{"x": (rng.standard_normal(shape) * gains).astype(np.float32)} for _ in range(count)]
 
 
-def _channel_ranges(batches):
-    """Per-channel ranges as the calibration measures them (the graph's tensors over ``batches``)."""
-    import onnxruntime as ort
-
-    def ranges(graph: bytes, tensors, axis):
-        model = onnx.load_from_string(graph)
-        model.graph.output.extend([helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in tensors])
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        values = [session.run(list(tensors), batch) for batch in batches]
-        return {name: np.max([np.abs(np.moveaxis(v[i], axis, 0)).reshape(v[i].shape[axis], -1).max(1)
-                              for v in values], 0) for i, name in enumerate(tensors)}
-    return ranges
+def _channel_ranges(cache: Cache, batches):
+    """Per-channel ranges as a recipe's preparation asks for them (the graph's tensors over ``batches``)."""
+    return lambda graph, tensors, axis: channel_ranges(cache, graph, tensors, axis, batches)
 
 
 @pytest.mark.parametrize("net,settings", [(_depthwise_net, {"equalize": True}), (_linear_net, {"smoothquant": 0.5})])
-def test_derived_second_moments_are_those_measured_on_the_prepared_graph(net, settings, monkeypatch):
+def test_derived_second_moments_are_those_measured_on_the_prepared_graph(net, settings, monkeypatch, tmp_path):
     model, recipe = net(), QDQ(INT8).configured(settings)
     batches = _batches(model, 3, 1)
-    prepared = recipe.prepare(model, _channel_ranges(batches))
+    prepared = recipe.prepare(model, _channel_ranges(Cache(tmp_path), batches))
     assert prepared.rescaling is not None and prepared.rescaling.tensors  # something was rescaled
     assert all(np.ptp(rescale.factor) > 0 for rescale in prepared.rescaling.tensors.values())
     layers = _roundable(prepared.graph)
@@ -91,7 +83,7 @@ def test_derived_second_moments_are_those_measured_on_the_prepared_graph(net, se
         assert np.abs(product - mine).max() <= RELATIVE * scale, layer.node.name
 
 
-def test_one_measurement_serves_every_preparation(monkeypatch):
+def test_one_measurement_serves_every_preparation(monkeypatch, tmp_path):
     """Two folds' preparations (equalized from different ranges): the graph before them is measured once per batch
     set, and each fold's H differs as its rescaling does."""
     model = _depthwise_net()
@@ -102,7 +94,7 @@ def test_one_measurement_serves_every_preparation(monkeypatch):
     for seed in (3, 4):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        preparations.append(recipe.prepare(copy, _channel_ranges(_batches(model, 2, seed))))
+        preparations.append(recipe.prepare(copy, _channel_ranges(Cache(tmp_path), _batches(model, 2, seed))))
     passes = FORWARD_PASSES[model.graph.name]
     found = [derived(p.rescaling, _roundable(p.graph), batches, _roundable) for p in preparations]
     assert FORWARD_PASSES[model.graph.name] - passes == len(batches)  # one pass, not one per preparation
@@ -112,7 +104,7 @@ def test_one_measurement_serves_every_preparation(monkeypatch):
     assert not np.allclose(found[0][1][depthwise][0], found[1][1][depthwise][0])
 
 
-def test_a_search_measures_the_graph_before_preparation_for_every_set_in_one_pass(monkeypatch):
+def test_a_search_measures_the_graph_before_preparation_for_every_set_in_one_pass(monkeypatch, tmp_path):
     """Within a search (its sets :func:`planned`), the first fold's H of the unprepared graph is measured with every
     other set's in the same pass: each fold's preparation then finds its own kept."""
     from quantverdict.precision.batch_sets import planned
@@ -123,11 +115,13 @@ def test_a_search_measures_the_graph_before_preparation_for_every_set_in_one_pas
     sets = [batches, *(split(batches, "m", fold)[0] for fold in range(folds(batches)))]
     recipe = QDQ(INT8).configured({"equalize": True})
     monkeypatch.setattr(hessian, "_MEASURED", type(hessian._MEASURED)(1 << 30, hessian._MEASURED.size))
+    preparations = []
+    for found in sets[1:]:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        preparations.append((recipe.prepare(copy, _channel_ranges(Cache(tmp_path), found)), found))
     passes = FORWARD_PASSES[model.graph.name]
     with planned(sets):
-        for found in sets[1:]:
-            copy = onnx.ModelProto()
-            copy.CopyFrom(model)
-            prepared = recipe.prepare(copy, _channel_ranges(found))
+        for prepared, found in preparations:
             assert derived(prepared.rescaling, _roundable(prepared.graph), found, _roundable) is not None
     assert FORWARD_PASSES[model.graph.name] - passes == len(batches)  # each batch once, for the four folds
