@@ -494,6 +494,14 @@ def test_the_gate_refuses_to_pass_metrics_it_cannot_compare(record_path, tmp_pat
     assert proc.returncode == 1 and "the baseline's cosine is nan: it cannot be compared" in proc.stdout, proc.stdout
 
 
+def _drop_recipe(record: dict) -> dict:
+    """The INT8 digits case 10 dB worse in its recipe's semantics (what the gate compares across runner classes)."""
+    case = _int8(record)
+    for output in case["metrics"]["recipe"]["metrics"].values():
+        output["snr_db"] -= 10
+    return case
+
+
 def _drop_cosine(record: dict) -> dict:
     """The INT8 digits case 3 points of cosine worse in its runtime's outputs (a regression by the gate's rules)."""
     case = _int8(record)
@@ -527,6 +535,9 @@ def test_a_record_holds_each_cases_fingerprint(record_path):
      "moved: the recipe settings, the precision graph"),
     (lambda r: [_drop_cosine(r), r["environment"]["packages"].__setitem__("onnxruntime", "9.9.9")],
      "moved: onnxruntime "),
+    (lambda r: _drop_cosine(r)["metrics"]["fingerprint"].__setitem__("tolerance", "6" * 64), "moved: the tolerance"),
+    (lambda r: [_drop_recipe(r), r["environment"].__setitem__("runner_class", "x86_64 avx2; no GPU")],
+     "moved: the runner class ("),  # across runner classes the gate compares the recipe's semantics only
     (lambda r: _drop_cosine(r), "moved: nothing the records hold (graph, data, recipe, tolerance, packages and runner)"),
 ])
 def test_the_gate_says_what_moved_beside_a_regression(record_path, tmp_path, edit, said):
@@ -535,7 +546,7 @@ def test_the_gate_says_what_moved_beside_a_regression(record_path, tmp_path, edi
     line = _moved_line(record_path, tmp_path, edit)
     assert said in line, line
     same_recipe = "the runtime moved, not the recipe" in line
-    assert same_recipe == ("precision graph" not in said), line
+    assert same_recipe == ("precision graph" not in said and "runner class" not in said), line  # (its semantics moved)
 
 
 def test_the_gate_names_an_engine_built_with_other_options(record_path, tmp_path):
