@@ -422,6 +422,26 @@ def test_explain_names_the_recipe_when_the_baselines_recipe_restores_the_verdict
     assert "on this graph restore it: the recipe change caused it" in out, out
 
 
+def test_a_lock_update_under_review_is_attributed_to_the_recipe_not_the_graph(repo, capsys):
+    """Two real runs with the lock, the second after a reviewed edit of the lock's calibrator (what a lock update
+    brings): the gate says the recipe settings moved (and the precision graph built from them), not the FP32 graph."""
+    assert _lock(repo) == 0
+    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
+           "--cache-dir", "cache"]
+    assert main([*run, "--report-dir", "before"]) == 0
+    path = repo / "quantverdict.lock"
+    chosen = re.search(r"settings: \{calibration: (\w+)", path.read_text()).group(1)
+    other = "max" if chosen != "max" else "mse"
+    path.write_text(path.read_text().replace(f"settings: {{calibration: {chosen}", f"settings: {{calibration: {other}", 1))
+    main([*run, "--report-dir", "after"])
+    (repo / "strict.yaml").write_text("defaults: {max_snr_drop_db: -1000}\n")  # every case regresses: say why
+    capsys.readouterr()
+    code = main(["gate", "--baseline", str(next((repo / "before").glob("run-*.json"))), "--current",
+                 str(next((repo / "after").glob("run-*.json"))), "--gate-policy", "strict.yaml"])
+    why = [line for line in capsys.readouterr().out.splitlines() if line.startswith("why: dw-int8-onnxruntime: ")]
+    assert code == 1 and why and "the recipe settings" in why[0] and "the FP32 graph" not in why[0], why
+
+
 def test_explain_names_the_cause_among_two_that_moved_by_re_running_each_swap(repo, capsys):
     """The weights moved (a training step) and the recipe stopped keeping the two most sensitive layers in FP32: two
     runs that differ in both. The gate names both; explain re-runs the case with each swapped back and names the one whose
