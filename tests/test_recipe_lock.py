@@ -380,7 +380,8 @@ def test_a_weight_change_under_a_lock_is_attributed_to_the_graph_not_the_recipe(
     code = main(["explain", "--baseline", str(better), "--current", str(worse), "--gate-policy", "policy.yaml",
                  "--manifest", "models.yaml", "--cache-dir", "cache"])
     out = capsys.readouterr().out
-    assert code == 0 and "on the baseline's graph (found in the cache) restore it: the graph change caused it" in out, out
+    assert code == 0 and "on the baseline's graph (found in the cache) restore it: the graph change caused it" in out, \
+        out
     shutil.rmtree(repo / "cache" / "normalised")  # the baseline's graph gone: nothing to swap back
     assert main(["explain", "--baseline", str(better), "--current", str(worse), "--gate-policy", "policy.yaml",
                  "--manifest", "models.yaml", "--cache-dir", "cache"]) == 1
@@ -432,7 +433,8 @@ def test_a_lock_update_under_review_is_attributed_to_the_recipe_not_the_graph(re
     path = repo / "quantverdict.lock"
     chosen = re.search(r"settings: \{calibration: (\w+)", path.read_text()).group(1)
     other = "max" if chosen != "max" else "mse"
-    path.write_text(path.read_text().replace(f"settings: {{calibration: {chosen}", f"settings: {{calibration: {other}", 1))
+    text = path.read_text()
+    path.write_text(text.replace(f"settings: {{calibration: {chosen}", f"settings: {{calibration: {other}", 1))
     main([*run, "--report-dir", "after"])
     (repo / "strict.yaml").write_text("defaults: {max_snr_drop_db: -1000}\n")  # every case regresses: say why
     capsys.readouterr()
@@ -444,8 +446,8 @@ def test_a_lock_update_under_review_is_attributed_to_the_recipe_not_the_graph(re
 
 def test_explain_names_the_cause_among_two_that_moved_by_re_running_each_swap(repo, capsys):
     """The weights moved (a training step) and the recipe stopped keeping the two most sensitive layers in FP32: two
-    runs that differ in both. The gate names both; explain re-runs the case with each swapped back and names the one whose
-    swap restores the verdict (the recipe), and says that the other's does not (the graph)."""
+    runs that differ in both. The gate names both; explain re-runs the case with each swapped back and names the one
+    whose swap restores the verdict (the recipe), and says that the other's does not (the graph)."""
     from quantverdict.report.load import load_record
 
     run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",

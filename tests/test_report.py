@@ -537,7 +537,7 @@ def test_a_record_holds_each_cases_fingerprint(record_path):
      "moved: onnxruntime "),
     (lambda r: _drop_cosine(r)["metrics"]["fingerprint"].__setitem__("tolerance", "6" * 64), "moved: the tolerance"),
     (lambda r: [_drop_recipe(r), r["environment"].__setitem__("runner_class", "x86_64 avx2; no GPU")],
-     "moved: the runner class ("),  # across runner classes the gate compares the recipe's semantics only
+     "moved: the runner class ("),  # across runner classes the gate compares recipe semantics only
     (lambda r: _drop_cosine(r), "moved: nothing the records hold (graph, data, recipe, tolerance, packages and runner)"),
 ])
 def test_the_gate_says_what_moved_beside_a_regression(record_path, tmp_path, edit, said):
