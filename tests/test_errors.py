@@ -321,6 +321,16 @@ def test_float64_and_torch_tensor_calibration_batches_are_read_as_the_declared_f
     assert result.status in ("passed", "failed") and "cosine" in result.metrics["metrics"]["y"], result.message
 
 
+def test_a_factory_that_returns_no_module_is_named_with_what_it_returned(tmp_path):
+    """A probe that once gave ``FileNotFoundError: 'frozen'``: a factory (here ``os:getcwd``) that returns a string is
+    the case's error, naming the factory and what it returned."""
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: m\n    build: os:getcwd\n    inputs: [{name: x, shape: [2, 3]}]\n    outputs: [y]\n")
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("m", "fp32", "onnxruntime"))
+    assert result.status == "error" and "its model factory os:getcwd failed: TypeError: returned str; expected a " \
+        "torch.nn.Module" in result.message, result.message
+
+
 def test_a_build_file_that_does_not_exist_is_named_with_its_field(tmp_path):
     from quantverdict.errors import HarnessError
 

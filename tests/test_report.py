@@ -561,3 +561,11 @@ def test_the_gate_names_an_engine_built_with_other_options(record_path, tmp_path
                    str(_edited(record_path, tmp_path, lambda r: [engine("4")(r), _drop_cosine(r)])))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "moved: the engine's build options (TensorRT's flags, shapes, GPU)" in proc.stdout, proc.stdout
+
+
+def test_a_record_without_its_summary_still_makes_its_page(record_path, tmp_path):
+    """A probe that once raised KeyError: the summary is derived from the cases where a record lacks it."""
+    proc = harness("report", str(_variant(record_path, tmp_path, lambda record: record.pop("summary"))), "--out",
+                   str(tmp_path / "page"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert list((tmp_path / "page").glob("*.html"))
