@@ -563,6 +563,22 @@ def test_the_gate_names_an_engine_built_with_other_options(record_path, tmp_path
     assert "moved: the engine's build options (TensorRT's flags, shapes, GPU)" in proc.stdout, proc.stdout
 
 
+def test_the_gate_names_an_engine_whose_build_chose_other_tactics(record_path, tmp_path):
+    """Two runs whose engines were built with the same options but are other bytes (TensorRT's builder is not
+    deterministic; its timing cache decides its tactics): the engine moved, its options did not (records edited)."""
+    def plan(key: str):
+        return lambda r: [_int8(r)["metrics"]["fingerprint"].__setitem__("engine", "5" * 64),
+                          _int8(r)["metrics"]["fingerprint"].__setitem__("plan", key * 64)]
+
+    (tmp_path / "base").mkdir()
+    base = _edited(record_path, tmp_path / "base", plan("7"))
+    proc = harness("gate", "--baseline", str(base), "--current",
+                   str(_edited(record_path, tmp_path, lambda r: [plan("8")(r), _drop_cosine(r)])))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "moved: the engine (the tactics its build chose: TensorRT's timing cache and builder)" in proc.stdout
+    assert "build options" not in proc.stdout, proc.stdout
+
+
 def test_a_record_without_its_summary_still_makes_its_page(record_path, tmp_path):
     """A probe that once raised KeyError: the summary is derived from the cases where a record lacks it."""
     proc = harness("report", str(_variant(record_path, tmp_path, lambda record: record.pop("summary"))), "--out",

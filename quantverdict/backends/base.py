@@ -18,6 +18,7 @@ from quantverdict.precision.base import Recipe
 
 
 BUILD_OPTIONS = "build_options"  # in a runner's description: what its engine was built with (flags, shapes, GPU)
+ENGINE_PLAN = "engine_plan"  # ... and the sha256 of the engine it runs: the tactics its build chose (timing cache)
 
 
 class Runner:

@@ -15,12 +15,13 @@ from typing import Any
 
 from polygraphy.backend.trt import TrtRunner
 
-from quantverdict.backends.base import BUILD_OPTIONS, Artifacts, Backend, Runner
+from quantverdict.backends.base import BUILD_OPTIONS, ENGINE_PLAN, Artifacts, Backend, Runner
 from quantverdict.backends.trt_engine import (BuildOptions, cached_engine, engine_summary, gpu_requirement,
                                               profile_from_spec, target_requirement)
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.capabilities import Capabilities
 from quantverdict.errors import UnsupportedError
+from quantverdict.hashing import file_sha256
 from quantverdict.models.spec import ModelSpec
 from quantverdict.precision.trt_cache import to_trt_cache
 from quantverdict.precision.wider_layers import precisions_needed
@@ -133,7 +134,7 @@ class TensorRTBackend(Backend):
         engine = cached_engine(FLAVOUR, tensorrt.__version__, onnx_path, artifacts.recipe.name,
                                repr((plan, build, gpu)), lambda: bytes(loaders()), artifacts.cache)
         runner = InspectedTrtRunner(EngineFromBytes(engine.read_bytes()), name=f"tensorrt-{artifacts.recipe.name}")
-        runner.build_options = repr((plan, build, gpu))
+        runner.build_options, runner.engine_plan = repr((plan, build, gpu)), file_sha256(engine)
         return runner
 
 
@@ -142,8 +143,10 @@ class InspectedTrtRunner(TrtRunner):
     engine was built with."""
 
     build_options = ""
+    engine_plan = ""
 
     def describe(self) -> dict[str, Any]:
         import tensorrt
 
-        return {**engine_summary(tensorrt, self.engine), BUILD_OPTIONS: self.build_options}
+        return {**engine_summary(tensorrt, self.engine), BUILD_OPTIONS: self.build_options,
+                ENGINE_PLAN: self.engine_plan}

@@ -14,10 +14,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from quantverdict.backends.base import BUILD_OPTIONS, Runner
+from quantverdict.backends.base import BUILD_OPTIONS, ENGINE_PLAN, Runner
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, cc_requirement
-from quantverdict.hashing import content_hash, source_fingerprint
+from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.errors import HarnessError, UnsupportedError
 from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision.wider_layers import precisions_needed
@@ -173,7 +173,8 @@ class EngineRunner(Runner):
         return {name: out.float().cpu().numpy() for name, out in results.items()}
 
     def describe(self) -> dict[str, Any]:
-        return {**engine_summary(self.trt, self.engine), BUILD_OPTIONS: self.build_options}
+        return {**engine_summary(self.trt, self.engine), BUILD_OPTIONS: self.build_options,
+                ENGINE_PLAN: file_sha256(self.engine_path)}
 
     def deactivate_impl(self) -> None:
         del self.context, self.engine, self.runtime

@@ -9,7 +9,9 @@ from quantverdict.report.schema import CaseRecord, Environment
 
 PARTS = {"graph": "the FP32 graph", "evaluation": "the evaluation data", "calibration": "the calibration data",
          "recipe": "the recipe settings", "qdq": "the precision graph",
-         "engine": "the engine's build options (TensorRT's flags, shapes, GPU)", "tolerance": "the tolerance"}
+         "engine": "the engine's build options (TensorRT's flags, shapes, GPU)",
+         "plan": "the engine (the tactics its build chose: TensorRT's timing cache and builder)",
+         "tolerance": "the tolerance"}
 DECIDING = ("quantverdict", "onnx", "onnxruntime", "onnxruntime-gpu", "onnxruntime_gpu", "torch", "torchvision",
             "tensorrt", "tensorrt_rtx", "numpy", "polygraphy", "onnx_graphsurgeon")
 

@@ -154,6 +154,7 @@ class Fingerprint(_Open):
     recipe: str | None = None  # the recipe's settings as resolved (layers kept wider and their formats included)
     qdq: str | None = None  # the precision graph's sha256 (the recipe's graph, a user's own)
     engine: str | None = None  # an engine's build options (TensorRT's flags, shapes, GPU)
+    plan: str | None = None  # the engine's sha256: the tactics its build chose (TensorRT's timing cache, builder)
     tolerance: str | None = None  # the bounds applied
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from quantverdict import freed_memory
 from quantverdict.backends import Artifacts, Backend, Runner, infer_all
-from quantverdict.backends.base import BUILD_OPTIONS
+from quantverdict.backends.base import BUILD_OPTIONS, ENGINE_PLAN
 from quantverdict.capabilities import Capabilities, physical_memory
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
@@ -168,6 +168,8 @@ class CaseExecutor:
                  "tolerance": content_hash(tolerance.to_dict())}
         if built.get(BUILD_OPTIONS):  # TensorRT's flags, shapes and GPU
             found["engine"] = content_hash(built[BUILD_OPTIONS])
+        if built.get(ENGINE_PLAN):  # the engine itself: the tactics its build chose
+            found["plan"] = built[ENGINE_PLAN]
         if recipe.quantized and backend.runs_recipe_graph:
             if case.precision not in spec.quantized and spec.calibration is not None:
                 found["calibration"] = store.data_key(case.model, "calibration")
