@@ -350,42 +350,63 @@ def test_a_quoted_version_says_to_write_it_unquoted(tmp_path):
         RecipeLock.read(tmp_path / "quantverdict.lock")
 
 
+RUN_DW = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
+          "--cache-dir", "cache"]
+
+
+def _record(repo, name: str):
+    return next((repo / name).glob("run-*.json"))
+
+
+def _recipe_snr(path) -> float:
+    from quantverdict.report.load import load_record
+
+    return load_record(path).cases[0].metrics.recipe.first().snr_db
+
+
+def _why_every_change_regresses(repo, capsys) -> tuple[int, list[str]]:
+    """The gate of the ``after`` run against ``before`` under a policy that makes any SNR change a regression: its exit
+    code and the lines saying why dw's INT8 case regressed (what moved)."""
+    (repo / "strict.yaml").write_text("defaults: {max_snr_drop_db: -1000}\n")
+    capsys.readouterr()
+    code = main(["gate", "--baseline", str(_record(repo, "before")), "--current", str(_record(repo, "after")),
+                 "--gate-policy", "strict.yaml"])
+    return code, [line for line in capsys.readouterr().out.splitlines()
+                  if line.startswith("why: dw-int8-onnxruntime: ")]
+
+
+def _explained(repo, capsys, baseline, current, gap: float, *extra: str) -> tuple[int, str]:
+    """``explain`` of ``current`` against ``baseline`` under a policy at half their measured SNR ``gap``: its exit code
+    and what it printed."""
+    (repo / "policy.yaml").write_text(f"defaults: {{max_snr_drop_db: {gap / 2}}}\n")
+    capsys.readouterr()
+    code = main(["explain", "--baseline", str(baseline), "--current", str(current), "--gate-policy", "policy.yaml",
+                 "--manifest", "models.yaml", "--cache-dir", "cache", *extra])
+    return code, capsys.readouterr().out
+
+
 def test_a_weight_change_under_a_lock_is_attributed_to_the_graph_not_the_recipe(repo, capsys):
     """Two real runs with the lock, the second after a training step: under a policy that makes any SNR change a
     regression, the gate says the FP32 graph moved (and the precision graph built from it), not the recipe settings."""
     assert _lock(repo) == 0
-    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
-           "--cache-dir", "cache"]
-    assert main([*run, "--report-dir", "before"]) == 0
+    assert main([*RUN_DW, "--report-dir", "before"]) == 0
     _weights_changed(repo)
     (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
-    main([*run, "--report-dir", "after"])
-    (repo / "strict.yaml").write_text("defaults: {max_snr_drop_db: -1000}\n")  # every case regresses: say why
-    capsys.readouterr()
-    code = main(["gate", "--baseline", str(next((repo / "before").glob("run-*.json"))), "--current",
-                 str(next((repo / "after").glob("run-*.json"))), "--gate-policy", "strict.yaml"])
-    why = [line for line in capsys.readouterr().out.splitlines() if line.startswith("why: dw-int8-onnxruntime: ")]
+    main([*RUN_DW, "--report-dir", "after"])
+    code, why = _why_every_change_regresses(repo, capsys)
     assert code == 1 and why and "the FP32 graph" in why[0] and "recipe settings" not in why[0], why
     # explain: the better run as the baseline, a policy at half their gap; the baseline's FP32 graph is still in the
     # cache, so the case runs again on it with the current recipe settings, and that restores the verdict
-    from quantverdict.report.load import load_record
-
-    runs = sorted((load_record(path).cases[0].metrics.recipe.first().snr_db, path) for path in
-                  [next((repo / name).glob("run-*.json")) for name in ("before", "after")])
+    runs = sorted((_recipe_snr(path), path) for path in (_record(repo, "before"), _record(repo, "after")))
     (low, worse), (high, better) = runs
     if high - low < 0.02:
         pytest.skip(f"the weight change moved INT8's SNR by {high - low:.3f} dB here: no regression to explain")
-    (repo / "policy.yaml").write_text(f"defaults: {{max_snr_drop_db: {(high - low) / 2}}}\n")
-    capsys.readouterr()
-    code = main(["explain", "--baseline", str(better), "--current", str(worse), "--gate-policy", "policy.yaml",
-                 "--manifest", "models.yaml", "--cache-dir", "cache"])
-    out = capsys.readouterr().out
+    code, out = _explained(repo, capsys, better, worse, high - low)
     assert code == 0 and "on the baseline's graph (found in the cache) restore it: the graph change caused it" in out, \
         out
     shutil.rmtree(repo / "cache" / "normalised")  # the baseline's graph gone: nothing to swap back
-    assert main(["explain", "--baseline", str(better), "--current", str(worse), "--gate-policy", "policy.yaml",
-                 "--manifest", "models.yaml", "--cache-dir", "cache"]) == 1
-    assert "untested here: no swap reproduces what moved" in capsys.readouterr().out
+    code, out = _explained(repo, capsys, better, worse, high - low)
+    assert code == 1 and "untested here: no swap reproduces what moved" in out, out
 
 
 def test_a_lock_whose_precision_graph_this_runner_builds_otherwise_says_so(repo):
@@ -402,23 +423,14 @@ def test_a_lock_whose_precision_graph_this_runner_builds_otherwise_says_so(repo)
 def test_explain_names_the_recipe_when_the_baselines_recipe_restores_the_verdict(repo, capsys):
     """Two real runs of one graph with two recipe settings; the worse one regresses under a policy set at half their
     measured gap: what moved is the recipe, and running the case again with the baseline's settings restores it."""
-    from quantverdict.report.load import load_record
-
-    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
-           "--cache-dir", "cache"]
     records = {}
     for name, option in (("max", "calibration=max"), ("mse", "calibration=mse")):
-        main([*run, "--report-dir", name, "--recipe-option", option])
-        path = next((repo / name).glob("run-*.json"))
-        records[name] = path, load_record(path).cases[0].metrics.recipe.first().snr_db
+        main([*RUN_DW, "--report-dir", name, "--recipe-option", option])
+        records[name] = _record(repo, name), _recipe_snr(_record(repo, name))
     (better, high), (worse, low) = sorted(records.values(), key=lambda pair: -pair[1])
     if high - low < 0.02:
         pytest.skip(f"the two calibrations score within 0.02 dB here ({high:.3f}, {low:.3f}): no regression to explain")
-    (repo / "policy.yaml").write_text(f"defaults: {{max_snr_drop_db: {(high - low) / 2}}}\n")
-    capsys.readouterr()
-    code = main(["explain", "--baseline", str(better), "--current", str(worse), "--gate-policy", "policy.yaml",
-                 "--manifest", "models.yaml", "--cache-dir", "cache", "--case", "dw-int8-onnxruntime"])
-    out = capsys.readouterr().out
+    code, out = _explained(repo, capsys, better, worse, high - low, "--case", "dw-int8-onnxruntime")
     assert code == 0 and "dw-int8-onnxruntime: moved: the recipe settings" in out, out
     assert "on this graph restore it: the recipe change caused it" in out, out
 
@@ -427,20 +439,14 @@ def test_a_lock_update_under_review_is_attributed_to_the_recipe_not_the_graph(re
     """Two real runs with the lock, the second after a reviewed edit of the lock's calibrator (what a lock update
     brings): the gate says the recipe settings moved (and the precision graph built from them), not the FP32 graph."""
     assert _lock(repo) == 0
-    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
-           "--cache-dir", "cache"]
-    assert main([*run, "--report-dir", "before"]) == 0
+    assert main([*RUN_DW, "--report-dir", "before"]) == 0
     path = repo / "quantverdict.lock"
     chosen = re.search(r"settings: \{calibration: (\w+)", path.read_text()).group(1)
     other = "max" if chosen != "max" else "mse"
     text = path.read_text()
     path.write_text(text.replace(f"settings: {{calibration: {chosen}", f"settings: {{calibration: {other}", 1))
-    main([*run, "--report-dir", "after"])
-    (repo / "strict.yaml").write_text("defaults: {max_snr_drop_db: -1000}\n")  # every case regresses: say why
-    capsys.readouterr()
-    code = main(["gate", "--baseline", str(next((repo / "before").glob("run-*.json"))), "--current",
-                 str(next((repo / "after").glob("run-*.json"))), "--gate-policy", "strict.yaml"])
-    why = [line for line in capsys.readouterr().out.splitlines() if line.startswith("why: dw-int8-onnxruntime: ")]
+    main([*RUN_DW, "--report-dir", "after"])
+    code, why = _why_every_change_regresses(repo, capsys)
     assert code == 1 and why and "the recipe settings" in why[0] and "the FP32 graph" not in why[0], why
 
 
@@ -448,24 +454,16 @@ def test_explain_names_the_cause_among_two_that_moved_by_re_running_each_swap(re
     """The weights moved (a training step) and the recipe stopped keeping the two most sensitive layers in FP32: two
     runs that differ in both. The gate names both; explain re-runs the case with each swapped back and names the one
     whose swap restores the verdict (the recipe), and says that the other's does not (the graph)."""
-    from quantverdict.report.load import load_record
-
-    run = ["run", "--manifest", "models.yaml", "--models", "dw", "--precisions", "int8", "--backends", "onnxruntime",
-           "--cache-dir", "cache"]
-    assert main([*run, "--report-dir", "before", "--recipe-option", "calibration=max", "--recipe-option",
+    assert main([*RUN_DW, "--report-dir", "before", "--recipe-option", "calibration=max", "--recipe-option",
                  "exclude=/0/Conv;/11/Gemm"]) in (0, 1)
     _weights_changed(repo)
     (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
-    assert main([*run, "--report-dir", "after", "--recipe-option", "calibration=max"]) in (0, 1)
-    before, after = (next((repo / name).glob("run-*.json")) for name in ("before", "after"))
-    high, low = (load_record(path).cases[0].metrics.recipe.first().snr_db for path in (before, after))
+    assert main([*RUN_DW, "--report-dir", "after", "--recipe-option", "calibration=max"]) in (0, 1)
+    before, after = _record(repo, "before"), _record(repo, "after")
+    high, low = _recipe_snr(before), _recipe_snr(after)
     if high - low < 3:
         pytest.skip(f"the layers kept gain {high - low:.2f} dB on dw here: too little to tell the causes apart")
-    (repo / "policy.yaml").write_text(f"defaults: {{max_snr_drop_db: {(high - low) / 2}}}\n")
-    capsys.readouterr()
-    code = main(["explain", "--baseline", str(before), "--current", str(after), "--gate-policy", "policy.yaml",
-                 "--manifest", "models.yaml", "--cache-dir", "cache"])
-    out = capsys.readouterr().out
+    code, out = _explained(repo, capsys, before, after, high - low)
     assert "moved: " in out and "the FP32 graph" in out and "the recipe settings" in out, out
     assert code == 0 and "restore it: the recipe change caused it" in out, out
     assert "on the baseline's graph (found in the cache) do not restore it" in out and "not the graph change" in out
