@@ -43,9 +43,9 @@ def auto_settings(settings: Mapping[str, Any]) -> AutoSettings | None:
             raise CalibrationError(f"recipe auto is false, so {', '.join(beside)} (the search's own settings) "
                                    "cannot apply: remove them, or set auto: true")
         return None
-    fixed = sorted(set(settings) - set(AUTO_KEYS) - set(BESIDE_AUTO))
-    if fixed:
-        raise CalibrationError(f"recipe auto chooses every setting, so {', '.join(fixed)} cannot be set beside it "
+    refused = sorted(set(settings) - set(AUTO_KEYS) - set(BESIDE_AUTO))
+    if refused:
+        raise CalibrationError(f"recipe auto chooses every setting, so {', '.join(refused)} cannot be set beside it "
                                "(remove auto to set them by hand)")
     budget = number(settings.get("budget_s", DEFAULT_BUDGET_S), "recipe auto: budget_s")
     share = number(settings.get("max_fallback", DEFAULT_MAX_FALLBACK), "recipe auto: max_fallback")
