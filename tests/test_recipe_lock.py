@@ -142,7 +142,7 @@ def test_the_nightly_check_proposes_a_better_recipe_beside_the_lock_and_keeps_a_
     before = path.read_text()
     assert _lock(repo, "--check") == 3
     out = capsys.readouterr().out
-    assert "beats the locked" in out and "dB mean per-sample SNR on 16 held-out samples" in out
+    assert "beats the locked" in out and "dB of SNR on 16 held-out samples" in out
     proposed = yaml.safe_load(path.with_name("quantverdict.lock.proposed").read_text())
     assert proposed["recipes"]["dw"]["int8"]["settings"] == chosen and path.read_text() == before
 
@@ -330,7 +330,7 @@ def test_a_lock_or_manifest_that_is_no_regular_file_is_one_line_not_a_hang(tmp_p
 
 
 def test_the_lock_says_why_each_candidate_was_taken_or_not(repo):
-    """A choice at a lower mean SNR than another candidate reads as a mistake without the rule beside it: each
+    """A choice at a lower SNR than another candidate reads as a mistake without the rule beside it: each
     candidate judged carries whether it was taken over the best before it, with the paired gain and what it needed."""
     assert _lock(repo) == 0
     candidates = yaml.safe_load((repo / "quantverdict.lock").read_text())["recipes"]["dw"]["int8"]["search"][

@@ -38,7 +38,7 @@ class _Closed(BaseModel):
 
 class Evidence(_Closed):
     """One candidate of the search (:class:`quantverdict.tune.result.Candidate`) as the lock file writes it: its
-    settings and mean per-sample SNR on held-out calibration samples."""
+    settings and the SNR of its held-out calibration samples pooled (the verdict's ``snr_db``)."""
 
     settings: dict[str, Setting]
     score_db: float | None = None  # none where the technique does not apply (``error``)

@@ -14,7 +14,7 @@ from quantverdict.tune.fallback import layers_kept
 @dataclass
 class Candidate:
     settings: RecipeSettings
-    score: float | None = None  # mean per-sample output SNR (dB) on the held-out samples; higher is better
+    score: float | None = None  # output SNR (dB) of the held-out samples pooled, the verdict's snr_db; higher is better
     passed: bool | None = None  # within the precision's tolerance on the held-out samples
     seconds: float = 0.0
     error: str | None = None  # a technique this graph refuses (its message), not a failed search

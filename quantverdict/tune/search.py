@@ -56,7 +56,7 @@ from quantverdict.tune.fallback import fallback_per_part, layers_kept
 from quantverdict.tune.margin import short_of_margin
 from quantverdict.tune.progress import heartbeat, ranking_factor, time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
-from quantverdict.tune.rules import (MIN_GAIN_DB, REACH_SE, better, out_of_reach, sample_snr_db, signal_floor,
+from quantverdict.tune.rules import (MIN_GAIN_DB, REACH_SE, better, out_of_reach, pooled_snr_db, sample_noise,
                                      weighed)
 
 LOG = logging.getLogger(__name__)
@@ -95,7 +95,6 @@ class Trials:
         self.spec = folds[0].spec(model)
         self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
                            for name in self.spec.outputs}
-        self.floor = signal_floor(self.references[self.spec.outputs[0]])  # of every held-out sample: fixed per sample
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
         self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
         self.layers = len(weighted_layers(folds[0], model, base))  # those a fallback share is counted of
@@ -126,13 +125,14 @@ class Trials:
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
               kept: Mapping[str, str] | None = None, rival: tuple[Candidate, np.ndarray] | None = None,
               decide: bool = False) -> tuple[Candidate, np.ndarray | None]:
-        """``settings`` judged (a fold's graph is not kept): its held-out samples' SNR (None where the technique does
-        not apply to this graph, or it stopped short), reported beside the best of the search's candidates ``among``
-        and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its fallback keeps wider, as
-        a lock names them (else ranked on each fold). ``rival``: the candidate it must be :func:`better` than, and
-        its samples' SNR; where that one meets the case's bounds, the candidate stops after the first fold that puts
-        it :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better). ``decide``:
-        whether it is taken over ``rival`` (or is the first) is decided, and its line says why."""
+        """``settings`` judged (a fold's graph is not kept): its held-out samples' error energies (None where the
+        technique does not apply to this graph, or it stopped short), reported beside the best of the search's
+        candidates ``among`` and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its
+        fallback keeps wider, as a lock names them (else ranked on each fold). ``rival``: the candidate it must be
+        :func:`better` than, and its samples' error energies; where that one meets the case's bounds, the candidate
+        stops after the first fold that puts it :func:`out_of_reach` (its bounds need every fold, and only the SNR can
+        still make it better). ``decide``: whether it is taken over ``rival`` (or is the first) is decided, and its
+        line says why."""
         begun, candidate = time.perf_counter(), Candidate(settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         racing = rival[1] if rival is not None and rival[0].passed else None
@@ -145,11 +145,15 @@ class Trials:
         candidate.seconds = round(time.perf_counter() - begun, 3)
         self.slowest = max(self.slowest, candidate.seconds)
         self.done += 1
-        leader = max((c.score for c in [*among, candidate] if c.score is not None and c.folds is None), default=None)
         stopped = f" on {candidate.folds} of {len(self.folds)} folds, out of reach" if candidate.folds else ""
         if decide and samples is not None:
             candidate.taken, candidate.why = weighed(samples, rival[1] if rival else None, candidate.passed,
                                                      rival[0].passed if rival else None)
+        # the search's choice after this one where it decides (a taken candidate may score lower pooled than one not
+        # taken: the rule is per sample), else the highest score judged to the end
+        chosen = candidate if candidate.taken else rival[0] if decide and rival is not None else None
+        leader = chosen.score if chosen is not None else max(
+            (c.score for c in [*among, candidate] if c.score is not None and c.folds is None), default=None)
         self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'}{stopped} in {candidate.seconds:.0f} s; "
                     f"best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
                     f"{time_left(ahead, [*among, candidate], self.ranking)}"
@@ -158,9 +162,10 @@ class Trials:
 
     def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None, rival: np.ndarray | None = None
                 ) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
-        """``candidate``'s settings calibrated on each fold and judged on its held-out part: its mean per-sample SNR,
-        each sample's, and the outputs pooled; its error where the technique does not apply to this graph. With
-        ``rival`` (samples' SNR), it stops after a fold where it is :func:`out_of_reach` (``candidate.folds``)."""
+        """``candidate``'s settings calibrated on each fold and judged on its held-out part: the SNR of those samples
+        pooled (its score), each sample's error energy, and the outputs pooled; its error where the technique does not
+        apply to this graph. With ``rival`` (samples' error energies), it stops after a fold where it is
+        :func:`out_of_reach` (``candidate.folds``)."""
         samples, pooled, output = None, {}, self.spec.outputs[0]
         settings = candidate.settings
         try:
@@ -175,14 +180,14 @@ class Trials:
             for fold, fold_recipe in zip(self.folds, recipes):
                 outputs.append(fold.recipe_semantics(self.model, fold_recipe, "evaluation"))
                 pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
-                samples = sample_snr_db(self.references[output][:len(pooled[output])], pooled[output], self.floor)
+                samples = sample_noise(self.references[output][:len(pooled[output])], pooled[output])
                 if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival):
                     candidate.folds = len(outputs)
                     candidate.why = (f"not taken: stopped after {len(outputs)} of {len(self.folds)} folds, its mean "
                                      f"paired gain over the best before it plus {REACH_SE:g} standard errors short of "
                                      f"{MIN_GAIN_DB:g} dB")
                     break
-            candidate.score = round(float(samples.mean()), 4)
+            candidate.score = round(pooled_snr_db(self.references[output], samples), 4)
         except ResourceError:  # the machine's, not the technique's: no runner chooses among fewer candidates
             raise
         except HarnessError as exc:  # a technique that does not apply to this graph

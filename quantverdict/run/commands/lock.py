@@ -135,7 +135,7 @@ def _gain(searched: "SearchResult") -> str:
     chosen = next((c for c in searched.candidates if c.settings == searched.chosen), None)
     if chosen is None or chosen.score is None or searched.incumbent is None or searched.incumbent.score is None:
         return ""
-    return (f" by {chosen.score - searched.incumbent.score:.2f} dB mean per-sample SNR on {searched.held_out_samples} "
+    return (f" by {chosen.score - searched.incumbent.score:.2f} dB of SNR on {searched.held_out_samples} "
             "held-out samples")
 
 
