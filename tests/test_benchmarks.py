@@ -147,8 +147,10 @@ def test_layers_alone_time(benchmark, qv_pipeline, monkeypatch, cpus):
     workers = layers_alone.worker_count(graphs.prepared.ByteSize(), len(layers))
     benchmark.group = "layers alone resnet18"
     benchmark.extra_info.update(model="resnet18", layers=len(layers), workers=workers)
-    found = benchmark.pedantic(layers_alone.each_alone, (graphs, layers, batches, "benchmark"), rounds=2)
-    first = layers_alone.each_alone(graphs, layers[:1], batches, "benchmark")
+    found: dict[str, dict[str, np.ndarray]] = {}
+    benchmark.pedantic(layers_alone.each_alone, (graphs, layers, batches, "benchmark", found.__setitem__), rounds=2)
+    first: dict[str, dict[str, np.ndarray]] = {}
+    layers_alone.each_alone(graphs, layers[:1], batches, "benchmark", first.__setitem__)
     assert found.keys() == set(layers) and np.array_equal(found[layers[0]]["logits"], first[layers[0]]["logits"])
 
 

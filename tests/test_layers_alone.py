@@ -82,6 +82,40 @@ def test_layers_alone_in_workers_give_each_graphs_outputs_and_are_cached(tmp_pat
     assert all(np.array_equal(a[name], b[name]) for a, b in zip(found, again) for name in a)
 
 
+def test_a_ranking_holds_one_layers_outputs_at_a_time_and_groups_by_what_their_outputs_hold(tmp_path, monkeypatch):
+    """Each layer's graph copies the model's outputs (a recogniser's 51 layers held 3.5 GB together): the store reads
+    each from the cache when it is used, and a worker's group of layers evaluated together counts the outputs each
+    holds until the group ends, so outputs as large as its budget go one layer to a group, with the same results."""
+    from quantverdict.judge import downstream
+
+    store = Pipeline(tmp_path / "cache").store
+    recipe = get_recipe("int8").with_options(fallback_layers=())
+    layers = [node.name for node in weighted_layers(store, "resblock", recipe)]
+    graphs, batches = store.precision_graph("resblock", recipe).layer_graphs(), store.batches("resblock", "calibration")
+    sizes: list[int] = []
+    evaluate = downstream.Group.evaluate
+
+    def counted(group, *args):
+        sizes.append(len(group.parts))
+        return evaluate(group, *args)
+
+    monkeypatch.setattr(downstream.Group, "evaluate", counted)
+    together: dict[str, dict[str, np.ndarray]] = {}
+    layers_alone.evaluate(graphs, layers, range(len(layers)), batches, 1 << 30,
+                          lambda number, outputs: together.__setitem__(layers[number], outputs))
+    assert sizes == [len(layers)] > [1]
+    sizes.clear()
+    alone: dict[str, dict[str, np.ndarray]] = {}
+    layers_alone.evaluate(graphs, layers, range(len(layers)), batches, 1 << 30,
+                          lambda number, outputs: alone.__setitem__(layers[number], outputs), output_bytes=1 << 30)
+    assert sizes == [1] * len(layers)
+    assert all(np.array_equal(together[layer][name], alone[layer][name]) for layer in layers for name in alone[layer])
+    found = store.layers_alone_semantics("resblock", recipe, layers, "calibration")
+    assert len(found) == len(layers) and found[0] is not found[0]  # read when indexed, not held
+    assert all(np.array_equal(found[index][name], together[layer][name])
+               for index, layer in enumerate(layers) for name in together[layer])
+
+
 def test_a_tied_weight_gets_a_copy_per_quantized_layer_that_onnx_runtime_fuses(tmp_path, monkeypatch):
     """Each quantized layer of a tied weight reads its own stored copy, scale and DequantizeLinear (a shared one made
     ONNX Runtime's x64 U8S8 rewrite fail: "Attempt to replace the existing tensor"), the integer-kernel session

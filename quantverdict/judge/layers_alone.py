@@ -54,31 +54,37 @@ def group_bytes(workers: int, graph_bytes: int) -> int:
     return max(graph_bytes, min(GROUP_BYTES, GROUP_BYTES if free is None else free // (2 * workers)))
 
 
-def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch], label: str) -> dict[str, Outputs]:
-    """Each of ``layers`` quantized alone, its graph's outputs on ``batches``; ``label`` names the progress bar."""
+def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch], label: str,
+               keep: Callable[[str, Outputs], object], output_bytes: int = 0) -> None:
+    """Each of ``layers`` quantized alone, its graph's outputs on ``batches`` handed to ``keep(layer, outputs)`` one
+    layer at a time (each a copy of the model's outputs, ``output_bytes`` together: a recogniser's 64 × 40 × 6,625
+    probabilities are 68 MB, 51 layers' 3.5 GB, so none is held past its turn); ``label`` names the progress bar."""
     from tqdm import tqdm
 
     size = graphs.prepared.ByteSize()
     count = worker_count(size, len(layers))
     with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar:
         if count == 1:
-            found: dict[str, Outputs] = {}
-
             def done(number: int, outputs: Outputs) -> None:
-                found[layers[number]] = outputs
+                keep(layers[number], outputs)
                 bar.update()
 
-            evaluate(graphs, list(layers), range(len(layers)), batches, group_bytes(1, size), done)
-            return found
+            evaluate(graphs, list(layers), range(len(layers)), batches, group_bytes(1, size), done, output_bytes)
+            return
         with work_folder("layers") as folder:
-            return _in_workers(folder, graphs, list(layers), batches, count, group_bytes(count, size), bar.update)
+            _in_workers(folder, graphs, list(layers), batches, count, group_bytes(count, size), output_bytes,
+                        bar.update)
+            for number, layer in enumerate(layers):
+                keep(layer, pickle.loads((folder / f"{number}.out").read_bytes()))
 
 
 def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], batches: list[Batch], budget: int,
-             done: Callable[[int, Outputs], object], going: Callable[[], bool] = lambda: True) -> None:
+             done: Callable[[int, Outputs], object], output_bytes: int = 0,
+             going: Callable[[], bool] = lambda: True) -> None:
     """The ``numbers``-th of ``layers``, each quantized alone and evaluated on one thread, ``done(number, outputs)``
-    for each: from the cut where the prepared graph is evaluated as written, in groups of ``budget`` bytes; whole
-    where it is evaluated in exact integer arithmetic (its integer operators) or the cut does not apply."""
+    for each: from the cut where the prepared graph is evaluated as written, in groups of ``budget`` bytes (their
+    graphs and the ``output_bytes`` each one's outputs hold until the group ends); whole where it is evaluated in exact
+    integer arithmetic (its integer operators) or the cut does not apply."""
     evaluated_by = evaluator(graphs.prepared)  # Q/DQ pairs add no integer operator: each layer's graph is read alike
     reference = Reference(graphs.prepared) if evaluated_by == AS_WRITTEN else None
     group = Group()
@@ -95,21 +101,22 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
             done(number, unkept_semantics(serialized(model), batches, 1, evaluated_by))
             continue
         group.parts.append((number, part))
-        if reference is not None and group.size >= budget:
+        if reference is not None and group.size + output_bytes * len(group.parts) >= budget:
             group.evaluate(reference, batches, done, whole)
     if reference is not None and group.parts:
         group.evaluate(reference, batches, done, whole)
 
 
 def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], count: int, budget: int,
-                advance: Callable[[int], object]) -> dict[str, Outputs]:
+                output_bytes: int, advance: Callable[[int], object]) -> None:
+    """Every layer's outputs written to ``folder`` as ``<number>.out`` by ``count`` workers."""
     (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches), protocol=pickle.HIGHEST_PROTOCOL))
     package = str(Path(__file__).resolve().parents[2])  # this quantverdict, wherever the worker's path points
     env = {**os.environ, **freed_memory.WORKER_ENVIRONMENT,
            "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
     logs = [open(folder / f"worker{index}.log", "wb") for index in range(count)]
     workers = [subprocess.Popen([sys.executable, "-m", __name__, str(folder), str(index), str(count), str(budget),
-                                 str(os.getpid())],
+                                 str(output_bytes), str(os.getpid())],
                                 stdout=subprocess.DEVNULL, stderr=log, env=env) for index, log in enumerate(logs)]
     try:
         done = 0
@@ -128,7 +135,6 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
                                f"{said[-1] if said else 'it said nothing'}")
         for peak in folder.glob("worker*.peak"):
             worker_peak(float(peak.read_text()))
-        return {layer: pickle.loads((folder / f"{number}.out").read_bytes()) for number, layer in enumerate(layers)}
     finally:
         for worker in workers:
             if worker.poll() is None:
@@ -168,7 +174,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def main(folder: Path, index: int, count: int, budget: int, parent: int) -> None:
+def main(folder: Path, index: int, count: int, budget: int, output_bytes: int, parent: int) -> None:
     """A worker: every ``count``-th layer from the ``index``-th, each written as ``<number>.out``; it ends with its
     parent (an interrupted run)."""
     die_with_parent(parent)
@@ -177,9 +183,10 @@ def main(folder: Path, index: int, count: int, budget: int, parent: int) -> None
     def done(number: int, outputs: Outputs) -> None:
         atomic_write_bytes(folder / f"{number}.out", pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL))
 
-    evaluate(graphs, layers, range(index, len(layers), count), batches, budget, done, lambda: os.getppid() == parent)
+    evaluate(graphs, layers, range(index, len(layers), count), batches, budget, done, output_bytes,
+             lambda: os.getppid() == parent)
     atomic_write_bytes(folder / f"worker{index}.peak", str(peak_memory_mb()).encode())
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    main(Path(sys.argv[1]), *map(int, sys.argv[2:7]))

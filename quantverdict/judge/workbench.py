@@ -41,8 +41,9 @@ class Workbench(Protocol):
         ...
 
     def layers_alone_semantics(self, model: str, recipe: QDQ, layers: Sequence[str],
-                               data: Data = "evaluation") -> list[dict[str, np.ndarray]]:
-        """``recipe_semantics`` of each layer quantized alone (``recipe`` with ``only``), made together."""
+                               data: Data = "evaluation") -> Sequence[dict[str, np.ndarray]]:
+        """``recipe_semantics`` of each layer quantized alone (``recipe`` with ``only``), made together, each read
+        when it is indexed (they are not held together)."""
         ...
 
     def undecided(self, model: str) -> np.ndarray | None: ...

@@ -39,7 +39,7 @@ from quantverdict.precision.coverage import planned_coverage, recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.single_layer import derivable
-from quantverdict.memo import Memo
+from quantverdict.memo import Loaded, Memo
 from quantverdict.registry import Registry
 from quantverdict.run.views import MEMO_SIZE, Planter, Shared
 
@@ -202,21 +202,31 @@ class ArtifactStore:
                                  {"model": model, "recipe": recipe.params(), "data": data})[0]
 
     def layers_alone_semantics(self, model: str, recipe: QDQ, layers: Sequence[str],
-                               data: Data = "evaluation") -> list[dict[str, np.ndarray]]:
+                               data: Data = "evaluation") -> Sequence[dict[str, np.ndarray]]:
         """Each of ``layers`` quantized alone by ``recipe`` (its ``only``), evaluated as written on ``data``: each cached
         as :meth:`recipe_semantics` caches one, those missing made together from one preparation, calibration and
-        rounding (:mod:`quantverdict.precision.single_layer`), in parallel (:mod:`quantverdict.judge.layers_alone`)."""
+        rounding (:mod:`quantverdict.precision.single_layer`), in parallel (:mod:`quantverdict.judge.layers_alone`),
+        and each read when it is used: a ranking holds one layer's outputs at a time."""
         alone = [recipe.with_options(only=(layer,)) for layer in layers]
         if not derivable(recipe):
-            return [self.recipe_semantics(model, each, data) for each in alone]
+            return Loaded([functools.partial(self.recipe_semantics, model, each, data) for each in alone])
         cpu = self.onnxruntime_cpu_parts(*SEMANTICS_CODE, "quantverdict.judge.layers_alone")
-        parts = [[self.precision_graph(model, each).key(), self.data_key(model, data), *cpu] for each in alone]
-        missing = [layer for layer, key in zip(layers, parts) if not self.cache.holds_arrays("semantics", key)]
-        made = each_alone(self.precision_graph(model, recipe).layer_graphs(), missing, self.batches(model, data),
-                          f"layers alone {model}") if missing else {}
-        return [self.cache.arrays("semantics", key, lambda layer=layer: (made[layer], ""),
-                                  {"model": model, "recipe": each.params(), "data": data})[0]
-                for layer, each, key in zip(layers, alone, parts)]
+        parts = {layer: [self.precision_graph(model, each).key(), self.data_key(model, data), *cpu]
+                 for layer, each in zip(layers, alone)}
+        described = {layer: {"model": model, "recipe": each.params(), "data": data}
+                     for layer, each in zip(layers, alone)}
+        missing = [layer for layer in layers if not self.cache.holds_arrays("semantics", parts[layer])]
+        if missing:
+            output_bytes = sum(values.nbytes for values in self.fp32_outputs(model, data).values())
+            each_alone(self.precision_graph(model, recipe).layer_graphs(), missing, self.batches(model, data),
+                       f"layers alone {model}", lambda layer, outputs: self.cache.arrays(
+                           "semantics", parts[layer], lambda: (outputs, ""), described[layer]), output_bytes)
+
+        def read(layer: str, each: QDQ) -> dict[str, np.ndarray]:  # made above: whole only where pruned meanwhile
+            return self.cache.arrays("semantics", parts[layer], lambda: (self.recipe_semantics(model, each, data), ""),
+                                     described[layer])[0]
+
+        return Loaded([functools.partial(read, layer, each) for layer, each in zip(layers, alone)])
 
     def fp32_outputs(self, model: str, data: Data = "evaluation") -> dict[str, np.ndarray]:
         """What a recipe is judged against on ``data``: the reference outputs on the evaluation set, the FP32
