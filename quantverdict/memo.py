@@ -1,11 +1,8 @@
-"""A small per-process table for what a run makes once and reads many times (modules, reference outputs), and a
-sequence of what is read afresh each time it is used (outputs too large to hold together)."""
+"""A small per-process table for what a run makes once and reads many times (modules, reference outputs)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Sequence, TypeVar, overload
-
-T = TypeVar("T")
+from typing import Any, Callable, Hashable
 
 
 class Memo:
@@ -23,24 +20,3 @@ class Memo:
             self.items.popitem(last=False)
         return value
 
-
-class Loaded(Sequence[T]):
-    """Items each read by its own function when indexed, never held: a ranking reads one layer's outputs at a time
-    where a list of them all held a recogniser's 51 layers' 3.5 GB at once."""
-
-    def __init__(self, reads: list[Callable[[], T]]):
-        self.reads = reads
-
-    def __len__(self) -> int:
-        return len(self.reads)
-
-    @overload
-    def __getitem__(self, index: int) -> T: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[T]: ...
-
-    def __getitem__(self, index: int | slice) -> T | list[T]:
-        if isinstance(index, slice):
-            return [read() for read in self.reads[index]]
-        return self.reads[index]()

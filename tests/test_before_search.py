@@ -19,7 +19,8 @@ from quantverdict.tune.decide import decided_before_calibration
 from test_exporter_corpus import _Recurrent
 from exporters import torch_export
 
-WORK = ("calibration", "recipe-search", "fallback", "semantics", "precision")  # cache kinds a search or a graph makes
+# cache kinds a search or a graph makes
+WORK = ("calibration", "recipe-search", "fallback", "semantics", "layer-errors", "precision")
 
 
 def _manifest(folder: Path, name: str, graph: Path, inputs: str, outputs: list[str]) -> Path:

@@ -4,6 +4,7 @@ import numpy as np
 import onnx
 import pytest
 
+from quantverdict.judge.layer_errors import Errors
 from quantverdict.precision import get_recipe
 from quantverdict.precision.calibrate import collect_histograms
 from quantverdict.precision.calibrators import Calibrator
@@ -147,11 +148,14 @@ def test_layers_alone_time(benchmark, qv_pipeline, monkeypatch, cpus):
     workers = layers_alone.worker_count(graphs.prepared.ByteSize(), len(layers))
     benchmark.group = "layers alone resnet18"
     benchmark.extra_info.update(model="resnet18", layers=len(layers), workers=workers)
-    found: dict[str, dict[str, np.ndarray]] = {}
-    benchmark.pedantic(layers_alone.each_alone, (graphs, layers, batches, "benchmark", found.__setitem__), rounds=2)
-    first: dict[str, dict[str, np.ndarray]] = {}
-    layers_alone.each_alone(graphs, layers[:1], batches, "benchmark", first.__setitem__)
-    assert found.keys() == set(layers) and np.array_equal(found[layers[0]]["logits"], first[layers[0]]["logits"])
+    reference = store.fp32_outputs("resnet18", "calibration")
+    found: dict[str, Errors] = {}
+    benchmark.pedantic(layers_alone.each_alone, (graphs, layers, batches, "benchmark", reference, found.__setitem__),
+                       rounds=2)
+    first: dict[str, Errors] = {}
+    layers_alone.each_alone(graphs, layers[:1], batches, "benchmark", reference, first.__setitem__)
+    assert found.keys() == set(layers)
+    assert np.array_equal(found[layers[0]].noise("logits"), first[layers[0]].noise("logits"))
 
 
 ENCODER = """\

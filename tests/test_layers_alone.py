@@ -1,6 +1,6 @@
 """Each layer quantized alone (sensitivity, fallback's ranking) is made from the whole recipe's preparation, calibration
 and rounding, and evaluated in worker processes: the same graph bytes the recipe with ``only`` makes by itself, the
-same outputs, cached one by one."""
+same outputs, kept and cached one by one as their errors against FP32's."""
 import subprocess
 import sys
 import threading
@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantverdict.judge import layers_alone
+from quantverdict.judge.layer_errors import Errors
 from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.precision import get_recipe
@@ -59,33 +60,50 @@ def test_each_layer_alone_is_the_graph_its_only_recipe_makes(tmp_path, model, pr
 
 @pytest.mark.parametrize("model,precision,settings", [("transformer-block", "int8", {"smoothquant": 0.5, "gptq": True}),
                                                       ("resblock", "int8", {}), ("resblock", "fp8", {"calibration": "mse"})])
-def test_layers_alone_in_workers_give_each_graphs_outputs_and_are_cached(tmp_path, monkeypatch, model, precision,
-                                                                         settings):
-    """Three workers on any machine: each layer's outputs are its own graph's on one ONNX Runtime thread, bit for bit
-    (a recipe unpickled in a worker once lost its format's identity, and with it the first convolution's Q/DQ);
-    a second ranking reads them all from the cache and starts no worker."""
+def test_layers_alone_in_workers_give_each_graphs_errors_and_are_cached(tmp_path, monkeypatch, model, precision,
+                                                                        settings):
+    """Three workers on any machine: each layer's errors against FP32 are those of its own graph's outputs on one ONNX
+    Runtime thread, bit for bit (a recipe unpickled in a worker once lost its format's identity, and with it the first
+    convolution's Q/DQ); a second ranking reads them all from the cache and starts no worker."""
     monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: 3)
     monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)
     store = Pipeline(tmp_path / "cache").store
     recipe = get_recipe(precision).configured(settings).with_options(fallback_layers=())
     layers = [node.name for node in weighted_layers(store, model, recipe)]
     assert layers_alone.worker_count(1 << 20, len(layers)) == 3
-    found = store.layers_alone_semantics(model, recipe, layers, "calibration")
-    batches = store.batches(model, "calibration")
-    for layer, outputs in zip(layers, found):
+    found = store.layers_alone_errors(model, recipe, layers, "calibration")
+    batches, reference = store.batches(model, "calibration"), store.fp32_outputs(model, "calibration")
+    for layer, errors in zip(layers, found):
         graph = store.precision_graph(model, recipe.with_options(only=(layer,))).make()
-        expected = unkept_semantics(graph, batches, threads=1)
-        assert outputs.keys() == expected.keys()
-        assert all(np.array_equal(outputs[name], expected[name]) for name in expected), layer
+        expected = Errors.of(reference, unkept_semantics(graph, batches, threads=1)).arrays()
+        assert errors.arrays().keys() == expected.keys()
+        assert all(np.array_equal(errors.arrays()[key], expected[key]) for key in expected), layer
     monkeypatch.setattr(layers_alone, "_in_workers", None)  # a worker started now would fail the call
-    again = store.layers_alone_semantics(model, recipe, layers, "calibration")
-    assert all(np.array_equal(a[name], b[name]) for a, b in zip(found, again) for name in a)
+    again = store.layers_alone_errors(model, recipe, layers, "calibration")
+    assert all(np.array_equal(a.arrays()[key], b.arrays()[key]) for a, b in zip(found, again) for key in a.arrays())
 
 
-def test_a_ranking_holds_one_layers_outputs_at_a_time_and_groups_by_what_their_outputs_hold(tmp_path, monkeypatch):
-    """Each layer's graph copies the model's outputs (a recogniser's 51 layers held 3.5 GB together): the store reads
-    each from the cache when it is used, and a worker's group of layers evaluated together counts the outputs each
-    holds until the group ends, so outputs as large as its budget go one layer to a group, with the same results."""
+def test_a_layers_errors_are_what_compare_reads_from_its_outputs_a_few_floats_a_sample():
+    """A layer's graph copies the model's outputs (a recogniser's 68 MB a layer, 16 GB a lock in the cache): what is
+    kept of it is each sample's error energy, dot product and energy, from which cosine and SNR are compare()'s."""
+    from quantverdict.judge.compare import compare
+    from quantverdict.judge.tolerances import Tolerance
+
+    rng = np.random.default_rng(0)
+    reference = {"y": rng.normal(size=(16, 40, 30)).astype(np.float32)}
+    outputs = {"y": reference["y"] + rng.normal(0, 0.05, size=(16, 40, 30)).astype(np.float32)}
+    errors = Errors.of(reference, outputs)
+    assert {key: values.shape for key, values in errors.arrays().items()} == {
+        "noise/y": (16,), "dot/y": (16,), "energy/y": (16,)}
+    metrics = compare(reference, outputs, Tolerance(), False).metrics["y"]
+    assert errors.cosine("y", reference["y"]) == pytest.approx(metrics["cosine"], abs=1e-12)
+    assert errors.snr_db("y", reference["y"]) == pytest.approx(metrics["snr_db"], abs=1e-9)
+    assert Errors.from_arrays(errors.arrays()).arrays().keys() == errors.arrays().keys()
+
+
+def test_a_workers_group_counts_the_outputs_its_layers_hold_until_it_ends(tmp_path, monkeypatch):
+    """A worker's group of layers evaluated together holds each one's outputs until the group ends: outputs as large as
+    its budget go one layer to a group, with the same results."""
     from quantverdict.judge import downstream
 
     store = Pipeline(tmp_path / "cache").store
@@ -110,10 +128,6 @@ def test_a_ranking_holds_one_layers_outputs_at_a_time_and_groups_by_what_their_o
                           lambda number, outputs: alone.__setitem__(layers[number], outputs), output_bytes=1 << 30)
     assert sizes == [1] * len(layers)
     assert all(np.array_equal(together[layer][name], alone[layer][name]) for layer in layers for name in alone[layer])
-    found = store.layers_alone_semantics("resblock", recipe, layers, "calibration")
-    assert len(found) == len(layers) and found[0] is not found[0]  # read when indexed, not held
-    assert all(np.array_equal(found[index][name], together[layer][name])
-               for index, layer in enumerate(layers) for name in together[layer])
 
 
 def test_a_tied_weight_gets_a_copy_per_quantized_layer_that_onnx_runtime_fuses(tmp_path, monkeypatch):

@@ -354,8 +354,8 @@ def test_compare_recipes_judges_the_searched_settings_as_the_harness_row(repo, q
 
 @pytest.mark.int8
 def test_ranking_layers_for_fallback_keeps_their_evaluations_not_their_graphs(tmp_path):
-    """Each layer quantized alone is a copy of the whole model: ranking them keeps each one's outputs in the cache
-    (a second ranking reads them) and none of the graphs."""
+    """Each layer quantized alone is a copy of the whole model: ranking them keeps each one's errors against FP32 in the
+    cache (three floats per sample; a second ranking reads them), neither its outputs nor its graph."""
     from quantverdict.tune.fallback import choose_fallback
 
     store = Pipeline(tmp_path / "cache").store
@@ -363,10 +363,14 @@ def test_ranking_layers_for_fallback_keeps_their_evaluations_not_their_graphs(tm
     kept = choose_fallback(store, "resblock", recipe)
     cache = tmp_path / "cache"
     assert kept and not list((cache / "precision").rglob("*.onnx"))
-    evaluations = sorted(p.name for p in (cache / "semantics").rglob("*") if p.is_file())
+    evaluations = sorted(p.name for p in (cache / "layer-errors").rglob("*") if p.is_file())
     assert len(evaluations) >= len(weighted_layers(store, "resblock", recipe))
+    samples = sum(len(batch["input"]) for batch in store.batches("resblock", "calibration"))
+    for path in (cache / "layer-errors").rglob("*.npz"):
+        with np.load(path) as stored:
+            assert all(stored[key].shape == (samples,) for key in stored.files if key != "__meta__")
     assert choose_fallback(Pipeline(cache).store, "resblock", recipe) == kept
-    assert sorted(p.name for p in (cache / "semantics").rglob("*") if p.is_file()) == evaluations  # read, not made
+    assert sorted(p.name for p in (cache / "layer-errors").rglob("*") if p.is_file()) == evaluations  # read, not made
 
 
 def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_would_take(repo, qv_pipeline):

@@ -1,4 +1,4 @@
-"""Each layer quantized alone, evaluated as written, in worker processes.
+"""Each layer quantized alone, evaluated as written, in worker processes, kept as its errors against FP32's outputs.
 
 Ranking layers (fallback, sensitivity) evaluates one graph per weighted layer, each a copy of the model: 48 for
 MiniLM, once for every candidate recipe of a search that keeps layers in FP32. The graphs are independent, so they
@@ -30,6 +30,7 @@ from quantverdict.resources import available_memory, peak_memory_mb, worker_peak
 from quantverdict.scratch import work_folder
 from quantverdict.export.compat import serialized
 from quantverdict.judge.downstream import Group, Reference
+from quantverdict.judge.layer_errors import Errors
 from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
 from quantverdict.models.spec import Batch
 from quantverdict.precision.single_layer import LayerGraphs
@@ -55,10 +56,11 @@ def group_bytes(workers: int, graph_bytes: int) -> int:
 
 
 def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch], label: str,
-               keep: Callable[[str, Outputs], object], output_bytes: int = 0) -> None:
-    """Each of ``layers`` quantized alone, its graph's outputs on ``batches`` handed to ``keep(layer, outputs)`` one
-    layer at a time (each a copy of the model's outputs, ``output_bytes`` together: a recogniser's 64 × 40 × 6,625
-    probabilities are 68 MB, 51 layers' 3.5 GB, so none is held past its turn); ``label`` names the progress bar."""
+               reference: Outputs, keep: Callable[[str, Errors], object], output_bytes: int = 0) -> None:
+    """Each of ``layers`` quantized alone, its graph's outputs on ``batches`` against FP32's ``reference`` there, as
+    :class:`Errors` handed to ``keep(layer, errors)``: a few floats per sample where each layer's outputs are a copy of
+    the model's (``output_bytes`` of them, held by a worker only until its group of layers ends); ``label`` names the
+    progress bar."""
     from tqdm import tqdm
 
     size = graphs.prepared.ByteSize()
@@ -66,14 +68,14 @@ def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch],
     with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar:
         if count == 1:
             def done(number: int, outputs: Outputs) -> None:
-                keep(layers[number], outputs)
+                keep(layers[number], Errors.of(reference, outputs))
                 bar.update()
 
             evaluate(graphs, list(layers), range(len(layers)), batches, group_bytes(1, size), done, output_bytes)
             return
         with work_folder("layers") as folder:
-            _in_workers(folder, graphs, list(layers), batches, count, group_bytes(count, size), output_bytes,
-                        bar.update)
+            _in_workers(folder, graphs, list(layers), batches, reference, count, group_bytes(count, size),
+                        output_bytes, bar.update)
             for number, layer in enumerate(layers):
                 keep(layer, pickle.loads((folder / f"{number}.out").read_bytes()))
 
@@ -107,10 +109,11 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
         group.evaluate(reference, batches, done, whole)
 
 
-def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], count: int, budget: int,
-                output_bytes: int, advance: Callable[[int], object]) -> None:
-    """Every layer's outputs written to ``folder`` as ``<number>.out`` by ``count`` workers."""
-    (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches), protocol=pickle.HIGHEST_PROTOCOL))
+def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], reference: Outputs,
+                count: int, budget: int, output_bytes: int, advance: Callable[[int], object]) -> None:
+    """Every layer's :class:`Errors` written to ``folder`` as ``<number>.out`` by ``count`` workers."""
+    (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches, reference),
+                                                   protocol=pickle.HIGHEST_PROTOCOL))
     package = str(Path(__file__).resolve().parents[2])  # this quantverdict, wherever the worker's path points
     env = {**os.environ, **freed_memory.WORKER_ENVIRONMENT,
            "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
@@ -178,10 +181,11 @@ def main(folder: Path, index: int, count: int, budget: int, output_bytes: int, p
     """A worker: every ``count``-th layer from the ``index``-th, each written as ``<number>.out``; it ends with its
     parent (an interrupted run)."""
     die_with_parent(parent)
-    graphs, layers, batches = pickle.loads((folder / "work.pkl").read_bytes())
+    graphs, layers, batches, reference = pickle.loads((folder / "work.pkl").read_bytes())
 
     def done(number: int, outputs: Outputs) -> None:
-        atomic_write_bytes(folder / f"{number}.out", pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL))
+        atomic_write_bytes(folder / f"{number}.out", pickle.dumps(Errors.of(reference, outputs),
+                                                                  protocol=pickle.HIGHEST_PROTOCOL))
 
     evaluate(graphs, layers, range(index, len(layers), count), batches, budget, done, output_bytes,
              lambda: os.getppid() == parent)

@@ -57,14 +57,15 @@ def weighted_layers(store: Workbench, model: str, recipe: QDQ) -> list[onnx.Node
 def layer_sensitivity(store: Workbench, model: str, recipe: QDQ,
                       data: Data = "evaluation") -> list[LayerSensitivity]:
     """Most sensitive first (lowest SNR of the first output). The layers quantized alone are made from one
-    preparation, calibration and rounding and evaluated in parallel (:meth:`Workbench.layers_alone_semantics`),
-    each cached by what makes its graph, so a rerun reads (the graphs, a copy of the model each, are not kept)."""
+    preparation, calibration and rounding and evaluated in parallel (:meth:`Workbench.layers_alone_errors`), each
+    cached as its errors against FP32's outputs, so a rerun reads (the graphs, a copy of the model each, are not
+    kept)."""
     output = store.spec(model).outputs[0]
+    reference = store.fp32_outputs(model, data)[output]
     nodes = weighted_layers(store, model, recipe)
-    rows = []
-    for node, only in zip(nodes, store.layers_alone_semantics(model, recipe, [node.name for node in nodes], data)):
-        metrics = _judged(store, model, only, Tolerance(), data).metrics[output]
-        rows.append(LayerSensitivity(node.name, node.op_type, metrics["cosine"], metrics["snr_db"]))
+    alone = store.layers_alone_errors(model, recipe, [node.name for node in nodes], data)
+    rows = [LayerSensitivity(node.name, node.op_type, errors.cosine(output, reference),
+                             errors.snr_db(output, reference)) for node, errors in zip(nodes, alone)]
     return sorted(rows, key=lambda row: row.snr_db)
 
 

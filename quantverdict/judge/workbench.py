@@ -11,6 +11,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from quantverdict.cache import Cache
+from quantverdict.judge.layer_errors import Errors
 from quantverdict.models.data import Data
 from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision.base import Recipe
@@ -40,10 +41,10 @@ class Workbench(Protocol):
         """As ``graph_semantics`` of ``precision_onnx``, without keeping the graph (made to be evaluated once)."""
         ...
 
-    def layers_alone_semantics(self, model: str, recipe: QDQ, layers: Sequence[str],
-                               data: Data = "evaluation") -> Sequence[dict[str, np.ndarray]]:
-        """``recipe_semantics`` of each layer quantized alone (``recipe`` with ``only``), made together, each read
-        when it is indexed (they are not held together)."""
+    def layers_alone_errors(self, model: str, recipe: QDQ, layers: Sequence[str],
+                            data: Data = "evaluation") -> list[Errors]:
+        """Each layer quantized alone (``recipe`` with ``only``), made together, as its errors against the FP32
+        outputs on ``data`` (:class:`quantverdict.judge.layer_errors.Errors`)."""
         ...
 
     def undecided(self, model: str) -> np.ndarray | None: ...

@@ -25,6 +25,7 @@ from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
+from quantverdict.judge.layer_errors import Errors
 from quantverdict.judge.layers_alone import each_alone
 from quantverdict.judge.output_kinds import output_kinds
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
@@ -39,7 +40,7 @@ from quantverdict.precision.coverage import planned_coverage, recipe_coverage
 from quantverdict.precision.loader import PrecisionGraph
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.single_layer import derivable
-from quantverdict.memo import Loaded, Memo
+from quantverdict.memo import Memo
 from quantverdict.registry import Registry
 from quantverdict.run.views import MEMO_SIZE, Planter, Shared
 
@@ -201,32 +202,33 @@ class ArtifactStore:
                                  lambda: (unkept_semantics(graph.make(), self.batches(model, data)), ""),
                                  {"model": model, "recipe": recipe.params(), "data": data})[0]
 
-    def layers_alone_semantics(self, model: str, recipe: QDQ, layers: Sequence[str],
-                               data: Data = "evaluation") -> Sequence[dict[str, np.ndarray]]:
-        """Each of ``layers`` quantized alone by ``recipe`` (its ``only``), evaluated as written on ``data``: each cached
-        as :meth:`recipe_semantics` caches one, those missing made together from one preparation, calibration and
-        rounding (:mod:`quantverdict.precision.single_layer`), in parallel (:mod:`quantverdict.judge.layers_alone`),
-        and each read when it is used: a ranking holds one layer's outputs at a time."""
+    def layers_alone_errors(self, model: str, recipe: QDQ, layers: Sequence[str],
+                            data: Data = "evaluation") -> list[Errors]:
+        """Each of ``layers`` quantized alone by ``recipe`` (its ``only``), evaluated as written on ``data``, as its
+        errors against the FP32 outputs there (:class:`Errors`: a few floats per sample, not the outputs), each cached;
+        those missing made together from one preparation, calibration and rounding
+        (:mod:`quantverdict.precision.single_layer`), in parallel (:mod:`quantverdict.judge.layers_alone`)."""
         alone = [recipe.with_options(only=(layer,)) for layer in layers]
+        reference = self.fp32_outputs(model, data)
         if not derivable(recipe):
-            return Loaded([functools.partial(self.recipe_semantics, model, each, data) for each in alone])
+            return [Errors.of(reference, self.recipe_semantics(model, each, data)) for each in alone]
         cpu = self.onnxruntime_cpu_parts(*SEMANTICS_CODE, "quantverdict.judge.layers_alone")
         parts = {layer: [self.precision_graph(model, each).key(), self.data_key(model, data), *cpu]
                  for layer, each in zip(layers, alone)}
         described = {layer: {"model": model, "recipe": each.params(), "data": data}
                      for layer, each in zip(layers, alone)}
-        missing = [layer for layer in layers if not self.cache.holds_arrays("semantics", parts[layer])]
+        missing = [layer for layer in layers if not self.cache.holds_arrays("layer-errors", parts[layer])]
         if missing:
-            output_bytes = sum(values.nbytes for values in self.fp32_outputs(model, data).values())
             each_alone(self.precision_graph(model, recipe).layer_graphs(), missing, self.batches(model, data),
-                       f"layers alone {model}", lambda layer, outputs: self.cache.arrays(
-                           "semantics", parts[layer], lambda: (outputs, ""), described[layer]), output_bytes)
+                       f"layers alone {model}", reference, lambda layer, errors: self.cache.arrays(
+                           "layer-errors", parts[layer], lambda: (errors.arrays(), ""), described[layer]),
+                       sum(values.nbytes for values in reference.values()))
 
-        def read(layer: str, each: QDQ) -> dict[str, np.ndarray]:  # made above: whole only where pruned meanwhile
-            return self.cache.arrays("semantics", parts[layer], lambda: (self.recipe_semantics(model, each, data), ""),
-                                     described[layer])[0]
+        def read(layer: str, each: QDQ) -> Errors:  # made above: the whole graph only where pruned meanwhile
+            return Errors.from_arrays(self.cache.arrays("layer-errors", parts[layer], lambda: (Errors.of(
+                reference, self.recipe_semantics(model, each, data)).arrays(), ""), described[layer])[0])
 
-        return Loaded([functools.partial(read, layer, each) for layer, each in zip(layers, alone)])
+        return [read(layer, each) for layer, each in zip(layers, alone)]
 
     def fp32_outputs(self, model: str, data: Data = "evaluation") -> dict[str, np.ndarray]:
         """What a recipe is judged against on ``data``: the reference outputs on the evaluation set, the FP32

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
+from quantverdict.judge.layer_errors import error_energy, per_sample
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.grids import FP8_E4M3
@@ -60,10 +61,9 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ,
     if budget == 0:
         return [{} for _ in held_out]
     output = store.spec(model).outputs[0]
-    reference = per_sample(store.fp32_outputs(model, "calibration")[output])
-    alone = store.layers_alone_semantics(model, base, [node.name for node in layers], "calibration")
-    noise = np.stack([error_energy(reference, per_sample(outputs[output])) for outputs in alone])
-    signal = np.sum(reference ** 2, 1)
+    signal = np.sum(per_sample(store.fp32_outputs(model, "calibration")[output]) ** 2, 1)
+    alone = store.layers_alone_errors(model, base, [node.name for node in layers], "calibration")
+    noise = np.stack([errors.noise(output) for errors in alone])
     parts = []
     for part in held_out:
         ranked_on = np.ones(len(signal), bool)
@@ -123,14 +123,3 @@ def pooled_snr(signal: np.ndarray, noise: np.ndarray, samples: np.ndarray) -> np
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.nan_to_num(signal[samples].sum() / noise[:, samples].sum(1), nan=0.0, posinf=math.inf)
 
-
-def per_sample(values: np.ndarray) -> np.ndarray:
-    """Outputs as float64 [samples, values] (the first axis the samples)."""
-    values = np.asarray(values, np.float64)
-    return values.reshape(len(values) if values.ndim else 1, -1)
-
-
-def error_energy(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    """Each sample's summed squared error; a non-finite one is infinite (the most sensitive layer)."""
-    error = candidate - reference
-    return np.where(np.isfinite(error).all(1), np.sum(np.nan_to_num(error) ** 2, 1), np.inf)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from quantverdict.tune.fallback import error_energy, per_sample
+from quantverdict.judge.layer_errors import error_energy, per_sample
 
 MIN_GAIN_DB = 0.1  # the mean gain per sample that makes a more elaborate candidate worth taking …
 GAIN_SE = 2.0  # … where it also exceeds this many standard errors of the gains paired by sample

@@ -1,0 +1,78 @@
+"""What a graph's outputs cost against FP32's, sample by sample, in three sums per output: the error energy, the dot
+product with FP32's output and the graph's own energy.
+
+Each layer quantized alone (fallback's ranking, sensitivity) is kept as these, a few floats per sample, not as its
+outputs: a text recogniser's 64 × 40 × 6,625 probabilities are 68 MB a layer, and one lock of it (51 layers, ranked
+for three calibrations) wrote 16 GB of them to the cache. Fallback ranks by the error energies; sensitivity reads
+cosine and SNR from the sums, as :func:`quantverdict.judge.compare.compare` computes them from the outputs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+SUMS = ("noise", "dot", "energy")  # each sample's: error energy, dot product with FP32's output, the graph's energy
+
+
+@dataclass(frozen=True)
+class Errors:
+    """Per output name, each sample's sums (:data:`SUMS`) of a graph's outputs against FP32's."""
+
+    sums: Mapping[str, Mapping[str, np.ndarray]]
+
+    @classmethod
+    def of(cls, reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> "Errors":
+        """The sums of ``outputs`` against ``reference`` (FP32's, on the same samples), for every output of both."""
+        sums = {}
+        for name in reference:
+            r = per_sample(reference[name])
+            c = per_sample(outputs[name]).reshape(r.shape)
+            sums[name] = {"noise": error_energy(r, c), "dot": np.sum(r * c, 1), "energy": np.sum(c * c, 1)}
+        return cls(sums)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """As named arrays, for the cache (``<sum>/<output>``)."""
+        return {f"{sum_name}/{name}": values[sum_name] for name, values in self.sums.items() for sum_name in SUMS}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "Errors":
+        sums: dict[str, dict[str, np.ndarray]] = {}
+        for key, values in arrays.items():
+            sum_name, name = key.split("/", 1)
+            sums.setdefault(name, {})[sum_name] = values
+        return cls(sums)
+
+    def noise(self, name: str) -> np.ndarray:
+        """Each sample's error energy on output ``name`` (infinite where the graph's output is not finite)."""
+        return np.asarray(self.sums[name]["noise"])
+
+    def cosine(self, name: str, reference: np.ndarray) -> float:
+        """The cosine of output ``name`` with FP32's ``reference`` over every sample (1 where both are all zero)."""
+        signal = float(np.sum(per_sample(reference) ** 2))
+        energy, dot = float(np.sum(self.sums[name]["energy"])), float(np.sum(self.sums[name]["dot"]))
+        if signal == 0 or energy == 0:
+            return float(signal == energy and not np.any(self.noise(name)))
+        return float(np.clip(dot / math.sqrt(signal * energy), -1.0, 1.0))
+
+    def snr_db(self, name: str, reference: np.ndarray) -> float:
+        """The SNR of output ``name`` over every sample, against FP32's ``reference`` (infinite where exact)."""
+        noise = float(np.sum(self.noise(name)))
+        if noise == 0:
+            return math.inf
+        signal = float(np.sum(per_sample(reference) ** 2))
+        return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def per_sample(values: np.ndarray) -> np.ndarray:
+    """Outputs as float64 [samples, values] (the first axis the samples)."""
+    values = np.asarray(values, np.float64)
+    return values.reshape(len(values) if values.ndim else 1, -1)
+
+
+def error_energy(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """Each sample's summed squared error; a non-finite one is infinite (the most sensitive layer)."""
+    error = candidate - reference
+    return np.where(np.isfinite(error).all(1), np.sum(np.nan_to_num(error) ** 2, 1), np.inf)
