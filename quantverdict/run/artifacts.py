@@ -23,7 +23,7 @@ from quantverdict.backends.loader import RuntimeOutputs
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
-from quantverdict.hashing import file_sha256, source_fingerprint
+from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
 from quantverdict.judge.layer_errors import Errors
 from quantverdict.judge.layers_alone import each_alone
@@ -213,7 +213,8 @@ class ArtifactStore:
         if not derivable(recipe):
             return [Errors.of(reference, self.recipe_semantics(model, each, data)) for each in alone]
         cpu = self.onnxruntime_cpu_parts(*SEMANTICS_CODE, "quantverdict.judge.layers_alone")
-        parts = {layer: [self.precision_graph(model, each).key(), self.data_key(model, data), *cpu]
+        against = content_hash(reference)  # the evaluation set's reference may be torch's: its version is not a part
+        parts = {layer: [self.precision_graph(model, each).key(), self.data_key(model, data), against, *cpu]
                  for layer, each in zip(layers, alone)}
         described = {layer: {"model": model, "recipe": each.params(), "data": data}
                      for layer, each in zip(layers, alone)}
