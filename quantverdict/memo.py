@@ -19,4 +19,3 @@ class Memo:
         if self.size is not None and len(self.items) > self.size:
             self.items.popitem(last=False)
         return value
-

@@ -122,4 +122,3 @@ def pooled_snr(signal: np.ndarray, noise: np.ndarray, samples: np.ndarray) -> np
     dB); 0 where the output is not finite."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.nan_to_num(signal[samples].sum() / noise[:, samples].sum(1), nan=0.0, posinf=math.inf)
-
