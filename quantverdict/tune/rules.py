@@ -8,9 +8,9 @@ as in top-1 agreement, where the pooled SNR's gain is decided by the few samples
 pooled, PaddleOCR's text recogniser left GPTQ out (+0.6 dB on 64 held-out calibration samples, within its spread)
 where the per-sample test took it (+4.2 dB), and the choice so made measured 2.2 dB less on the evaluation set (its
 text-direction classifier 3.2 dB less). The mean of the samples' SNRs is no score, though: a saturated softmax's
-samples reproduced to 1e-24 put that classifier at 105-115 dB, its verdict at 31 dB. The signal cancels in the ratio (an FP32 output of exactly 0, a text detector's map of a page
-without text, counts by its error like any other sample), and a sample reproduced exactly counts as the best sample
-reproduced inexactly, not at ±1000 dB."""
+samples reproduced to 1e-24 put that classifier at 105-115 dB, its verdict at 31 dB. The signal cancels in the ratio
+(an FP32 output of exactly 0, a text detector's map of a page without text, counts by its error like any other
+sample), and a sample reproduced exactly counts as the best sample reproduced inexactly, not at ±1000 dB."""
 from __future__ import annotations
 
 import math
