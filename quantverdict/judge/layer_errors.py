@@ -58,12 +58,18 @@ class Errors:
         return float(np.clip(dot / math.sqrt(signal * energy), -1.0, 1.0))
 
     def snr_db(self, name: str, reference: np.ndarray) -> float:
-        """The SNR of output ``name`` over every sample, against FP32's ``reference`` (infinite where exact)."""
-        noise = float(np.sum(self.noise(name)))
-        if noise == 0:
-            return math.inf
-        signal = float(np.sum(per_sample(reference) ** 2))
-        return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+        """The SNR of output ``name`` over every sample, against FP32's ``reference`` (:func:`pooled_snr_db`)."""
+        return pooled_snr_db(reference, self.noise(name))
+
+
+def pooled_snr_db(reference: np.ndarray, noise: np.ndarray) -> float:
+    """The SNR of ``reference``'s samples pooled against their error energies ``noise``, as the verdict's ``snr_db``:
+    infinite where every sample is exact, minus infinite where one is not finite or there is no signal."""
+    total = float(np.sum(noise))
+    if total == 0:
+        return math.inf
+    signal = float(np.sum(per_sample(reference) ** 2))
+    return 10 * math.log10(signal / total) if signal > 0 and math.isfinite(total) else -math.inf
 
 
 def per_sample(values: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from quantverdict.judge import layer_errors
 from quantverdict.judge.layer_errors import error_energy, per_sample
 
 MIN_GAIN_DB = 0.1  # the mean gain per sample that makes a more elaborate candidate worth taking …
@@ -34,14 +35,8 @@ def sample_noise(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
 
 def pooled_snr_db(reference: np.ndarray, noise: np.ndarray) -> float:
     """The SNR of the first ``len(noise)`` samples of ``reference`` pooled, as the verdict's ``snr_db`` computes it on
-    the same outputs (:func:`quantverdict.judge.compare.compare`), within ±:data:`MAX_DB`."""
-    total = float(np.sum(noise))
-    if not math.isfinite(total):
-        return -MAX_DB
-    if total == 0:
-        return MAX_DB
-    signal = float(np.sum(per_sample(reference[:len(noise)]) ** 2))
-    return float(np.clip(10 * math.log10(signal / total), -MAX_DB, MAX_DB)) if signal > 0 else -MAX_DB
+    the same outputs (:func:`quantverdict.judge.layer_errors.pooled_snr_db`), within ±:data:`MAX_DB`."""
+    return float(np.clip(layer_errors.pooled_snr_db(reference[:len(noise)], noise), -MAX_DB, MAX_DB))
 
 
 def paired_gains(noise: np.ndarray, than: np.ndarray) -> np.ndarray:
