@@ -265,11 +265,12 @@ def test_fallback_is_ranked_for_each_fold_without_the_samples_it_is_judged_on(re
 
 
 @pytest.mark.int8
-def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(repo, monkeypatch):
+def test_a_search_ranks_the_layers_once_for_each_preparation_not_again_for_gptq_or_a_later_calibrator(repo,
+                                                                                                     monkeypatch):
     """Fallback ranks the layers with their weights rounded to nearest and kept in FP32: a candidate that adds GPTQ
-    to one already ranked, or keeps its layers in another format, reads that ranking, so a search evaluates each layer
-    quantized alone once per calibration and preparation, and the chosen recipe keeps the layers its own settings
-    rank."""
+    to one already ranked, or keeps its layers in another format, reads that ranking, and the calibrators tried after
+    fallback are judged at its layers, so a search evaluates each layer quantized alone once per preparation, and the
+    chosen recipe keeps the layers the fallback stage's ranking chose."""
     from quantverdict.tune.fallback import choose_fallback
     from quantverdict.run import artifacts
 
@@ -289,12 +290,14 @@ def test_a_search_ranks_the_layers_once_for_each_calibration_not_again_for_gptq(
     assert search is not None and search.complete
     with_fallback = [c.settings for c in search.candidates if c.settings.fallback]
     assert any(settings.gptq for settings in with_fallback)
-    rankings = {settings.unset("gptq", "fallback_format") for settings in with_fallback}
+    rankings = {settings.unset("gptq", "fallback_format", "calibration") for settings in with_fallback}
+    assert len({settings.calibration for settings in with_fallback}) > 1  # a later calibrator judged at its layers
     layers = weighted_layers(store, "dw", get_recipe("int8").for_target("emulated"))
     assert len(evaluated) == len(rankings) * len(layers) < len(with_fallback) * len(layers)
     recipe = pipeline.recipes.recipe("dw", "int8", "emulated")
     if search.chosen.fallback:
-        unrounded = get_recipe("int8").for_target("emulated").configured({**search.chosen.to_dict(), "gptq": False,
+        ranked = {**search.chosen.to_dict(), "calibration": with_fallback[0].to_dict()["calibration"]}
+        unrounded = get_recipe("int8").for_target("emulated").configured({**ranked, "gptq": False,
                                                                           "fallback_format": "fp32"})
         assert list(recipe.options.fallback_layers) == list(choose_fallback(store, "dw", unrounded))
     assert len(evaluated) == len(rankings) * len(layers)  # the chosen recipe's ranking read, not made
@@ -426,9 +429,9 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
 
 
 def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
-    """A candidate that keeps layers in FP32 with a calibration and preparation not ranked before ranks every layer
-    alone: the estimate times it as those did, says where none has run yet rather than pricing it as a
-    calibrator's, and prices one that only adds GPTQ to a ranked one as the others."""
+    """A candidate that keeps layers in FP32 with a preparation not ranked before ranks every layer alone: the
+    estimate times it as those did, says where none has run yet rather than pricing it as a calibrator's, and prices
+    one that only adds GPTQ or another calibrator to a ranked one as the others."""
     from quantverdict.tune.result import Candidate
     from quantverdict.tune.progress import time_left, upcoming
 
@@ -439,12 +442,13 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     assert time_left(plan, timed) == "about 10 s left, and 1 candidate that ranks layers, not timed yet"
     timed.append(Candidate(RecipeSettings(fallback=0.1), seconds=40.0))
     assert time_left(plan, timed) == "about 15 s left"  # ranked already: they read its ranking
-    assert time_left([RecipeSettings(calibration="max", fallback=0.1)], timed) == "about 40 s left"
+    assert time_left([RecipeSettings(calibration="max", fallback=0.1)], timed) == "about 5 s left"  # at its layers
+    assert time_left([RecipeSettings(equalize=True, fallback=0.1)], timed) == "about 40 s left"  # another preparation
     assert time_left([], timed) == "about 0 s left"
     later = upcoming(RecipeSettings(calibration="mse"), [RecipeSettings(smoothquant=0.8), RecipeSettings(fallback=0.1),
                                                          RecipeSettings(gptq=True), RecipeSettings(calibration="max")])
     assert [bool(each.fallback) for each in later] == [False, True, True, True]
-    assert time_left(later, timed[:2]) == "about 10 s left, and 2 candidates that rank layers, not timed yet"
+    assert time_left(later, timed[:2]) == "about 15 s left, and 1 candidate that ranks layers, not timed yet"
     from quantverdict.tune.progress import ranking_factor
 
     factor = ranking_factor(layers=52, workers=2)  # MobileNetV2's 52 layers on a 2-core runner: 13 plain candidates

@@ -41,7 +41,7 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
     trials.planned = 1 + len(incumbent.nearest)
     report(f"recipe search {model} {base.name}: checking the lock first: its recipe and the {len(incumbent.nearest)} "
            f"alternatives nearest to it, on {len(folds)} folds of {result.held_out_samples} calibration samples")
-    kept = None if incumbent.kept is None else dict(incumbent.kept)
+    kept = None if incumbent.kept is None else [dict(incumbent.kept)] * len(folds)
     result.incumbent, locked = trials.judge(incumbent.settings, list(incumbent.nearest), kept=kept)
     still_missed = not result.incumbent.passed and incumbent.met_bounds is False
     if locked is None or not (result.incumbent.passed or still_missed):

@@ -53,6 +53,9 @@ def upcoming(settings: RecipeSettings, options: Sequence[RecipeSettings]) -> lis
     return out
 
 
+# The settings candidates differ in and share one ranking of layers quantized alone: a ranking ignores rounding, share
+# and format (:data:`RANKED_AS`), and the calibrators tried after fallback are judged at its layers.
+ONE_RANKING_ACROSS = (*RANKED_AS.given(), *RecipeSettings(calibration="max").given())
 RANKED_SHARE = 0.5  # a layer quantized alone is evaluated from the cut before it: about half the graph, on average
 
 
@@ -66,13 +69,13 @@ def ranking_factor(layers: int, workers: int) -> float:
 def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None) -> str:
     """About how long the candidates ``plan`` take, each timed as the median of those ``timed`` of its kind (the first
     carries the search's one-time work, its FP32 references, and one slow technique should not price the rest): one that
-    keeps layers wider with a calibration and preparation no candidate before it ranked layers for ranks every
-    layer quantized alone and costs several others (:func:`quantverdict.tune.fallback.fallback_per_part`); until one
-    is timed, it is priced as a plain candidate and ``ranking`` (:func:`ranking_factor`) times one, and said so."""
+    keeps layers wider with a preparation no candidate before it ranked layers for (the calibrators tried after
+    fallback are judged at its layers) ranks every layer quantized alone and costs several others
+    (:func:`quantverdict.tune.fallback.fallback_per_part`); until one is timed, it is priced as a plain candidate and ``ranking`` (:func:`ranking_factor`) times one, and said so."""
     ranked: list[RecipeSettings] = []
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:
-        by = settings.unset(*RANKED_AS.given())
+        by = settings.unset(*ONE_RANKING_ACROSS)
         ranks = bool(settings.fallback) and by not in ranked
         kinds.append(ranks)
         if ranks:

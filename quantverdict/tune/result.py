@@ -58,7 +58,9 @@ class SearchResult:
     beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers kept wider than max_fallback
     layers: int = 0  # the weighted layers a share of them keeps wider is counted of
     cost: Cost | None = None  # what the search took (not what reading it from the cache took)
-    kept: tuple[tuple[str, str], ...] | None = None  # the layers the choice was judged with, where fixed (a check's)
+    # the layers the choice was judged with, where fixed: a check's (the lock's), or a calibrator's judged at the
+    # fallback stage's ranking
+    kept: tuple[tuple[str, str], ...] | None = None
 
     @property
     def complete(self) -> bool:

@@ -22,7 +22,9 @@ calibration set like any hand-set recipe.
 The layers a fallback candidate keeps wider are ranked for each fold on the samples that fold calibrates on
 (:func:`quantverdict.tune.fallback.fallback_per_part`), so fallback is judged on samples that did not choose its
 layers (ranked once on the first fold, three folds of four judged layers their own samples had ranked). Each layer
-quantized alone is evaluated once, on the whole calibration set, for every fold's ranking and the final recipe's.
+quantized alone is evaluated once, on the whole calibration set, for every fold's ranking and the final recipe's. The
+calibrators tried again at the end are judged at the layers the fallback stage ranked (compared at equal layers, as a
+nightly check compares the lock's alternatives), not ranked again for each calibration.
 
 The search's work is fixed: every candidate of every stage, each on every fold, so a slow runner and a fast one
 choose among the same candidates. Wall time (``budget_s``) only stops a search that runs away; one so stopped is
@@ -52,7 +54,7 @@ from quantverdict.precision.settings import RecipeSettings
 from quantverdict.resources import available_memory
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_counts, beyond_note, fewest_in_float
-from quantverdict.tune.fallback import fallback_per_part, layers_kept
+from quantverdict.tune.fallback import choose_fallback, fallback_per_part, layers_kept
 from quantverdict.tune.margin import short_of_margin
 from quantverdict.tune.progress import heartbeat, ranking_factor, time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
@@ -101,6 +103,7 @@ class Trials:
         graph_bytes = folds[0].fp32_onnx(model).stat().st_size  # about the prepared graph's: what workers hold
         self.ranking = ranking_factor(self.layers, worker_count(graph_bytes, self.layers))
         self.started, self.slowest = time.monotonic(), 0.0
+        self.per_fold: dict[RecipeSettings, list[Mapping[str, str]]] = {}  # each fallback candidate's layers by fold
 
     @property
     def samples(self) -> int:
@@ -123,12 +126,13 @@ class Trials:
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
-              kept: Mapping[str, str] | None = None, rival: tuple[Candidate, np.ndarray] | None = None,
+              kept: Sequence[Mapping[str, str]] | None = None, rival: tuple[Candidate, np.ndarray] | None = None,
               decide: bool = False) -> tuple[Candidate, np.ndarray | None]:
         """``settings`` judged (a fold's graph is not kept): its held-out samples' error energies (None where the
         technique does not apply to this graph, or it stopped short), reported beside the best of the search's
         candidates ``among`` and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its
-        fallback keeps wider, as a lock names them (else ranked on each fold). ``rival``: the candidate it must be
+        fallback keeps wider on each fold, as a lock names them or another candidate's ranking chose them (else
+        ranked on each fold). ``rival``: the candidate it must be
         :func:`better` than, and its samples' error energies; where that one meets the case's bounds, the candidate
         stops after the first fold that puts it :func:`out_of_reach` (its bounds need every fold, and only the SNR can
         still make it better). ``decide``: whether it is taken over ``rival`` (or is the first) is decided, and its
@@ -160,8 +164,8 @@ class Trials:
                     + (f"; {candidate.why}" if decide and candidate.why else ""))
         return candidate, samples
 
-    def _judged(self, candidate: Candidate, kept: Mapping[str, str] | None = None, rival: np.ndarray | None = None
-                ) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
+    def _judged(self, candidate: Candidate, kept: Sequence[Mapping[str, str]] | None = None,
+                rival: np.ndarray | None = None) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
         """``candidate``'s settings calibrated on each fold and judged on its held-out part: the SNR of those samples
         pooled (its score), each sample's error energy, and the outputs pooled; its error where the technique does not
         apply to this graph. With ``rival`` (samples' error energies), it stops after a fold where it is
@@ -171,8 +175,9 @@ class Trials:
         try:
             recipe = self.base.with_settings(settings)
             if recipe.fallback_pending:
-                per_fold = [kept] * len(self.folds) if kept is not None else fallback_per_part(
+                per_fold = list(kept) if kept is not None else fallback_per_part(
                     self.whole, self.model, recipe, self.held_out)
+                self.per_fold[settings] = per_fold
                 recipes = [recipe.with_kept(layers) for layers in per_fold]
             else:
                 recipes = [recipe] * len(self.folds)
@@ -215,6 +220,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if incumbent is not None:
         result.incumbent, kept = trials.judge(incumbent, [option for stage in planned for option in stage])
     seen: list[RecipeSettings] = []  # settings tried or left untried: a later stage may name them again
+    ranked_for: dict[RecipeSettings, RecipeSettings] = {}  # a calibrator judged at another's layers: whose ranking
     for number, stage in enumerate(planned):
         stage_best = best
         for index, option in enumerate(stage):  # each alternative on top of the previous stages' best
@@ -225,9 +231,12 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             if (stage_best or best) is not None and not trials.in_time(auto.budget_s):
                 result.not_tried.append(settings)
                 continue
+            at_layers = best is not None and option in CALIBRATORS and best[0].settings in trials.per_fold
+            if at_layers:  # the fallback stage's layers, not a ranking for each calibration
+                ranked_for[settings] = ranked_for.get(best[0].settings, best[0].settings)
             candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
-                each for after in planned[number + 1:] for each in after)]), result.candidates, rival=stage_best,
-                decide=True)
+                each for after in planned[number + 1:] for each in after)]), result.candidates,
+                kept=trials.per_fold[best[0].settings] if at_layers else None, rival=stage_best, decide=True)
             result.candidates.append(candidate)
             if samples is not None and candidate.taken:
                 stage_best = candidate, samples
@@ -240,13 +249,21 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         raise CalibrationError(f"recipe auto for {model!r}: every candidate failed; the first: "
                                f"{result.candidates[0].error}")
     result.chosen = best[0].settings
+    if result.chosen in ranked_for:  # the final recipe keeps the layers it was judged with
+        ranked = choose_fallback(whole, model, base.with_settings(ranked_for[result.chosen]))
+        result.kept = tuple(sorted(ranked.items()))
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
         low, high = beyond_counts(result.layers, auto.max_fallback)
         trials.planned += (high > low) + max(0, high - low - 1).bit_length()
-        result.beyond = fewest_in_float(
-            lambda share: trials.judge(RecipeSettings(fallback=share, fallback_format=auto.wider_formats).over(
-                result.chosen), [], result.candidates)[0],
-            result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s))
+        ranker = ranked_for.get(result.chosen, result.chosen)  # more layers wider, ranked as the choice's were
+
+        def wider(share: float) -> Candidate:
+            more = RecipeSettings(fallback=share, fallback_format=auto.wider_formats)
+            kept = None if ranker == result.chosen else fallback_per_part(whole, model, base.with_settings(
+                more.over(ranker)), held_out)
+            return trials.judge(more.over(result.chosen), [], result.candidates, kept=kept)[0]
+
+        result.beyond = fewest_in_float(wider, result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s))
         result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, result.layers,
                                                                       auto.max_fallback)]))
         trials.report(f"recipe search {model} {base.name}: {result.note}")
