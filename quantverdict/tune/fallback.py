@@ -53,8 +53,9 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ,
     The layers are ranked with their weights rounded to nearest, whatever the recipe's rounding: a layer's sensitivity
     is its calibrated ranges' and its weights' grid's, which GPTQ leaves as they are, and a recipe search then ranks
     once for each preparation (its calibrators after fallback judged at those layers), not again for each with GPTQ
-    (a ranking evaluates a graph per weighted layer: on a 35M-parameter encoder, as long as ten candidates' folds). Ranked with GPTQ's weights, the layers chosen
-    scored within 0.1 dB on held-out samples (MiniLM-L6 and a T5-small-sized encoder)."""
+    (a ranking evaluates a graph per weighted layer: on a 35M-parameter encoder, as long as ten candidates' folds).
+    Ranked with GPTQ's weights, the layers chosen scored within 0.1 dB on held-out samples (MiniLM-L6 and a
+    T5-small-sized encoder)."""
     base = recipe.with_settings(RANKED_AS).with_options(fallback_layers=())  # any share, format or rounding: read once
     layers = weighted_layers(store, model, base)
     budget = layers_kept(recipe.options.fallback, len(layers))

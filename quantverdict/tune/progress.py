@@ -71,7 +71,8 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: f
     carries the search's one-time work, its FP32 references, and one slow technique should not price the rest): one that
     keeps layers wider with a preparation no candidate before it ranked layers for (the calibrators tried after
     fallback are judged at its layers) ranks every layer quantized alone and costs several others
-    (:func:`quantverdict.tune.fallback.fallback_per_part`); until one is timed, it is priced as a plain candidate and ``ranking`` (:func:`ranking_factor`) times one, and said so."""
+    (:func:`quantverdict.tune.fallback.fallback_per_part`); until one is timed, it is priced as a plain candidate and
+    ``ranking`` (:func:`ranking_factor`) times one, and said so."""
     ranked: list[RecipeSettings] = []
     kinds = []
     for settings in [*(c.settings for c in timed), *plan]:
