@@ -426,6 +426,16 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
         assert [math.floor(share * layers) for share in shares] == list(range(layers + 1)), layers
         assert all(share - count / layers < 2e-4 for count, share in enumerate(shares)), layers
     assert fewest_in_float(judged(1, []), 48, 0.1, lambda: False) == []  # the wall-time stop
+    from quantverdict.tune.auto import AutoSettings
+    from quantverdict.tune.beyond import beyond_plan
+
+    for layers, share in [(48, 0.1), (51, 0.1), (7, 0.0), (4, 0.5), (300, 0.02)]:  # the time left counts the most
+        most = 0
+        for needs in range(1, layers + 2):
+            tries = fewest_in_float(lambda tried: Candidate(RecipeSettings(fallback=tried), 0.0, math.floor(
+                tried * layers) >= needs), layers, share, lambda: True)
+            most = max(most, len(tries))
+        assert len(beyond_plan(RecipeSettings(gptq=True), layers, AutoSettings(max_fallback=share))) == most, layers
 
 
 def test_time_left_counts_each_candidate_as_those_of_its_kind_took():

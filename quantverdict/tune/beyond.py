@@ -8,7 +8,8 @@ from typing import Callable, Sequence
 
 from quantverdict.tune.result import Candidate
 from quantverdict.tune.fallback import layers_kept
-from quantverdict.precision.settings import formats_words
+from quantverdict.precision.settings import RecipeSettings, formats_words
+from quantverdict.tune.auto import AutoSettings
 
 BEYOND = 0.5  # the largest share of layers kept wider tried past max_fallback where the choice misses the case's bounds
 MISSES = ("the choice misses the case's bounds on held-out calibration samples (a lower bound by one standard error of "
@@ -44,6 +45,14 @@ def share_of(count: int, layers: int) -> float:
 def beyond_counts(layers: int, max_fallback: float) -> tuple[int, int]:
     """The layers kept wider the user allows, and the most :func:`fewest_in_float` tries."""
     return layers_kept(max_fallback, layers), layers_kept(BEYOND, layers)
+
+
+def beyond_plan(over: RecipeSettings, layers: int, auto: AutoSettings) -> list[RecipeSettings]:
+    """The most candidates :func:`fewest_in_float` judges past ``over`` (the largest share, then bisection), as far
+    as their cost goes: a search's time left counts them while its best misses the case's bounds."""
+    low, high = beyond_counts(layers, auto.max_fallback)
+    tries = (high > low) + max(0, high - low - 1).bit_length()
+    return [RecipeSettings(fallback=share_of(high, layers), fallback_format=auto.wider_formats).over(over)] * tries
 
 
 def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -> str:

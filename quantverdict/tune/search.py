@@ -53,7 +53,7 @@ from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.resources import available_memory
 from quantverdict.tune.auto import AutoSettings
-from quantverdict.tune.beyond import beyond_counts, beyond_note, fewest_in_float
+from quantverdict.tune.beyond import beyond_note, beyond_plan, fewest_in_float
 from quantverdict.tune.fallback import choose_fallback, fallback_per_part, layers_kept
 from quantverdict.tune.margin import short_of_margin
 from quantverdict.tune.progress import heartbeat, ranking_factor, time_left, upcoming
@@ -234,8 +234,10 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             at_layers = best is not None and option in CALIBRATORS and best[0].settings in trials.per_fold
             if at_layers:  # the fallback stage's layers, not a ranking for each calibration
                 ranked_for[settings] = ranked_for.get(best[0].settings, best[0].settings)
+            leader = stage_best or best  # where it misses the case's bounds, so may the choice: count the tries past it
+            beyond = beyond_plan(settings, result.layers, auto) if leader and leader[0].passed is False else []
             candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
-                each for after in planned[number + 1:] for each in after)]), result.candidates,
+                each for after in planned[number + 1:] for each in after), *beyond]), result.candidates,
                 kept=trials.per_fold[best[0].settings] if at_layers else None, rival=stage_best, decide=True)
             result.candidates.append(candidate)
             if samples is not None and candidate.taken:
@@ -253,15 +255,16 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         ranked = choose_fallback(whole, model, base.with_settings(ranked_for[result.chosen]))
         result.kept = tuple(sorted(ranked.items()))
     if best[0].passed is False:  # say what the case's bounds would take: never chosen past the user's share
-        low, high = beyond_counts(result.layers, auto.max_fallback)
-        trials.planned += (high > low) + max(0, high - low - 1).bit_length()
+        plan, start = beyond_plan(result.chosen, result.layers, auto), trials.done
+        trials.planned += len(plan)
         ranker = ranked_for.get(result.chosen, result.chosen)  # more layers wider, ranked as the choice's were
 
         def wider(share: float) -> Candidate:
             more = RecipeSettings(fallback=share, fallback_format=auto.wider_formats)
             kept = None if ranker == result.chosen else fallback_per_part(whole, model, base.with_settings(
                 more.over(ranker)), held_out)
-            return trials.judge(more.over(result.chosen), [], result.candidates, kept=kept)[0]
+            return trials.judge(more.over(result.chosen), plan[trials.done - start + 1:], result.candidates,
+                                kept=kept)[0]
 
         result.beyond = fewest_in_float(wider, result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s))
         result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, result.layers,
