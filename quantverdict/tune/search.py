@@ -132,10 +132,9 @@ class Trials:
         technique does not apply to this graph, or it stopped short), reported beside the best of the search's
         candidates ``among`` and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its
         fallback keeps wider on each fold, as a lock names them or another candidate's ranking chose them (else
-        ranked on each fold). ``rival``: the candidate it must be
-        :func:`better` than, and its samples' error energies; where that one meets the case's bounds, the candidate
-        stops after the first fold that puts it :func:`out_of_reach` (its bounds need every fold, and only the SNR can
-        still make it better). ``decide``: whether it is taken over ``rival`` (or is the first) is decided, and its
+        ranked on each fold). ``rival``: the candidate it must be :func:`better` than, and its samples' error energies;
+        where that one meets the case's bounds, the candidate stops after the first fold that puts it
+        :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better). ``decide``: whether it is taken over ``rival`` (or is the first) is decided, and its
         line says why."""
         begun, candidate = time.perf_counter(), Candidate(settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
