@@ -16,6 +16,7 @@ cache otherwise only grows).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -38,7 +39,11 @@ if TYPE_CHECKING:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one. A path that is a
+    device, a pipe or a folder is refused (an ``OSError``), not replaced: renamed over by a process with the rights,
+    ``--out /dev/full`` became a regular file."""
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EINVAL, "not a regular file (a folder, a device or a pipe), so not replaced", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

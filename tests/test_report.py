@@ -391,11 +391,13 @@ def test_records_that_are_no_regular_file_or_carry_nulls_or_dollars_are_read_wit
 
 def test_shards_that_break_the_schema_and_destinations_that_cannot_be_written_are_bad_input(record_path, tmp_path):
     """merge of a shard without its count, or with shard "2/2" (KeyError, TypeError before); report, merge and
-    history --page into a folder that cannot be made (a traceback, history's read as 'regression'): exit 2, one line,
-    before any work."""
+    history --page into a folder that cannot be made (a traceback, history's read as 'regression'), or onto a pipe or
+    a device (replaced by a regular file where the process had the rights): exit 2, one line, and the pipe left as it
+    was."""
     no_count = _variant(record_path, tmp_path, lambda record: record.update(shard={"index": 2}))
     as_text = _variant(record_path, tmp_path, lambda record: record.update(shard="2/2"))
     one = _variant(record_path, tmp_path, lambda record: record.update(shard={"index": 1, "count": 2}))
+    two = _variant(record_path, tmp_path, lambda record: record.update(shard={"index": 2, "count": 2}, cases=[]))
     unwritable = Path("/proc/quantverdict-test/out")
     for command, expected in (
             (("merge", str(one), str(no_count), "--out", str(tmp_path / "m.json")), f"{no_count}: shard.count: "),
@@ -408,6 +410,20 @@ def test_shards_that_break_the_schema_and_destinations_that_cannot_be_written_ar
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr[-1500:])
         [line] = proc.stderr.strip().splitlines()
         assert expected in line, line
+    import os
+    import stat
+
+    from quantverdict.report.history import open_history
+
+    pipe = tmp_path / "pipe"  # as /dev/full is: a file that is no regular file, renamed over by a root process before
+    os.mkfifo(pipe)
+    open_history(tmp_path / "empty.sqlite").close()
+    for command in (("merge", str(one), str(two), "--out", str(pipe)),
+                    ("history", "--history-db", str(tmp_path / "empty.sqlite"), "--page", str(pipe))):
+        proc = harness(*command)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr[-1500:])
+        [line] = proc.stderr.strip().splitlines()
+        assert f"{pipe}: not a regular file" in line and stat.S_ISFIFO(pipe.stat().st_mode), line
 
 
 def test_near_valid_records_are_judged_or_refused_by_every_reader_never_crash_them(record_path, tmp_path):
