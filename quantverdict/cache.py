@@ -62,9 +62,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 @contextlib.contextmanager
 def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
     """An exclusive advisory lock held for the ``with`` block (works across processes); with
-    ``wait=False`` the block runs at once and is told whether it holds the lock (False: someone else does)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
+    ``wait=False`` the block runs at once and is told whether it holds the lock (False: someone else does). A folder
+    is locked as itself (``flock`` takes any open file), so nothing is left behind."""
+    folder = path.is_dir()
+    if not folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    handle = os.open(path, os.O_RDONLY if folder else os.O_RDWR | os.O_CREAT, 0o666)
+    try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             held = True
@@ -75,6 +79,8 @@ def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
         finally:
             if held:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        os.close(handle)
 
 
 GRACE_S = 3600.0  # entries used this recently may be in use by a running process: prune keeps them

@@ -126,6 +126,18 @@ def _hammer(root: str, seed: int) -> dict:
             "corrupt": cache.stats["stress.corrupt"]}
 
 
+def test_a_folder_is_locked_as_itself_and_excludes_another_holder(tmp_path):
+    """A recipe lock's writers lock the folder that holds it: exclusive like a lock file (flock is per open file, so
+    a second holder in this process is refused as another process's would be), and nothing is left behind."""
+    from quantverdict.cache import file_lock
+
+    with file_lock(tmp_path) as held, file_lock(tmp_path, wait=False) as second:
+        assert held and not second
+    with file_lock(tmp_path, wait=False) as again:
+        assert again
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_processes_on_one_cold_cache_neither_fail_nor_quarantine_good_entries(tmp_path):
     """Four processes build and read the same 40 artifacts at once, 5 rounds on a new cache each: no lookup
     fails, no good entry is moved aside as corrupt, each artifact is built once. (Before the lookup outside

@@ -301,10 +301,12 @@ def test_two_writers_of_one_lock_keep_both_entries_and_a_dangling_link_is_not_wr
     entry = first.get("dw", "int8")
     first.put("alpha", "int8", entry)
     second.put("beta", "fp8", entry)
+    beside = set(repo.iterdir())
     first.write()
     second.write()
     recipes = RecipeLock.read(path).recipes
     assert set(recipes) == {"dw", "alpha", "beta"} and set(recipes["beta"]) == {"fp8"}
+    assert set(repo.iterdir()) == beside  # the writers locked its folder: no guard file left beside it
     assert _lock(repo) == 0  # entries of models no manifest declares are kept, and said
     assert "alpha: locked, but no model of that name is declared or registered" in capsys.readouterr().out
     link = repo / "linked.lock"

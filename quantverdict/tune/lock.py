@@ -10,7 +10,6 @@ class that chose them, and each candidate's score: what a reviewer needs to read
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +20,6 @@ from pydantic import BaseModel, ConfigDict
 from quantverdict.cache import atomic_write_bytes, file_lock
 from quantverdict.documents import DocumentError, read_yaml, validate
 from quantverdict.errors import HarnessError
-from quantverdict.hashing import content_hash
 from quantverdict.tune.result import Candidate, SearchResult
 
 VERSION = 1
@@ -154,8 +152,9 @@ class RecipeLock:
             if target != self.path:
                 atomic_write_bytes(target, self.text().encode())
                 return target
-            guard = Path(tempfile.gettempdir()) / f"quantverdict-lock-{content_hash(str(target.resolve()))[:16]}"
-            with file_lock(guard):
+            folder = target.resolve().parent  # the real file's: locked as itself, no guard file left in /tmp
+            folder.mkdir(parents=True, exist_ok=True)
+            with file_lock(folder):
                 on_disk = RecipeLock.read(target)
                 for model, precision in self.changed:
                     on_disk.recipes.setdefault(model, {})[precision] = self.recipes[model][precision]
