@@ -449,7 +449,7 @@ def test_a_cache_dir_that_is_a_file_is_one_line_before_any_case(tmp_path, capsys
                  str(tmp_path / "a-file"), "--report-dir", str(tmp_path / "reports")]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip().splitlines() == [f"error: cannot write the cache (exports, calibrations, engines) "
-                                                      f"to {tmp_path / 'a-file'}: File exists"], err
+                                                      f"to {tmp_path / 'a-file'}: it is a file, not a folder"], err
 
 
 def test_a_cpu_runners_run_counts_its_skips_by_reason_instead_of_a_line_each(tmp_path, capsys):

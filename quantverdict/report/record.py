@@ -77,6 +77,8 @@ def history_path(report_dir: Path, history: Path | None) -> Path:
 def check_writable(folder: Path, what: str) -> None:
     """``folder`` exists (made if need be) and takes a file, or a :class:`DestinationError` naming it and ``what``
     was to go there: found before the work, not after it."""
+    if folder.exists() and not folder.is_dir():
+        raise DestinationError(f"cannot write {what} to {folder}: it is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

@@ -23,7 +23,7 @@ from typing import Iterator
 from quantverdict.errors import SIGINT_RECEIVED
 from quantverdict.scratch import remove_own
 
-MESSAGE = "interrupted: no run record written (the cache keeps only whole entries)"
+MESSAGE = "interrupted: no run record or recipe lock written (the cache keeps only whole entries)"
 AFTER_RECORD = "interrupted after the run record was written (its path is above)"
 HOLD_LIMIT_S = 30.0  # how long the watchdog lets a held block (writing the record) finish before ending the process
 _received = SIGINT_RECEIVED  # read below the run stage too (a user callable's KeyboardInterrupt)
