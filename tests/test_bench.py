@@ -183,9 +183,14 @@ def _enter_slot(gpu: str, mark: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, gpu, str(mark)])
 
 
-def test_one_timing_loop_at_a_time_per_gpu_across_processes(tmp_path):
+def test_one_timing_loop_at_a_time_per_gpu_across_processes(tmp_path, monkeypatch):
     """While this process times on a GPU, another process's loop on that GPU waits; one on another GPU does not."""
+    import tempfile
+
     from quantverdict.perf.gpu_slot import timing_slot
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the slots' lock files: here, and in the other processes
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     held, other = f"GPU-test-{os.getpid()}-a", f"GPU-test-{os.getpid()}-b"
     with timing_slot(held):
