@@ -1,4 +1,5 @@
 """Run records, the rendered report, the release gate, and the record under pytest-xdist."""
+import html
 import json
 import shutil
 import subprocess
@@ -601,3 +602,39 @@ def test_a_record_without_its_summary_still_makes_its_page(record_path, tmp_path
                    str(tmp_path / "page"))
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert list((tmp_path / "page").glob("*.html"))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium not installed (apt-get install chromium; .ci/run does)")
+def test_the_pages_first_screen_says_what_failed_by_which_bound_and_what_to_do_next(record_path, tmp_path):
+    """A case whose recipe broke its max_norm_err bound while its SNR is high, its recipe from a lock whose search said
+    what the bounds would take: rendered in Chromium, the text above the matrix names the case, the bound and whose
+    outputs broke it, and the lock's word as the next step; the matrix cell shows the broken bound, not the SNR; no
+    chart label is raw mathtext."""
+    note = "keeping 21 of the 51 weighted layers in FP16/FP32 (41%) meets them (18.81 dB), the fewest found"
+
+    def broken(record: dict) -> None:
+        case = next(c for c in record["cases"] if c["id"] == "cnn-int8-onnxruntime")
+        recipe = case["metrics"]["recipe"]
+        output = next(iter(recipe["metrics"]))
+        recipe["checks"] = [{"output": output, "metric": "max_norm_err", "observed": 0.4321, "bound": 0.25,
+                             "higher_is_better": False, "passed": False}]
+        recipe["passed"] = False
+        recipe["lock"] = {"path": "quantverdict.lock", "search_note": note}
+        case.update(status="failed", message="cnn-int8-onnxruntime: the recipe regressed: max_norm_err 0.4321")
+
+    current = _variant(record_path, tmp_path, broken)
+    assert harness("report", str(current), "--out-dir", str(tmp_path)).returncode == 0
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", (tmp_path / f"{current.stem}.html").as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    import re
+
+    text = html.unescape(re.sub(r"<[^>]+>", " ", dom.split("<body>", 1)[1]))
+    first_screen = text[:text.index("Accuracy matrix")]
+    assert "What failed" in first_screen and "cnn-int8-onnxruntime" in first_screen
+    assert "max_norm_err 0.4321, must be ≤ 0.25 (the recipe's outputs against FP32)" in first_screen
+    assert f"Next: {note}" in first_screen
+    cell = re.search(r'<th>cnn</th>(.*?)</tr>', dom).group(1)
+    assert "max_norm_err 0.432" in cell
+    assert "$" not in text and "mathdefault" not in text

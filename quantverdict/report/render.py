@@ -102,7 +102,7 @@ def html_page(record: RunRecord, history: list[RunRecord], sections: Sequence[st
     body = [f"<h1>Accuracy run {html.escape(record.started)}</h1>",
             f"<p>{html.escape(markdown(record).splitlines()[2])}</p>",
             f"<p>Runner class: {html.escape(str(record.environment.runner_class or 'unknown'))}</p>",
-            "<h2>Accuracy matrix</h2>", _matrix(record),
+            _what_failed(record), "<h2>Accuracy matrix</h2>", _matrix(record),
             *(f'<p class="legend">{html.escape(case)}: {html.escape(note)}</p>' for case, note in lock_notes(record)),
             '<p class="legend">Cell colour: margin to the tolerance (green: over half the budget left; '
             "amber: less; red: failed; grey: skipped). Text: SNR in dB against the FP32 reference; in a failed case, the "
@@ -161,6 +161,35 @@ def _first_failed(case: CaseRecord) -> CheckRecord | None:
     return next((check for view in views for check in view.checks if not check.passed), None)
 
 
+def _what_failed(record: RunRecord) -> str:
+    """The first screen's answer: each case that failed, the bound it broke and whose outputs broke it (the recipe's
+    graph as written, or the runtime's), and the next step where the record holds one; each whole message is under
+    Failures."""
+    items = []
+    for case in record.cases:
+        if case.status not in ("failed", "error"):
+            continue
+        check = _first_failed(case)
+        recipe = case.metrics.recipe
+        by_recipe = check is not None and recipe is not None and check in recipe.checks
+        at_least = check is not None and check.higher_is_better
+        said = (case.message or case.status).splitlines()[0] if check is None else (
+            f"{check.output}: {check.metric} {check.observed:.4g}, must be {'≥' if at_least else '≤'} {check.bound:.4g} "
+            f"({'the recipe' if by_recipe else 'the runtime'}'s outputs against FP32)")
+        step = ""
+        if by_recipe and recipe is not None:
+            searched = recipe.search.note if recipe.search else recipe.lock.search_note if recipe.lock else None
+            step = searched or (
+                f"the recipe itself misses the bound: quantverdict sensitivity {case.model} names the layers that cost "
+                f"most, and recipe: {{{case.precision}: {{auto: true}}}} searches for one that meets it")
+        elif check is not None and case.metrics.recipe and case.metrics.recipe.passed:
+            step = "the recipe meets its bounds: the runtime's kernels diverge from its graph (see Failures)"
+        items.append(f"<li><b>{html.escape(case.id)}</b>: {html.escape(said)}"
+                     + (f"<br>Next: {html.escape(step)}" if step else "") + "</li>")
+    return ("<h2>What failed</h2><ul>" + "".join(items) + '</ul><p class="legend">Each case\'s whole message: '
+            '<a href="#failures">Failures</a>.</p>') if items else ""
+
+
 def _verdicts(record: RunRecord) -> str:
     """The summary's per-case table (intervals, recipe and runtime verdicts), from the same rows as the Markdown."""
     cases = [row for row in rows(record) if row.status != "skipped"]
@@ -178,14 +207,14 @@ def _verdicts(record: RunRecord) -> str:
 def _failures(record: RunRecord) -> str:
     failures = [c for c in record.cases if c.status in ("failed", "error")]
     if not failures:
-        return "<h2>Failures</h2><p>None.</p>"
+        return '<h2 id="failures">Failures</h2><p>None.</p>'
     items = []
     for case in failures:
         divergence = case.metrics.first_divergence
         where = (f"<br>first diverging layer: <code>{html.escape(divergence.node)}</code> "
                  f"({html.escape(divergence.op)}), {html.escape(divergence.summary)}" if divergence else "")
         items.append(f"<li><b>{html.escape(case.id)}</b><pre>{html.escape(case.message)}</pre>{where}</li>")
-    return f"<h2>Failures</h2><ul>{''.join(items)}</ul>"
+    return f'<h2 id="failures">Failures</h2><ul>{"".join(items)}</ul>'
 
 
 def _regressions(record: RunRecord) -> str:

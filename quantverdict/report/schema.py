@@ -110,6 +110,7 @@ class LockRecord(_Open):
     current_graph: bool = True
     current_calibration: bool = True
     note: str | None = None  # where it does not match this run (other inputs, another precision graph): what, and why
+    search_note: str | None = None  # the locking search's word where its choice missed the case's bounds
 
 
 class RecipeVerdict(ViewRecord):

@@ -95,9 +95,11 @@ class LockState:
     current_calibration: bool
     same_qdq_graph: bool | None
     note: str | None = None
+    search_note: str | None = None  # the locking search's word where its choice missed the case's bounds
 
     def to_dict(self) -> dict[str, Any]:
-        return {key: value for key, value in asdict(self).items() if key != "note" or value is not None}
+        return {key: value for key, value in asdict(self).items()
+                if key not in ("note", "search_note") or value is not None}
 
 
 class LockFile(_Closed):

@@ -214,7 +214,7 @@ class Resolver:
                         f"differently here (another package version, or an edited lock); re-lock on purpose: "
                         f"quantverdict lock --update {model}")
         return LockState(str(self.options.lock.path), locked.graph_sha256, graph == locked.graph_sha256,
-                         data == locked.calibration_data, same, note)
+                         data == locked.calibration_data, same, note, locked.search.note)
 
     def entry(self, model: str, precision: str) -> LockedRecipe:
         """The lock entry of the recipe this run resolves by search: settings, float layers, what they were chosen
