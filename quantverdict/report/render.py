@@ -174,8 +174,8 @@ def _what_failed(record: RunRecord) -> str:
         by_recipe = check is not None and recipe is not None and check in recipe.checks
         at_least = check is not None and check.higher_is_better
         said = (case.message or case.status).splitlines()[0] if check is None else (
-            f"{check.output}: {check.metric} {check.observed:.4g}, must be {'≥' if at_least else '≤'} {check.bound:.4g} "
-            f"({'the recipe' if by_recipe else 'the runtime'}'s outputs against FP32)")
+            f"{check.output}: {check.metric} {check.observed:.4g}, must be {'≥' if at_least else '≤'} "
+            f"{check.bound:.4g} ({'the recipe' if by_recipe else 'the runtime'}'s outputs against FP32)")
         step = ""
         if by_recipe and recipe is not None:
             searched = recipe.search.note if recipe.search else recipe.lock.search_note if recipe.lock else None
