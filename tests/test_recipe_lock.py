@@ -62,6 +62,8 @@ def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as
     assert [c["settings"] for c in entry["search"]["candidates"]] == [c.settings.to_dict() for c in search.candidates]
     assert entry["search"]["held_out_samples"] == 16 and entry["chosen_by"]["runner_class"]
     assert "note" not in entry["search"] and "beyond" not in entry["search"]  # the choice meets the bounds
+    passed_if = entry["search"]["passed_if"]  # what a candidate's `passed: true` met, as its comparison checked it
+    assert any(bound.startswith("logits: cosine ≥ 0.") for bound in passed_if), passed_if
     assert len(entry["graph_sha256"]) == 64 and len(entry["calibration_data"]) == 64
     assert list(entry) == ["settings", "float_layers", "graph_sha256", "calibration_data", "qdq_sha256", "chosen_by",
                            "search"]

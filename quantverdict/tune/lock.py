@@ -56,13 +56,16 @@ class SearchEvidence(_Closed):
 
     folds: int
     held_out_samples: int
+    # what a candidate's ``passed`` means: the case's bounds, met on its held-out samples (a lower bound by one standard
+    # error of the evaluation's estimate: :mod:`quantverdict.tune.margin`)
+    passed_if: list[str] = []
     candidates: list[Evidence]
     note: str | None = None  # what the case's bounds need where the choice misses them (or the wall-time stop)
     beyond: list[Evidence] = []  # the choice with more layers in FP32 than the user allows, tried for that note
 
     @classmethod
     def of(cls, searched: SearchResult) -> "SearchEvidence":
-        return cls(folds=searched.folds, held_out_samples=searched.held_out_samples,
+        return cls(folds=searched.folds, held_out_samples=searched.held_out_samples, passed_if=searched.bounds,
                    candidates=[Evidence.of(c) for c in searched.candidates], note=searched.note or None,
                    beyond=[Evidence.of(c) for c in searched.beyond])
 
@@ -196,8 +199,9 @@ def _readable(entry: LockedRecipe) -> dict[str, Any]:
     """An entry as it is written: its fields and each candidate's in their reading order, settings and versions
     sorted by name."""
     document = entry.model_dump(exclude_none=True)
-    if not document["search"]["beyond"]:
-        del document["search"]["beyond"]
+    for empty in ("beyond", "passed_if"):
+        if not document["search"][empty]:
+            del document["search"][empty]
     for part in (document, *document["search"]["candidates"], *document["search"].get("beyond", [])):
         part["settings"] = dict(sorted(part["settings"].items()))
     document["chosen_by"] = dict(sorted(document["chosen_by"].items()))

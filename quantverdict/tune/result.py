@@ -58,6 +58,7 @@ class SearchResult:
     beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers kept wider than max_fallback
     layers: int = 0  # the weighted layers a share of them keeps wider is counted of
     cost: Cost | None = None  # what the search took (not what reading it from the cache took)
+    bounds: list[str] = field(default_factory=list)  # the case's, which a candidate that ``passed`` met
     # the layers the choice was judged with, where fixed: a check's (the lock's), or a calibrator's judged at the
     # fallback stage's ranking
     kept: tuple[tuple[str, str], ...] | None = None
@@ -90,7 +91,7 @@ class SearchResult:
                 "incumbent": None if self.incumbent is None else self.incumbent.to_dict(),
                 "beats_incumbent": self.beats_incumbent, "beyond": [c.to_dict() for c in self.beyond],
                 "layers": self.layers, "complete": self.complete, "tradeoff": self.tradeoff(),
-                "cost": None if self.cost is None else self.cost.to_dict(),
+                "cost": None if self.cost is None else self.cost.to_dict(), "bounds": self.bounds,
                 "kept": None if self.kept is None else [list(pair) for pair in self.kept]}
 
     @classmethod
@@ -101,5 +102,5 @@ class SearchResult:
                    [RecipeSettings.parse(settings, "searched") for settings in data["not_tried"]], data["note"],
                    None if incumbent is None else Candidate.from_dict(incumbent), data.get("beats_incumbent"),
                    [Candidate.from_dict(c) for c in data.get("beyond", [])], data.get("layers", 0),
-                   Cost(**data["cost"]) if data.get("cost") else None,
+                   Cost(**data["cost"]) if data.get("cost") else None, data.get("bounds", []),
                    None if data.get("kept") is None else tuple((layer, kind) for layer, kind in data["kept"]))

@@ -44,7 +44,7 @@ import numpy as np
 
 from quantverdict.errors import CalibrationError, HarnessError, ResourceError
 from quantverdict.judge.by_kind import ByKind
-from quantverdict.judge.compare import judge_task_metrics
+from quantverdict.judge.compare import judge_task_metrics, shown_bound
 from quantverdict.judge.layers_alone import worker_count
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
@@ -104,6 +104,7 @@ class Trials:
         self.ranking = ranking_factor(self.layers, worker_count(graph_bytes, self.layers))
         self.started, self.slowest = time.monotonic(), 0.0
         self.per_fold: dict[RecipeSettings, list[Mapping[str, str]]] = {}  # each fallback candidate's layers by fold
+        self.bounds: list[str] = []  # the bounds a candidate that ``passed`` met, as its comparison checked them
 
     @property
     def samples(self) -> int:
@@ -123,6 +124,8 @@ class Trials:
         if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
             judge_task_metrics(spec.call("metric", self.references, pooled, None), tolerance, judged,
                                spec.describe("metric"))
+        self.bounds = [f"{check.output}: {check.metric} {'≥' if check.higher_is_better else '≤'} "
+                       f"{shown_bound(check.bound)}" for check in judged.checks]
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
@@ -272,4 +275,5 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if result.incumbent is not None:
         result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(
             best[1], kept, best[0].passed, result.incumbent.passed))
+    result.bounds = trials.bounds
     return result
