@@ -638,3 +638,30 @@ def test_the_pages_first_screen_says_what_failed_by_which_bound_and_what_to_do_n
     cell = re.search(r'<th>cnn</th>(.*?)</tr>', dom).group(1)
     assert "max_norm_err 0.432" in cell
     assert "$" not in text and "mathdefault" not in text
+
+
+def test_no_chart_label_is_raw_mathtext(record_path, monkeypatch):
+    """Charts draw a record's text as text (``text.parse_math`` off), so a log axis's default labels showed as raw
+    ``$\\mathdefault{10^{-7}}$``: every label of every chart on the page, as drawn, is plain text."""
+    import matplotlib.text
+
+    from quantverdict.report import charts
+    from quantverdict.report.load import load_record
+    from quantverdict.report.render import html_page
+
+    drawn: list[str] = []
+    original = charts.figure
+
+    def reading(draw, *args, **kwargs):
+        def drawing(ax) -> bool:
+            made = draw(ax)
+            ax.figure.canvas.draw()
+            drawn.extend(text.get_text() for text in ax.figure.findobj(matplotlib.text.Text))
+            return made
+        return original(drawing, *args, **kwargs)
+
+    monkeypatch.setattr(charts, "figure", reading)
+    record = load_record(record_path)
+    html_page(record, [record])  # a history of one more run: the trend chart is drawn too
+    assert any(text.startswith("1e-") for text in drawn)  # the error histograms' log axis is among them
+    assert not [text for text in drawn if "$" in text or "mathdefault" in text]
