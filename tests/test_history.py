@@ -225,3 +225,26 @@ def test_the_history_command_says_what_moved_since_the_last_good_run(tmp_path, c
     at = next(i for i, line in enumerate(out) if line.startswith("regression") and "latency_ms" in line)
     assert out[at + 1] == "  since run x86_64-avx2-19: packages changed: torch 2.14.0→2.14.1; commit " \
                           "19cccccccccc → 28cccccccccc", out[at:at + 2]
+
+
+def test_a_history_another_process_holds_is_said_so_not_to_be_moved_aside(tmp_path, monkeypatch):
+    """A history database locked by another run (a nightly writing it) is not corrupt: the line says to run again when
+    that one is done, where it once advised moving the database aside (losing the history)."""
+    import sqlite3
+
+    from quantverdict.report import history
+    from quantverdict.report.record import DestinationError, check_destinations
+
+    db = tmp_path / "history.sqlite"
+    history.open_history(db).close()
+    holder = sqlite3.connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    connect = sqlite3.connect
+    monkeypatch.setattr(history.sqlite3, "connect", lambda path, timeout=0.0: connect(path, timeout=0.2))
+    try:
+        with pytest.raises(DestinationError, match="another process holds it: run again when it is done") as raised:
+            check_destinations(tmp_path / "reports", db)
+        assert "move it aside" not in str(raised.value)
+    finally:
+        holder.rollback()
+        holder.close()

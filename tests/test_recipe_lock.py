@@ -110,6 +110,22 @@ def test_a_changed_graph_keeps_its_locked_recipe_and_the_verdict_says_so(repo, c
     assert "## Locks that do not match this run" in summary and "- dw int8: recipe locked for an earlier graph" in summary
 
 
+def test_an_edited_calibration_key_in_the_lock_names_that_key_alone(repo):
+    """Only the calibration data's key moved (edited in the lock): the note names that key, then and now, and not the
+    graph's hash twice, as it once did."""
+    assert _lock(repo) == 0
+    path = repo / "quantverdict.lock"
+    text = path.read_text()
+    locked = yaml.safe_load(text)["recipes"]["dw"]["int8"]["calibration_data"]
+    path.write_text(text.replace(locked, "a" * 64))
+    pipeline = Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path)
+    result = pipeline.run(Case("dw", "int8", "onnxruntime"))
+    lock = result.metrics["recipe"]["lock"]
+    assert lock["current_graph"] is True and lock["current_calibration"] is False
+    assert f"recipe locked for an earlier calibration data (key aaaaaaaaaaaa, now {locked[:12]})" in lock["note"]
+    assert "graph (sha256" not in lock["note"]
+
+
 def test_a_lock_naming_layers_the_graph_lacks_or_settings_no_recipe_takes_is_one_line(repo):
     assert _lock(repo) == 0
     path = repo / "quantverdict.lock"
