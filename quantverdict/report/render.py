@@ -178,11 +178,12 @@ def _what_failed(record: RunRecord) -> str:
             f"{check.bound:.4g} ({'the recipe' if by_recipe else 'the runtime'}'s outputs against FP32)")
         step = ""
         if by_recipe and recipe is not None:
-            searched = recipe.search.note if recipe.search else recipe.lock.search_note if recipe.lock else None
-            step = searched or (
+            search = _search(case)
+            noted = search.note if search else recipe.lock.search_note if recipe.lock else None
+            step = noted or (
                 f"the recipe itself misses the bound: quantverdict sensitivity {case.model} names the layers that cost "
                 f"most, and recipe: {{{case.precision}: {{auto: true}}}} searches for one that meets it")
-        elif check is not None and case.metrics.recipe and case.metrics.recipe.passed:
+        elif check is not None and recipe is not None and recipe.passed:
             step = "the recipe meets its bounds: the runtime's kernels diverge from its graph (see Failures)"
         items.append(f"<li><b>{html.escape(case.id)}</b>: {html.escape(said)}"
                      + (f"<br>Next: {html.escape(step)}" if step else "") + "</li>")
