@@ -79,7 +79,7 @@ def weighed(samples: np.ndarray, than: np.ndarray | None, meets: bool | None = N
         return meets, ("taken: it meets the case's bounds, the best before it does not" if meets else
                        "not taken: it misses the case's bounds, which the best before it meets")
     gain = paired_gains(samples, than)
-    spread = GAIN_SE * float(np.std(gain, ddof=1)) / math.sqrt(gain.size) if gain.size > 1 else 0.0
+    spread = standard_errors(gain, GAIN_SE) if gain.size > 1 else 0.0
     need, mean = max(MIN_GAIN_DB, spread), float(gain.mean())
     rule = (f"more than {need:.2f} dB, the larger of {MIN_GAIN_DB:g} dB and {GAIN_SE:g} standard errors of the gains "
             "paired by sample")
@@ -96,5 +96,11 @@ def out_of_reach(samples: np.ndarray, rival: np.ndarray) -> bool:
     gain = paired_gains(samples, rival)
     if gain.size < 2:
         return False
-    spread = REACH_SE * float(np.std(gain, ddof=1)) / math.sqrt(gain.size)
-    return float(gain.mean()) + spread < MIN_GAIN_DB
+    return float(gain.mean()) + standard_errors(gain, REACH_SE) < MIN_GAIN_DB
+
+
+def standard_errors(gain: np.ndarray, count: float) -> float:
+    """``count`` standard errors of the mean of the paired gains ``gain`` (two or more samples): the spread another
+    draw of samples would move their mean by, which a gain must clear (:func:`weighed`) or a loser cannot
+    (:func:`out_of_reach`)."""
+    return count * float(np.std(gain, ddof=1)) / math.sqrt(gain.size)
