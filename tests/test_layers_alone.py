@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantverdict.judge import layers_alone
-from quantverdict.judge.layer_errors import Errors
+from quantverdict.judge.layer_errors import Errors, signal_energy
 from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.precision import get_recipe
@@ -96,8 +96,9 @@ def test_a_layers_errors_are_what_compare_reads_from_its_outputs_a_few_floats_a_
     assert {key: values.shape for key, values in errors.arrays().items()} == {
         "noise/y": (16,), "dot/y": (16,), "energy/y": (16,)}
     metrics = compare(reference, outputs, Tolerance(), False).metrics["y"]
-    assert errors.cosine("y", reference["y"]) == pytest.approx(metrics["cosine"], abs=1e-12)
-    assert errors.snr_db("y", reference["y"]) == pytest.approx(metrics["snr_db"], abs=1e-9)
+    signal = signal_energy(reference["y"])
+    assert errors.cosine("y", signal) == pytest.approx(metrics["cosine"], abs=1e-12)
+    assert errors.snr_db("y", signal) == pytest.approx(metrics["snr_db"], abs=1e-9)
     assert Errors.from_arrays(errors.arrays()).arrays().keys() == errors.arrays().keys()
 
 

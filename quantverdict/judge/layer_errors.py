@@ -49,26 +49,35 @@ class Errors:
         """Each sample's error energy on output ``name`` (infinite where the graph's output is not finite)."""
         return np.asarray(self.sums[name]["noise"])
 
-    def cosine(self, name: str, reference: np.ndarray) -> float:
-        """The cosine of output ``name`` with FP32's ``reference`` over every sample (1 where both are all zero)."""
-        signal = float(np.sum(per_sample(reference) ** 2))
+    def cosine(self, name: str, signal: float) -> float:
+        """The cosine of output ``name`` with FP32's over every sample, whose energy is ``signal``
+        (:func:`signal_energy`; 1 where both are all zero)."""
         energy, dot = float(np.sum(self.sums[name]["energy"])), float(np.sum(self.sums[name]["dot"]))
         if signal == 0 or energy == 0:
             return float(signal == energy and not np.any(self.noise(name)))
         return float(np.clip(dot / math.sqrt(signal * energy), -1.0, 1.0))
 
-    def snr_db(self, name: str, reference: np.ndarray) -> float:
-        """The SNR of output ``name`` over every sample, against FP32's ``reference`` (:func:`pooled_snr_db`)."""
-        return pooled_snr_db(reference, self.noise(name))
+    def snr_db(self, name: str, signal: float) -> float:
+        """The SNR of output ``name`` over every sample, against FP32's of energy ``signal`` (:func:`snr_of`)."""
+        return snr_of(signal, self.noise(name))
+
+
+def signal_energy(reference: np.ndarray) -> float:
+    """The energy of FP32's outputs over every sample: what cosine and SNR measure against, once for every layer."""
+    return float(np.sum(per_sample(reference) ** 2))
 
 
 def pooled_snr_db(reference: np.ndarray, noise: np.ndarray) -> float:
-    """The SNR of ``reference``'s samples pooled against their error energies ``noise``, as the verdict's ``snr_db``:
-    infinite where every sample is exact, minus infinite where one is not finite or there is no signal."""
+    """The SNR of ``reference``'s samples pooled against their error energies ``noise`` (:func:`snr_of`)."""
+    return snr_of(signal_energy(reference), noise)
+
+
+def snr_of(signal: float, noise: np.ndarray) -> float:
+    """The SNR of samples of energy ``signal`` pooled against their error energies ``noise``, as the verdict's
+    ``snr_db``: infinite where every sample is exact, minus infinite where one is not finite or there is no signal."""
     total = float(np.sum(noise))
     if total == 0:
         return math.inf
-    signal = float(np.sum(per_sample(reference) ** 2))
     return 10 * math.log10(signal / total) if signal > 0 and math.isfinite(total) else -math.inf
 
 

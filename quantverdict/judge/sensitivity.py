@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from quantverdict.judge.layer_errors import signal_energy
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.tolerances import Tolerance
@@ -61,11 +62,11 @@ def layer_sensitivity(store: Workbench, model: str, recipe: QDQ,
     cached as its errors against FP32's outputs, so a rerun reads (the graphs, a copy of the model each, are not
     kept)."""
     output = store.spec(model).outputs[0]
-    reference = store.fp32_outputs(model, data)[output]
+    signal = signal_energy(store.fp32_outputs(model, data)[output])  # once, not for each layer's cosine and SNR
     nodes = weighted_layers(store, model, recipe)
     alone = store.layers_alone_errors(model, recipe, [node.name for node in nodes], data)
-    rows = [LayerSensitivity(node.name, node.op_type, errors.cosine(output, reference),
-                             errors.snr_db(output, reference)) for node, errors in zip(nodes, alone)]
+    rows = [LayerSensitivity(node.name, node.op_type, errors.cosine(output, signal), errors.snr_db(output, signal))
+            for node, errors in zip(nodes, alone)]
     return sorted(rows, key=lambda row: row.snr_db)
 
 
