@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from quantverdict.judge.formats import format_fit, format_recipes, rounding_snr, snr_db, summarize
-from quantverdict.precision.calibrate import as_written_session
+from quantverdict.precision.exposing import as_written_session
 from quantverdict.precision.grids import FP8_E4M3, INT8
 
 

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from quantverdict.precision.bodies import branch_ranges, branches, flattened
-from quantverdict.precision.calibrate import calibrate, tensor_values
+from quantverdict.precision.calibrate import calibrate, held_values
 from quantverdict.precision.calibrators import Calibrator
 from quantverdict.cache import Cache
 from quantverdict.precision.qdq import QDQ
@@ -46,15 +46,14 @@ def test_each_branch_is_calibrated_on_the_batches_that_take_it(tmp_path):
     small, large = _batches(1.0, 1.0, 3, 1), _batches(-1.0, 5.0, 3, 2)
     recipe = QDQ(INT8).configured({"calibration": "max"})
     measure = lambda graph, names, batches: calibrate(cache, graph, names, batches, Calibrator("max"))  # noqa: E731
-    conditions = lambda graph, names, batches: list(tensor_values(graph, names, batches))  # noqa: E731
-    ranges = branch_ranges(model, recipe.calibration_recipe().tensors_to_calibrate, small + large, measure, conditions)
+    ranges = branch_ranges(model, recipe.calibration_recipe().tensors_to_calibrate, small + large, measure, held_values)
     assert set(ranges) == {"by_sign/then_branch/x", "by_sign/else_branch/x"}
     assert ranges["by_sign/then_branch/x"] == calibrate(cache, model.SerializeToString(), ["x"], small,
                                                         Calibrator("max"))["x"]
     assert ranges["by_sign/else_branch/x"] == calibrate(cache, model.SerializeToString(), ["x"], large,
                                                         Calibrator("max"))["x"]
     assert ranges["by_sign/then_branch/x"] < ranges["by_sign/else_branch/x"] / 2
-    only_then = branch_ranges(model, recipe.calibration_recipe().tensors_to_calibrate, small, measure, conditions)
+    only_then = branch_ranges(model, recipe.calibration_recipe().tensors_to_calibrate, small, measure, held_values)
     assert only_then["by_sign/else_branch/x"] == only_then["by_sign/then_branch/x"]  # untaken: every batch
 
 

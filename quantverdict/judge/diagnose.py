@@ -2,8 +2,10 @@
 
 ``first_divergence`` (the recipe): the FP32 graph and a precision's graph run on the same batch
 under ONNX Runtime with every float tensor they share exposed as an output (recipes keep the FP32
-graph's tensor names); the first tensor, in the FP32 graph's topological order, whose cosine
-similarity falls below the bound is reported with the node and op that produced it. Constants
+graph's tensor names; in parts that fit the memory, the next part read only where the one before
+did not diverge: :mod:`quantverdict.precision.exposing`); the first tensor, in the FP32 graph's
+topological order, whose cosine similarity falls below the bound is reported with the node and op
+that produced it. Constants
 (Constant nodes and whatever is computed from initializers alone: shapes, masks) are skipped, and
 a tensor whose cosine is undefined (all zeros on one side) is judged by its relative error, so
 the report never names a constant or a NaN.
@@ -21,9 +23,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantverdict.backends.onnxrt_divergence import run_exposing
 from quantverdict.judge.compare import cosine, shown_beside, shown_bound
 from quantverdict.models.spec import Batch
+from quantverdict.precision.exposing import exposure_budget, parts, read
 from quantverdict.precision.graph import float_tensors
 
 
@@ -53,16 +55,26 @@ def _similarity(r: np.ndarray, c: np.ndarray, min_cosine: float) -> tuple[bool, 
 
 
 def first_divergence(fp32_path: Path, candidate_path: Path, batch: Batch, min_cosine: float) -> dict[str, Any] | None:
-    reference_graph = onnx.load(str(fp32_path))
-    candidate_names = {o for n in onnx.load(str(candidate_path)).graph.node for o in n.output}
+    reference_graph, candidate_graph = onnx.load(str(fp32_path)), onnx.load(str(candidate_path))
+    candidate_names = {o for n in candidate_graph.graph.node for o in n.output}
     floats, live = float_tensors(reference_graph), input_dependent(reference_graph.graph)
     order = [(out, node) for node in reference_graph.graph.node for out in node.output
              if out in floats and out in candidate_names and out in live]
     names = [name for name, _ in order]
     if not names:
         return None
-    reference, candidate = run_exposing(fp32_path, names, batch), run_exposing(candidate_path, names, batch)
-    for name, node in order:
+    budget = exposure_budget()  # two graphs' values held at once: half of it each
+    for part in parts(reference_graph, names, batch, None if budget is None else budget // 2):
+        found = _first_in(order, read(reference_graph, part, batch), read(candidate_graph, part, batch), min_cosine)
+        if found is not None:
+            return found
+    return None
+
+
+def _first_in(order: list[tuple[str, onnx.NodeProto]], reference: dict[str, np.ndarray],
+              candidate: dict[str, np.ndarray], min_cosine: float) -> dict[str, Any] | None:
+    """The first tensor read (in graph ``order``) where ``candidate`` leaves ``reference``."""
+    for name, node in (entry for entry in order if entry[0] in reference):
         r, c = reference[name].astype(np.float64).ravel(), candidate[name].astype(np.float64).ravel()
         nonfinite = int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))
         if nonfinite:

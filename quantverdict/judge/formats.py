@@ -105,8 +105,8 @@ def _measure(graph: onnx.ModelProto, recipes: Mapping[str, QDQ], batches: list[B
     ranges = {p: calibrate(cache, graph_bytes, tensors, batches, r.calibrator) for p, r in recipes.items()}
     scales = {p: {t: recipes[p].fmt.scale(amax) for t, amax in found.items()} for p, found in ranges.items()}
     energy = {(t, p): [0.0, 0.0] for t in tensors for p in recipes}
-    for values in tensor_values(graph_bytes, tensors, batches):
-        for tensor, value in zip(tensors, values):
+    for _, values in tensor_values(graph_bytes, tensors, batches):
+        for tensor, value in values.items():
             for p, recipe in recipes.items():
                 signal, noise = rounding_snr(value, scales[p][tensor], recipe.fmt)
                 energy[tensor, p][0] += signal

@@ -21,10 +21,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quantverdict.backends.onnxrt_divergence import run_exposing
 from quantverdict.judge.compare import cosine
 from quantverdict.judge.diagnose import input_dependent
 from quantverdict.models.spec import Batch
+from quantverdict.precision.exposing import exposed, read
 from quantverdict.precision.graph import float_tensors
 
 # what carries a mask to the scores it is added to (broadcast, reshaped, selected, combined)
@@ -92,7 +92,7 @@ def _outcome(changed: onnx.ModelProto, batch: Batch, outputs: list[str], referen
     """(whether ``changed``, the FP32 graph with one tensor stored in the format, breaks an output, the worst output
     cosine then)."""
     names = [value.name for value in changed.graph.output]
-    got = run_exposing(changed, names, batch)
+    got = read(changed, names, batch)
     worst = 1.0
     for original, name in zip(outputs, names):
         candidate, expected = got[name].astype(np.float64), reference[original].astype(np.float64)
@@ -140,8 +140,8 @@ def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int,
     order = [(out, node) for node in graph.node for out in node.output if out in floats and out in live]
     names = [name for name, _ in order]
     peaks = dict.fromkeys(names, 0.0)
-    for batch in batches:
-        for name, values in (run_exposing(fp32_path, names, batch).items() if names else ()):
+    for _, found in exposed(model, names, batches):  # in parts that fit the memory: every activation at once may not
+        for name, values in found.items():
             finite = np.abs(values[np.isfinite(values)])
             peaks[name] = max(peaks[name], float(finite.max()) if finite.size else 0.0)
     constants = _hot_constants(model, limit)
@@ -152,7 +152,7 @@ def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int,
     if not hot:
         return None
     outputs = [value.name for value in graph.output]
-    reference = run_exposing(fp32_path, outputs, batches[0])
+    reference = read(model, outputs, batches[0])
 
     def stored(tensors: Sequence[tuple[str, bool]]) -> tuple[bool, float]:
         """Whether storing ``tensors`` (name, is a constant) in the format breaks an output, and the worst cosine."""

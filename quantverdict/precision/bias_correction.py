@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quantverdict.models.spec import Batch, sample_count
-from quantverdict.precision.calibrate import as_written_session
+from quantverdict.precision.exposing import as_written_session
 from quantverdict.precision.graph import use_counts
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -80,7 +81,7 @@ def flattened(model: onnx.ModelProto, node: onnx.NodeProto, attribute: str) -> o
 
 
 def branch_ranges(model: onnx.ModelProto, tensors: Tensors, batches: Sequence[Batch], measure: Measure,
-                  conditions: Callable[[bytes, Sequence[str], Sequence[Batch]], list[list[object]]]
+                  conditions: Callable[[bytes, Sequence[str], Sequence[Batch]], list[dict[str, np.ndarray]]]
                   ) -> dict[str, float]:
     """The ranges of the tensors each branch's quantized layers read (``tensors`` of the branch :func:`as_model`), each
     keyed ``<If>/<branch>/<tensor>``, measured on the branch :func:`flattened` over the batches whose condition
@@ -96,8 +97,8 @@ def branch_ranges(model: onnx.ModelProto, tensors: Tensors, batches: Sequence[Ba
         if not wanted:
             continue
         when = dict(BRANCHES)[attribute]
-        position = names.index(node.input[0])
-        taking = [batch for batch, values in zip(batches, taken) if bool(values[position]) == when] or list(batches)
+        taking = [batch for batch, values in zip(batches, taken) if bool(values[node.input[0]]) == when]
+        taking = taking or list(batches)
         for tensor, amax in measure(flattened(model, node, attribute).SerializeToString(), wanted, taking).items():
             out[f"{key(node, attribute)}/{tensor}"] = amax
     return out

@@ -2,8 +2,9 @@
 
 Ranges are collected in one pass over the calibration batches by exposing the wanted tensors
 as extra graph outputs of the FP32 model under ONNX Runtime (optimisations off, so every
-tensor exists as named); each tensor's |x| goes into a streaming :class:`Histogram`, so no
-activations are kept. The cache entry is readable JSON: method, parameters, versions and
+tensor exists as named; a pass per part of them where their values would not fit the memory:
+:mod:`quantverdict.precision.exposing`); each tensor's |x| goes into a streaming :class:`Histogram`,
+so no activations are kept. The cache entry is readable JSON: method, parameters, versions and
 per-tensor amax. A corrupt entry is moved aside by the cache and recalibrated.
 
 Ranges are rounded up to :data:`RANGE_BITS` significant bits (:func:`portable`): activations computed by another
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -25,10 +26,10 @@ import onnx
 from quantverdict.cache import Cache
 from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import CalibrationError
-from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch
 from quantverdict.precision.batch_sets import siblings, union
 from quantverdict.precision.calibrators import BINS, Calibrator, Histogram, add_to
+from quantverdict.precision.exposing import exposed
 
 RANGE_BITS = 10  # relative step 0.1–0.2%
 HISTOGRAM_SETS = 16  # kept in this process (a fold's and the whole set's, for a few graphs): a few MB each
@@ -119,8 +120,9 @@ def _channel_amax(model_bytes: bytes, tensors: Sequence[str], axis: int,
     """Each set's per-channel amax of ``tensors`` along ``axis``, in one pass over the batches the sets hold."""
     order, holders = union(sets)
     amax: list[dict[str, np.ndarray]] = [{} for _ in sets]
-    for values, holding in zip(tensor_values(model_bytes, tensors, order), holders):
-        for name, value in zip(tensors, values):
+    for index, values in tensor_values(model_bytes, tensors, order):
+        holding = holders[index]
+        for name, value in values.items():
             channels = np.moveaxis(value, axis, -1)
             batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
             for number in holding:
@@ -135,32 +137,29 @@ def collect_histograms(model_bytes: bytes, tensors: Sequence[str], sets: Sequenc
     |x| is binned into the histograms of the sets holding its batch, and then dropped."""
     order, holders = union(sets)
     histograms = [{name: Histogram(bins) for name in tensors} for _ in sets]
-    for values, holding in zip(tensor_values(model_bytes, tensors, order), holders):
-        for name, value in zip(tensors, values):
-            add_to([histograms[number][name] for number in holding], value)
+    for index, values in tensor_values(model_bytes, tensors, order):
+        for name, value in values.items():
+            add_to([histograms[number][name] for number in holders[index]], value)
     return histograms
 
 
-def as_written_session(model: onnx.ModelProto) -> Any:
-    """An ONNX Runtime CPU session over ``model`` with graph optimisations off: every tensor exists as
-    named and Q/DQ pairs run as written."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3  # errors only: its notes on the harness's own graphs (unused initializers) are noise
-    return onnxruntime.InferenceSession(serialized(model), options, providers=["CPUExecutionProvider"])
-
-
-def tensor_values(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> Iterator[list[np.ndarray]]:
-    """``tensors``' values, batch by batch, from the graph under ONNX Runtime with optimisations off
-    (so every tensor exists as named): what calibration, channel ranges and GPTQ's H are measured on."""
+def tensor_values(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]
+                  ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """``tensors``' values from the graph under ONNX Runtime with optimisations off (so every tensor exists as named),
+    as (the batch's index, a part of them), in parts that fit the memory (:func:`exposed`): what calibration, channel
+    ranges and GPTQ's H are measured on."""
     from tqdm import tqdm
 
     model = onnx.load_from_string(model_bytes)
-    existing = {o.name for o in model.graph.output}
-    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors if t not in existing)
-    session = as_written_session(model)
-    for batch in tqdm(batches, desc=f"calibrating {model.graph.name}", unit="batch", leave=False, disable=None):
+    for index, values in tqdm(exposed(model, tensors, batches), desc=f"calibrating {model.graph.name}", unit="pass",
+                              leave=False, disable=None):
         FORWARD_PASSES[model.graph.name] += 1
-        yield session.run(list(tensors), dict(batch))
+        yield index, values
+
+
+def held_values(model_bytes: bytes, tensors: Sequence[str], batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
+    """Each batch's values of ``tensors``, all held at once: for a few small ones (an If's conditions)."""
+    found: list[dict[str, np.ndarray]] = [{} for _ in batches]
+    for index, values in tensor_values(model_bytes, tensors, batches):
+        found[index].update(values)
+    return found

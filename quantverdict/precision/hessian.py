@@ -152,11 +152,12 @@ def _second_moment_sums(model: bytes, layers: list[LayerInputs],
     names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
     order, holders = union(sets)
     sums: list[dict[tuple, Moments]] = [{} for _ in sets]
-    for batch_values, holding in zip(tensor_values(model, names, order), holders):
-        values = dict(zip(names, batch_values))
+    for index, values in tensor_values(model, names, order):
         for layer in layers:
+            if layer.node.input[0] not in values:
+                continue  # in another part of the tensors (each layer meets the batches in their order all the same)
             product, vectors = _second_moments(layer, values[layer.node.input[0]])
-            for number in holding:
+            for number in holders[index]:
                 total, count = sums[number].get(layer.key, (0.0, 0))
                 sums[number][layer.key] = (total + product, count + vectors)
     return sums

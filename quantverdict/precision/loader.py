@@ -20,7 +20,7 @@ from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.bodies import branch_ranges
-from quantverdict.precision.calibrate import calibrate, channel_ranges, tensor_values
+from quantverdict.precision.calibrate import calibrate, channel_ranges, held_values
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.rescaling import Prepared
 from quantverdict.precision.single_layer import LayerGraphs, derivable
@@ -85,5 +85,5 @@ class PrecisionGraph:
             ranges.update(branch_ranges(prepared.graph, calibrating.tensors_to_calibrate, self.calibration(),
                                         lambda graph, names, batches: calibrate(self.cache, graph, names, batches,
                                                                                 recipe.calibrator),
-                                        lambda graph, names, batches: list(tensor_values(graph, names, batches))))
+                                        held_values))
         return prepared, ranges

@@ -1,0 +1,138 @@
+"""A graph's inner tensors read under ONNX Runtime as written, in parts that fit the memory.
+
+Calibration, channel ranges, GPTQ's H, a failed case's first divergence and its overflow peaks each make tensors of
+the FP32 graph outputs. All of a network's at once are all its activations: a ResNet-101 at 64 × 3 × 224² holds
+about 10 GB of them, and ONNX Runtime's copies double it (23 GB measured on the H100 host). So the tensors asked for
+are split, in the order asked, into parts whose values (their sizes by shape inference at the batch's shapes) fit
+:func:`exposure_budget`, and each part is read from the graph cut to the nodes it needs: where one part holds them
+all (every small network), one session and one pass per batch, as before.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import onnx
+
+from quantverdict.export.compat import serialized
+from quantverdict.models.spec import Batch
+from quantverdict.resources import available_memory
+
+BUDGET_SHARE = 8  # a part's values take at most this share of the memory available (ONNX Runtime's copies: twice)
+SHAPE_VALUES = 64  # initializers of at most this many values go to shape inference with their values (shapes, axes)
+
+
+def as_written_session(model: onnx.ModelProto) -> Any:
+    """An ONNX Runtime CPU session over ``model`` with graph optimisations off: every tensor exists as
+    named and Q/DQ pairs run as written."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # errors only: its notes on the harness's own graphs (unused initializers) are noise
+    return onnxruntime.InferenceSession(serialized(model), options, providers=["CPUExecutionProvider"])
+
+
+def exposure_budget() -> int | None:
+    """The bytes of tensor values one part may hold: a :data:`BUDGET_SHARE` of the memory available now (None where
+    the OS does not say: one part)."""
+    free = available_memory()
+    return None if free is None else free // BUDGET_SHARE
+
+
+def exposed(model: onnx.ModelProto, names: Sequence[str], batches: Sequence[Batch],
+            budget: int | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """``names``' values over ``batches``: (the batch's index, a part's values), part after part, each part over
+    every batch in order, so each tensor meets the batches in their order. ``budget``: the bytes a part may hold
+    (default :func:`exposure_budget`); a tensor larger than it is a part alone."""
+    for part in parts(model, names, batches[0] if batches else {}, exposure_budget() if budget is None else budget):
+        session = as_written_session(cut_to(model, part))
+        for index, batch in enumerate(batches):  # one session a part: a session's start is a graph's copy
+            yield index, dict(zip(part, session.run(part, dict(batch))))
+
+
+def read(model: onnx.ModelProto, names: Sequence[str], batch: Batch) -> dict[str, np.ndarray]:
+    """``names``' values over one ``batch``, from ``model`` cut to what they need (one part: see :func:`parts`)."""
+    return dict(zip(names, as_written_session(cut_to(model, names)).run(list(names), dict(batch))))
+
+
+def parts(model: onnx.ModelProto, names: Sequence[str], batch: Batch, budget: int | None) -> list[list[str]]:
+    """``names`` in their order, cut where a part's values at ``batch``'s shapes would pass ``budget`` bytes (a value
+    whose size shape inference does not know is counted as the largest known)."""
+    names = list(dict.fromkeys(names))
+    if budget is None or not names:
+        return [names] if names else []
+    sizes = value_bytes(model, batch)
+    largest = max(sizes.values(), default=0)
+    out: list[list[str]] = [[]]
+    held = 0
+    for name in names:
+        size = sizes.get(name, largest)
+        if out[-1] and held + size > budget:
+            out.append([])
+            held = 0
+        out[-1].append(name)
+        held += size
+    return out
+
+
+def value_bytes(model: onnx.ModelProto, batch: Batch) -> dict[str, int]:
+    """The bytes of each value whose shape inference finds at ``batch``'s input shapes (none where it fails). Large
+    initializers are given to it as typed inputs of their shape (their values are not what sizes depend on, and a
+    copy of them is a copy of the model's weights)."""
+    shaped = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    shaped.graph.CopyFrom(onnx.GraphProto(node=model.graph.node, input=model.graph.input, output=model.graph.output,
+                                          value_info=model.graph.value_info))
+    typed = {value.name for value in model.graph.input}  # an older exporter lists initializers as inputs too
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) <= SHAPE_VALUES:
+            shaped.graph.initializer.append(init)
+        elif init.name not in typed:
+            shaped.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    for value in shaped.graph.input:
+        if value.name in batch:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            dims.extend(onnx.TensorShapeProto.Dimension(dim_value=size) for size in np.shape(batch[value.name]))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(shaped).graph
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return {}
+    out = {}
+    for value in [*inferred.input, *inferred.value_info, *inferred.output]:
+        kind = value.type.tensor_type
+        dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in kind.shape.dim]
+        if kind.HasField("shape") and None not in dims and kind.elem_type:
+            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)).itemsize
+            out[value.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    return out
+
+
+def cut_to(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """``model`` with ``names`` as its outputs and only the nodes they need (ONNX Runtime runs every node of a
+    graph, whichever outputs are fetched)."""
+    needed, kept = set(names), []
+    for node in reversed(model.graph.node):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(_reads(node))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(reversed(kept))
+    del out.graph.output[:]
+    out.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
+    return out
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """What ``node`` reads: its inputs, and the outer tensors its bodies (an If's branches, a Loop's) read."""
+    reads = set(node.input)
+    for attribute in node.attribute:
+        for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+            inner = {init.name for init in body.initializer} | {value.name for value in body.input}
+            for inner_node in body.node:
+                reads.update(name for name in _reads(inner_node) if name not in inner)
+                inner.update(inner_node.output)
+    reads.discard("")
+    return reads
