@@ -22,14 +22,16 @@ BUDGET_SHARE = 8  # a part's values take at most this share of the memory availa
 SHAPE_VALUES = 64  # initializers of at most this many values go to shape inference with their values (shapes, axes)
 
 
-def as_written_session(model: onnx.ModelProto) -> Any:
+def as_written_session(model: onnx.ModelProto, pooled: bool = True) -> Any:
     """An ONNX Runtime CPU session over ``model`` with graph optimisations off: every tensor exists as
-    named and Q/DQ pairs run as written."""
+    named and Q/DQ pairs run as written. Not ``pooled``: its buffers are the values' own, not its arena's (a value
+    held holds the whole arena: a part read after another would hold both), for runs slower by their allocations."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3  # errors only: its notes on the harness's own graphs (unused initializers) are noise
+    options.enable_cpu_mem_arena = options.enable_mem_pattern = pooled
     return onnxruntime.InferenceSession(serialized(model), options, providers=["CPUExecutionProvider"])
 
 
@@ -44,11 +46,16 @@ def exposed(model: onnx.ModelProto, names: Sequence[str], batches: Sequence[Batc
             budget: int | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """``names``' values over ``batches``: (the batch's index, a part's values), part after part, each part over
     every batch in order, so each tensor meets the batches in their order. ``budget``: the bytes a part may hold
-    (default :func:`exposure_budget`); a tensor larger than it is a part alone."""
-    for part in parts(model, names, batches[0] if batches else {}, exposure_budget() if budget is None else budget):
-        session = as_written_session(cut_to(model, part))
+    (default :func:`exposure_budget`); a tensor larger than it is a part alone. The values are the caller's until it
+    asks for the next: then they are dropped (keep what is needed, not the dict)."""
+    split = parts(model, names, batches[0] if batches else {}, exposure_budget() if budget is None else budget)
+    for part in split:
+        session = as_written_session(cut_to(model, part), pooled=len(split) == 1)
         for index, batch in enumerate(batches):  # one session a part: a session's start is a graph's copy
-            yield index, dict(zip(part, session.run(part, dict(batch))))
+            values = dict(zip(part, session.run(part, dict(batch))))
+            yield index, values
+            values.clear()  # the caller's loop still holds this dict while the next values are read
+        del session  # its buffers, before the next part's session makes its own
 
 
 def read(model: onnx.ModelProto, names: Sequence[str], batch: Batch) -> dict[str, np.ndarray]:
