@@ -14,7 +14,7 @@ from exporters import torch_export
 from quantverdict.judge.diagnose import first_divergence, input_dependent
 from quantverdict.judge.overflow import overflows
 from quantverdict.precision import exposing
-from quantverdict.precision.exposing import cut_to, exposed, parts, read, value_bytes
+from quantverdict.precision.exposing import cut_to, exposed, from_node, parts, read, value_bytes
 from quantverdict.precision.graph import float_tensors
 
 EVERYTHING = 1 << 62  # a budget every part fits: one part
@@ -95,16 +95,29 @@ def test_a_branch_reading_an_outer_tensor_keeps_the_node_that_makes_it():
     assert np.array_equal(read(model, ["y"], {"x": -x})["y"], 3 * x)
 
 
+def test_the_rest_of_a_graph_fed_what_comes_before_it_computes_the_graphs_outputs_to_the_bit(resnet):
+    batch = _batches(1)[0]
+    whole, count = read(resnet, ["logits"], batch)["logits"], len(resnet.graph.node)
+    for start in (0, count // 3, 2 * count // 3, count - 2):
+        rest, fed = from_node(resnet, start, batch)
+        assert len(rest.graph.node) == count - start and [value.name for value in rest.graph.output] == ["logits"]
+        assert np.array_equal(read(rest, ["logits"], fed)["logits"], whole), start
+    assert list(from_node(resnet, 0, batch)[1]) == ["image"]
+
+
 def _overflowing() -> onnx.ModelProto:
-    """x → ×1e5 (past FP16's 65,504) → Relu → ×1e-5, beside a Softmax over x: y and p."""
-    nodes = [helper.make_node("Mul", ["x", "big"], ["loud"], name="amplify"), helper.make_node("Relu", ["loud"], ["r"]),
+    """x → +0 → ×1e5 (past FP16's 65,504) → Relu → ×1e-5, beside a Softmax over x: y and p."""
+    nodes = [helper.make_node("Add", ["x", "zero"], ["shifted"]),
+             helper.make_node("Mul", ["shifted", "big"], ["loud"], name="amplify"),
+             helper.make_node("Relu", ["loud"], ["r"]),
              helper.make_node("Mul", ["r", "small"], ["y"], name="quiet"),
              helper.make_node("Softmax", ["x"], ["p"], axis=-1)]
     graph = helper.make_graph(nodes, "overflowing", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8]),
                                helper.make_tensor_value_info("p", TensorProto.FLOAT, [None, 8])],
                               [numpy_helper.from_array(np.array(1e5, np.float32), "big"),
-                               numpy_helper.from_array(np.array(1e-5, np.float32), "small")])
+                               numpy_helper.from_array(np.array(1e-5, np.float32), "small"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 

@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from quantverdict.judge.compare import cosine
 from quantverdict.judge.diagnose import input_dependent
 from quantverdict.models.spec import Batch
-from quantverdict.precision.exposing import exposed, read
+from quantverdict.precision.exposing import exposed, from_node, read
 from quantverdict.precision.graph import float_tensors
 
 # what carries a mask to the scores it is added to (broadcast, reshaped, selected, combined)
@@ -151,14 +151,18 @@ def overflows(fp32_path: Path, batches: list[Batch], limit: float, storage: int,
                  key=lambda item: position[id(item[1])] + 0.5 * item[2])  # a node's infinite output before its constant
     if not hot:
         return None
-    outputs = [value.name for value in graph.output]
-    reference = read(model, outputs, batches[0])
+    # what comes before the first tensor stored is FP32's in every trial: each is a pass over the rest of the graph
+    rest, fed = from_node(model, position[id(hot[0][1])], batches[0])
+    if not rest.graph.output:  # no output is made past it: one made before is FP32's, whatever is stored
+        rest, fed = from_node(model, 0, batches[0])
+    outputs = [value.name for value in rest.graph.output]
+    reference = read(rest, outputs, fed)
 
     def stored(tensors: Sequence[tuple[str, bool]]) -> tuple[bool, float]:
         """Whether storing ``tensors`` (name, is a constant) in the format breaks an output, and the worst cosine."""
         activations = [name for name, constant in tensors if not constant]
-        changed = _stored(model, activations, [name for name, constant in tensors if constant], storage, limit)
-        return _outcome(changed, batches[0], outputs, reference, min_cosine)
+        changed = _stored(rest, activations, [name for name, constant in tensors if constant], storage, limit)
+        return _outcome(changed, fed, outputs, reference, min_cosine)
 
     found: list[OverflowEntry] = []
     for name, node, constant in hot:

@@ -132,6 +132,31 @@ def cut_to(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
     return out
 
 
+def from_node(model: onnx.ModelProto, start: int, batch: Batch) -> tuple[onnx.ModelProto, Batch]:
+    """The graph from its node ``start`` on, its inputs the tensors those nodes read from before it (the graph's own
+    inputs among them), and their values over ``batch``: its nodes compute what they compute in the whole graph, for
+    a pass over the rest alone. Its outputs are the graph's that those nodes make."""
+    nodes = list(model.graph.node[start:])
+    made = {name for node in nodes for name in node.output}
+    constant = {init.name for init in model.graph.initializer}
+    fed = [name for name in dict.fromkeys(name for node in nodes for name in sorted(_reads(node)))
+           if name not in made and name not in constant]
+    declared = {value.name: value for value in model.graph.input}
+    computed = [name for name in fed if name not in declared]
+    values = {**{name: batch[name] for name in fed if name in declared}, **(read(model, computed, batch) if computed
+                                                                           else {})}
+    rest = onnx.ModelProto()
+    rest.CopyFrom(model)
+    del rest.graph.node[:], rest.graph.input[:]
+    rest.graph.node.extend(nodes)
+    rest.graph.input.extend(declared[name] if name in declared else onnx.helper.make_tensor_value_info(
+        name, onnx.helper.np_dtype_to_tensor_dtype(values[name].dtype), None) for name in fed)
+    kept = [value for value in rest.graph.output if value.name in made]
+    del rest.graph.output[:]
+    rest.graph.output.extend(kept)
+    return rest, values
+
+
 def _reads(node: onnx.NodeProto) -> set[str]:
     """What ``node`` reads: its inputs, and the outer tensors its bodies (an If's branches, a Loop's) read."""
     reads = set(node.input)
