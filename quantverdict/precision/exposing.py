@@ -2,10 +2,10 @@
 
 Calibration, channel ranges, GPTQ's H, a failed case's first divergence and its overflow peaks each make tensors of
 the FP32 graph outputs. All of a network's at once are all its activations: a ResNet-101 at 64 × 3 × 224² holds
-about 10 GB of them, and ONNX Runtime's copies double it (23 GB measured on the H100 host). So the tensors asked for
-are split, in the order asked, into parts whose values (their sizes by shape inference at the batch's shapes) fit
-:func:`exposure_budget`, and each part is read from the graph cut to the nodes it needs: where one part holds them
-all (every small network), one session and one pass per batch, as before.
+about 10 GB of them, and ONNX Runtime's copies double it (a cold nightly's worker: 23 GB on a 2 × H200 host). So the
+tensors asked for are split, in the order asked, into parts whose values (their sizes by shape inference at the
+batch's shapes) fit :func:`exposure_budget`, and each part is read from the graph cut to the nodes it needs: where one
+part holds them all (every small network), one session and one pass per batch, as before.
 """
 from __future__ import annotations
 
@@ -59,8 +59,9 @@ def exposed(model: onnx.ModelProto, names: Sequence[str], batches: Sequence[Batc
 
 
 def read(model: onnx.ModelProto, names: Sequence[str], batch: Batch) -> dict[str, np.ndarray]:
-    """``names``' values over one ``batch``, from ``model`` cut to what they need (one part: see :func:`parts`)."""
-    return dict(zip(names, as_written_session(cut_to(model, names)).run(list(names), dict(batch))))
+    """``names``' values over one ``batch``, from ``model`` cut to what they need (one part: see :func:`parts`), by a
+    session without an arena: one run gains nothing from it, and values kept would keep it."""
+    return dict(zip(names, as_written_session(cut_to(model, names), pooled=False).run(list(names), dict(batch))))
 
 
 def parts(model: onnx.ModelProto, names: Sequence[str], batch: Batch, budget: int | None) -> list[list[str]]:
