@@ -167,7 +167,8 @@ def test_builtin_evaluation_sets_resolve_every_bound(spec, qv_pipeline):
 def test_an_fp16_overflow_is_reported_as_one_naming_the_layer(tmp_path):
     """A layer whose FP32 output exceeds FP16's largest finite value (an FFN output of 87,189 in a trained T5
     encoder) is infinite in FP16: the failure says overflow first, naming the tensor, its node and the value,
-    instead of metrics of a collapsed output."""
+    instead of metrics of a collapsed output; the run's progress says so as each diagnosis starts (a large network's
+    take minutes)."""
     (tmp_path / "hot.py").write_text(
         "import torch\nfrom torch import nn\n\n\ndef net():\n    torch.manual_seed(0)\n"
         "    first, second = nn.Linear(8, 16), nn.Linear(16, 4)\n"
@@ -176,8 +177,12 @@ def test_an_fp16_overflow_is_reported_as_one_naming_the_layer(tmp_path):
     (tmp_path / "models.yaml").write_text(
         "models:\n  - name: hot\n    build: hot:net\n    inputs: [{name: x, shape: [4, 8]}]\n    outputs: [y]\n"
         "    calibration: synthetic\n")
-    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml").run(Case("hot", "fp16", "onnxruntime"))
+    said: list[str] = []
+    result = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml", progress=said.append).run(
+        Case("hot", "fp16", "onnxruntime"))
     assert result.status == "failed"
+    assert said == ["hot-fp16-onnxruntime: finding which tensors overflow FP16 and which of them break the output",
+                    "hot-fp16-onnxruntime: finding the first layer where the recipe's graph leaves FP32's"]
     lines = result.message.splitlines()
     assert lines[0].startswith("hot-fp16-onnxruntime: overflow: ") and "cures the output" in lines[0]
     assert "FP16's largest finite value 65,504" in lines[0]

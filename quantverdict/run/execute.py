@@ -39,6 +39,7 @@ from quantverdict.perf.gpu_slot import this_gpu, timing_slot
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 from quantverdict.tune.decide import decided_before_calibration
+from quantverdict.tune.progress import told
 from quantverdict.tune.resolve import Resolver
 
 
@@ -259,8 +260,10 @@ class CaseExecutor:
         return self.store.cache.json(
             "overflow", [file_sha256(fp32), key, recipe.storage_limit, recipe.storage_type, bound,
                          *self.store.onnxruntime_cpu_parts("quantverdict.judge.overflow")],
-            lambda: overflows(fp32, self.store.eval_batches(case.model), recipe.storage_limit, recipe.storage_type,
-                              bound), {"case": case.id})
+            lambda: told(self.recipes.options.progress, f"{case.id}: finding which tensors overflow "
+                         f"{case.precision.upper()} and which of them break the output", lambda: overflows(
+                             fp32, self.store.eval_batches(case.model), recipe.storage_limit, recipe.storage_type,
+                             bound)), {"case": case.id})
 
     def _blame_runtime(self, case: Case, artifacts: Artifacts, backend: Backend, fidelity: Fidelity, batch: Batch,
                        metrics: dict[str, Any]) -> str:
@@ -289,4 +292,5 @@ class CaseExecutor:
         return self.store.cache.json(
             "divergence", [file_sha256(fp32), file_sha256(emulated), batches_key([batch]), bound,
                            *self.store.onnxruntime_cpu_parts("quantverdict.judge.diagnose")],
-            lambda: first_divergence(fp32, emulated, batch, bound), {"case": case.id})
+            lambda: told(self.recipes.options.progress, f"{case.id}: finding the first layer where the recipe's graph "
+                         "leaves FP32's", lambda: first_divergence(fp32, emulated, batch, bound)), {"case": case.id})
