@@ -44,9 +44,17 @@ class Check:
         return self.observed >= self.bound if self.higher_is_better else self.observed <= self.bound
 
     def describe(self) -> str:
-        relation = "≥" if self.higher_is_better else "≤"
         observed, bound = shown_beside(self.observed, self.bound), shown_bound(self.bound)
-        return f"{self.output}: {self.metric} = {observed}, must be {relation} {bound}"
+        return f"{self.output}: {self.metric} = {observed}, must be {relation(self.higher_is_better)} {bound}"
+
+    def requirement(self) -> str:
+        """The bound alone, as the user wrote it: ``logits: cosine ≥ 0.99``."""
+        return f"{self.output}: {self.metric} {relation(self.higher_is_better)} {shown_bound(self.bound)}"
+
+
+def relation(higher_is_better: bool) -> str:
+    """How a metric must stand to its bound."""
+    return "≥" if higher_is_better else "≤"
 
 
 def shown_bound(bound: float) -> str:

@@ -8,6 +8,7 @@ import re
 from collections import Counter
 from typing import Sequence
 
+from quantverdict.judge.compare import relation
 from quantverdict.precision import precision_rank
 from quantverdict.report.charts import plot_accuracy_delta, plot_histograms, plot_snr, plot_speedup, plot_trend
 from quantverdict.report.load import case_margin
@@ -172,9 +173,8 @@ def _what_failed(record: RunRecord) -> str:
         check = _first_failed(case)
         recipe = case.metrics.recipe
         by_recipe = check is not None and recipe is not None and check in recipe.checks
-        at_least = check is not None and check.higher_is_better
         said = (case.message or case.status).splitlines()[0] if check is None else (
-            f"{check.output}: {check.metric} {check.observed:.4g}, must be {'≥' if at_least else '≤'} "
+            f"{check.output}: {check.metric} {check.observed:.4g}, must be {relation(check.higher_is_better)} "
             f"{check.bound:.4g} ({'the recipe' if by_recipe else 'the runtime'}'s outputs against FP32)")
         step = ""
         if by_recipe and recipe is not None:

@@ -44,7 +44,7 @@ import numpy as np
 
 from quantverdict.errors import CalibrationError, HarnessError, ResourceError
 from quantverdict.judge.by_kind import ByKind
-from quantverdict.judge.compare import judge_task_metrics, shown_bound
+from quantverdict.judge.compare import judge_task_metrics
 from quantverdict.judge.layers_alone import worker_count
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
@@ -124,8 +124,7 @@ class Trials:
         if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
             judge_task_metrics(spec.call("metric", self.references, pooled, None), tolerance, judged,
                                spec.describe("metric"))
-        self.bounds = [f"{check.output}: {check.metric} {'≥' if check.higher_is_better else '≤'} "
-                       f"{shown_bound(check.bound)}" for check in judged.checks]
+        self.bounds = [check.requirement() for check in judged.checks]
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
@@ -137,8 +136,8 @@ class Trials:
         fallback keeps wider on each fold, as a lock names them or another candidate's ranking chose them (else
         ranked on each fold). ``rival``: the candidate it must be :func:`better` than, and its samples' error energies;
         where that one meets the case's bounds, the candidate stops after the first fold that puts it
-        :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better). ``decide``: whether it is taken over ``rival`` (or is the first) is decided, and its
-        line says why."""
+        :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better). ``decide``:
+        whether it is taken over ``rival`` (or is the first) is decided, and its line says why."""
         begun, candidate = time.perf_counter(), Candidate(settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         racing = rival[1] if rival is not None and rival[0].passed else None
