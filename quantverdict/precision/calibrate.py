@@ -123,8 +123,8 @@ def _channel_amax(model_bytes: bytes, tensors: Sequence[str], axis: int,
     for index, values in tensor_values(model_bytes, tensors, order):
         holding = holders[index]
         for name, value in values.items():
-            channels = np.moveaxis(value, axis, -1)
-            batch_amax = np.abs(channels.reshape(-1, channels.shape[-1])).max(axis=0)
+            others = tuple(at for at in range(value.ndim) if at != axis % value.ndim)  # max |x| in no temporary
+            batch_amax = np.maximum(value.max(axis=others), -value.min(axis=others)) + 0.0  # -0.0 as |x| has it
             for number in holding:
                 found = amax[number]
                 found[name] = np.maximum(found[name], batch_amax) if name in found else batch_amax
