@@ -635,26 +635,49 @@ def test_recipes_that_differ_only_in_their_calibrator_round_each_weight_once(tok
     assert len(calls) == 2 * rounded and all(np.array_equal(kept[name], fresh[name]) for name in fresh)
 
 
-@pytest.mark.parametrize("size, groups", [((7, 5), 1), ((7, 5), 4), ((11,), 2)], ids=["2-D", "grouped", "1-D"])
-def test_a_pointwise_convolutions_input_columns_are_unfolds_bit_for_bit(size, groups):
-    """GPTQ's H of a 1×1 convolution (stride 1, no padding) reads its input as the columns without unfolding it:
-    the same values in the same order as unfold gives, so the same H to the last bit."""
+CONVOLUTIONS = {  # the input's spatial size, the weight's spatial shape, groups and the Conv's own attributes
+    "3x3": ((9, 7), (3, 3), 1, {"pads": [1, 1, 1, 1]}),
+    "strided": ((9, 8), (3, 3), 1, {"pads": [1, 0, 1, 1], "strides": [2, 3]}),
+    "dilated": ((11, 9), (3, 2), 2, {"pads": [2, 1, 0, 2], "dilations": [2, 3]}),
+    "depthwise": ((8, 8), (3, 3), 8, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    "pointwise": ((7, 5), (1, 1), 4, {}),
+    "1-D": ((13,), (3,), 2, {"pads": [2, 1], "strides": [2], "dilations": [2]}),
+    "1-D pointwise": ((11,), (1,), 1, {}),
+}
+
+
+def test_gptqs_input_columns_are_unfolds_bit_for_bit_in_one_buffer():
+    """GPTQ's H reads each layer's input columns into one float64 buffer kept for the pass: the same values in the
+    same order as unfolding, grouping and widening each into a tensor of its own gave (any padding, stride,
+    dilation, group count, 1-D or 2-D, a MatMul's rows), so H is the same to the last bit, the buffer written by a
+    larger layer before a smaller one and grown for a larger one after."""
     import torch
     from onnx import helper
 
-    from quantverdict.precision.hessian import LayerInputs, _columns
+    from quantverdict.precision.hessian import LayerInputs, _Columns
 
-    value = np.random.default_rng(3).normal(size=(3, 8, *size)).astype(np.float32)
-    kernel = [1] * len(size)
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=kernel, group=groups)
-    layer = LayerInputs(node, (6, 8 // groups, *kernel), groups, 8 // groups)
-    four_d = torch.from_numpy(value if len(size) == 2 else value[:, :, None, :])
-    unfolded = torch.nn.functional.unfold(four_d, (1, 1)).reshape(3, groups, 8 // groups, -1).permute(1, 0, 3, 2)
-    expected = unfolded.reshape(groups, -1, 8 // groups)
-    columns = _columns(layer, value)
-    assert columns.shape == expected.shape and torch.equal(columns, expected)
-    assert torch.equal(columns.double().transpose(1, 2) @ columns.double(),
-                       expected.double().transpose(1, 2) @ expected.double())
+    columns = _Columns()
+    rng = np.random.default_rng(3)
+    for name, (size, kernel, groups, attributes) in [*CONVOLUTIONS.items(), *list(CONVOLUTIONS.items())[::-1]]:
+        value = rng.normal(size=(3, 8, *size)).astype(np.float32)
+        node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(kernel), group=groups, **attributes)
+        layer = LayerInputs(node, (6, 8 // groups, *kernel), groups, 8 // groups * int(np.prod(kernel)))
+        flat = len(size) == 1
+        pads = attributes.get("pads", [0] * 2 * len(size))
+        x = torch.nn.functional.pad(torch.from_numpy(value), (pads[0], pads[1]) if flat else (
+            pads[1], pads[3], pads[0], pads[2]))
+        unfolded = torch.nn.functional.unfold(
+            x[:, :, None, :] if flat else x, (1, *kernel) if flat else kernel,
+            dilation=[1, *attributes.get("dilations", [1])] if flat else attributes.get("dilations", 1),
+            stride=[1, *attributes.get("strides", [1])] if flat else attributes.get("strides", 1))
+        width = unfolded.shape[1] // groups
+        expected = unfolded.reshape(3, groups, width, -1).permute(1, 0, 3, 2).reshape(groups, -1, width).double()
+        held = columns.of(layer, value)
+        assert held.shape == expected.shape and torch.equal(held, expected), name
+        assert torch.equal(held.transpose(1, 2) @ held, expected.transpose(1, 2) @ expected), name
+    rows = rng.normal(size=(2, 5, 8)).astype(np.float32)
+    matmul = LayerInputs(helper.make_node("MatMul", ["x", "w"], ["y"]), (8, 4), 1, 8)
+    assert torch.equal(columns.of(matmul, rows), torch.from_numpy(rows.reshape(1, 10, 8)).double())
 
 
 @pytest.mark.parametrize("settings", [RecipeSettings(), RecipeSettings(calibration="mse", gptq=True),
