@@ -21,11 +21,15 @@ def content_hash(*parts: Any) -> str:
 
 
 def _feed(digest: "hashlib._Hash", part: Any) -> None:
+    """``part``'s encoding into ``digest``, a header and then the bytes themselves: no copy of a graph's or a batch's
+    bytes is made to hash them (updates in turn hash as their concatenation would)."""
     if isinstance(part, bytes):
-        digest.update(b"b%d:" % len(part) + part)
+        digest.update(b"b%d:" % len(part))
+        digest.update(part)
     elif isinstance(part, np.ndarray):
         arr = np.ascontiguousarray(part)
-        digest.update(f"a{arr.dtype.str}{arr.shape}:".encode() + arr.tobytes())
+        digest.update(f"a{arr.dtype.str}{arr.shape}:".encode())
+        digest.update(arr)  # its buffer, as ``tobytes`` copies it
     elif isinstance(part, dict):
         digest.update(b"{")
         for key in sorted(part):
