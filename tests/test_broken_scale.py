@@ -52,6 +52,39 @@ def test_first_diverging_layer_is_the_consumer_of_the_broken_scale(qv_pipeline, 
     assert first_divergence(qv_pipeline.store.fp32_onnx("cnn"), intact, qv_pipeline.store.eval_batches("cnn")[0], 0.99) is None
 
 
+@pytest.mark.int8
+@pytest.mark.onnxruntime
+def test_the_runtimes_first_divergence_is_the_first_int8_quantizer_past_the_bound(tmp_path):
+    """ONNX Runtime with optimisations on, each INT8 quantizer's codes against the graph's as written (read in one
+    pass): a faithful runtime moves none by two steps on more than half its elements (the backend's diagnosis says
+    so as its search starts, and nothing when it reads it from the cache), and with a bound below zero the first
+    quantizer in the graph's order is the one named, its producer and the share of its codes that moved."""
+    from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+    from quantverdict.backends.onnxrt_divergence import first_runtime_divergence
+    from quantverdict.run.pipeline import Pipeline
+
+    pipeline = Pipeline(tmp_path / "cache")
+    artifacts = pipeline.executor.artifacts("cnn", "int8", "onnxruntime")
+    batch = pipeline.store.eval_batches("cnn")[0]
+    said: list[str] = []
+    for _ in range(2):
+        assert pipeline.backend("onnxruntime").diagnose(artifacts, batch, 0.5, pipeline.caps, said.append).divergence \
+            is None
+    assert said == ["finding the first INT8 tensor where onnxruntime's fused kernels leave the graph's codes"]
+    path = artifacts.onnx_path()
+    graph = onnx.load(str(path))
+    producers = {name: node for node in graph.graph.node for name in node.output}
+    int8 = {init.name for init in graph.graph.initializer if init.data_type == onnx.TensorProto.INT8}
+    first = next(node for node in graph.graph.node if node.op_type == "QuantizeLinear" and node.input[2] in int8)
+    found = first_runtime_divergence(path, batch, -1.0, lambda graph: OnnxRuntimeRunner(
+        graph, ["CPUExecutionProvider"], optimize=True))
+    source = producers.get(first.input[0])
+    assert found is not None and found["tensor"] == first.input[0]
+    named = (source.name, source.op_type) if source else (first.input[0], "graph input")
+    assert (found["node"], found["op"]) == named
+    assert 0.0 <= found["fraction"] <= 0.5 and found["max_steps"] >= 0
+
+
 def test_first_divergence_skips_constants_and_never_reports_nan(tmp_path):
     """A Constant node (and a tensor computed from it alone) is never the diverging layer; a tensor that
     is all zeros on one side is judged by relative error, not by an undefined cosine."""

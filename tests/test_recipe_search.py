@@ -569,7 +569,7 @@ def test_a_long_candidate_says_it_is_still_working_until_it_ends():
     ``HEARTBEAT_S`` of it (here a twentieth of a second), and nothing once the candidate has ended."""
     import threading
 
-    from quantverdict.tune.progress import heartbeat
+    from quantverdict.heartbeat import heartbeat
 
     said: list[float] = []
     twice = threading.Event()

@@ -137,10 +137,11 @@ class Backend:
         for a backend that chooses its layers; None for a precision that quantizes nothing."""
         return None if artifacts.coverage is None else artifacts.coverage()
 
-    def diagnose(self, artifacts: Artifacts, batch: Batch, bound: float, caps: Capabilities) -> Diagnosis:
+    def diagnose(self, artifacts: Artifacts, batch: Batch, bound: float, caps: Capabilities,
+                 say: Callable[[str], None] | None = None) -> Diagnosis:
         """Why and where this backend's outputs left the precision graph's semantics (``bound``: the largest
-        fraction of rounding decisions a faithful runtime may flip), after its fidelity failed; most backends
-        cannot say more than the verdict does."""
+        fraction of rounding decisions a faithful runtime may flip), after its fidelity failed, ``say`` telling the
+        run's progress what a long search for it does; most backends cannot say more than the verdict does."""
         return Diagnosis()
 
     def outputs_key(self, artifacts: Artifacts, caps: Capabilities) -> list[Any] | None:

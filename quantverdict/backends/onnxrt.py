@@ -17,7 +17,7 @@ import functools
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 import numpy as np
@@ -27,6 +27,7 @@ from onnx import TensorProto
 from quantverdict.backends.base import Artifacts, Backend, Diagnosis, Runner
 from quantverdict.capabilities import Capabilities, detect, intra_op_threads, package_version
 from quantverdict.hashing import file_sha256, source_fingerprint
+from quantverdict.heartbeat import told
 from quantverdict.models.spec import Batch, ModelSpec
 
 NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 8-bit products in 16-bit "
@@ -115,10 +116,12 @@ class OnnxRuntimeBackend(Backend):
             providers = [("CUDAExecutionProvider", {"use_tf32": tf32}), *providers]  # type: ignore[list-item]
         return OnnxRuntimeRunner(path, providers, optimize=not _has_float8(path), config=integer_kernel_config())
 
-    def diagnose(self, artifacts: Artifacts, batch: Batch, bound: float, caps: Capabilities) -> Diagnosis:
+    def diagnose(self, artifacts: Artifacts, batch: Batch, bound: float, caps: Capabilities,
+                 say: Callable[[str], None] | None = None) -> Diagnosis:
         """On a CPU without VNNI, say that its default kernels saturate (unless the harness's setting is on);
         with graph optimisations on, the first quantized tensor whose codes leave the graph's (cached: a pure
-        function of the graph, the batch, the bound, the settings, ONNX Runtime and the CPU)."""
+        function of the graph, the batch, the bound, the settings, ONNX Runtime and the CPU), told to ``say`` as it
+        starts and every 10 s while it runs (a graph run once per quantizer: minutes on a large network)."""
         from quantverdict.backends.onnxrt_divergence import first_runtime_divergence
         from quantverdict.models.data import batches_key
 
@@ -129,9 +132,13 @@ class OnnxRuntimeBackend(Backend):
             diagnosis.notes.append(f"note: {NO_VNNI_HINT}")
         parts = [file_sha256(path), batches_key([batch]), bound, config, package_version("onnxruntime"),
                  caps.cpu.identity if caps.cpu else None, source_fingerprint("quantverdict.backends.onnxrt_divergence")]
-        diagnosis.divergence = artifacts.cache.json("runtime-divergence", parts,
-                                                    lambda: first_runtime_divergence(path, batch, bound, config),
-                                                    {"model": artifacts.spec.name})
+        def fused(graph: bytes) -> Runner:  # as this backend runs a graph on the CPU
+            return OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=True, config=config)
+
+        what = "finding the first INT8 tensor where onnxruntime's fused kernels leave the graph's codes"
+        diagnosis.divergence = artifacts.cache.json(
+            "runtime-divergence", parts, lambda: told(say, what, lambda: first_runtime_divergence(
+                path, batch, bound, fused)), {"model": artifacts.spec.name})
         return diagnosis
 
     def outputs_key(self, artifacts: Artifacts, caps: Capabilities) -> list[Any] | None:

@@ -23,6 +23,7 @@ from quantverdict.capabilities import Capabilities, physical_memory
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
 from quantverdict.hashing import content_hash, file_sha256
+from quantverdict.heartbeat import told
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.coverage import coverage_verdict
 from quantverdict.judge.compare import Comparison, judge_task_metrics, task_accuracy
@@ -39,9 +40,7 @@ from quantverdict.perf.gpu_slot import this_gpu, timing_slot
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 from quantverdict.tune.decide import decided_before_calibration
-from quantverdict.tune.progress import told
 from quantverdict.tune.resolve import Resolver
-
 
 
 class CaseExecutor:
@@ -270,7 +269,9 @@ class CaseExecutor:
         """A runtime that left the graph: which, where it ran, and what its backend can say of where."""
         lines = [f"{case.id}: {fidelity.explain()}", "the recipe itself is within its tolerance "
                  "(judged on the graph's semantics): this is the runtime, not the recipe"]
-        diagnosis = backend.diagnose(artifacts, batch, fidelity.outputs[0].bound, self.caps)
+        progress = self.recipes.options.progress
+        diagnosis = backend.diagnose(artifacts, batch, fidelity.outputs[0].bound, self.caps,
+                                     None if progress is None else lambda line: progress(f"{case.id}: {line}"))
         lines += diagnosis.notes
         divergence = diagnosis.divergence
         if divergence:

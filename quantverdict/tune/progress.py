@@ -1,49 +1,13 @@
 """What a recipe search says as it goes: the time its remaining candidates take, priced by kind (each candidate's
-settings in a line are :meth:`RecipeSettings.words`); and the heartbeat any long step of a run says it by."""
+settings in a line are :meth:`RecipeSettings.words`)."""
 from __future__ import annotations
 
-import threading
-import time
-from contextlib import contextmanager
-from typing import Callable, Iterator, Protocol, Sequence, TypeVar
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.fallback import RANKED_AS
-
-
-HEARTBEAT_S = 10.0  # the longest a search stays silent while it works
-T = TypeVar("T")
-
-
-@contextmanager
-def heartbeat(say: Callable[[float], None], every: float = HEARTBEAT_S) -> Iterator[None]:
-    """``say(seconds so far)`` every ``every`` seconds while the block runs: a candidate that ranks every layer
-    quantized alone takes minutes, and a log that says nothing for them reads as a hang."""
-    stop, begun = threading.Event(), time.monotonic()
-
-    def beat() -> None:
-        while not stop.wait(every):
-            say(time.monotonic() - begun)
-
-    thread = threading.Thread(target=beat, name="search heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def told(say: Callable[[str], None] | None, what: str, produce: Callable[[], T]) -> T:
-    """``produce()``, with ``what`` said as it starts and again every :data:`HEARTBEAT_S` while it runs, where ``say``
-    shows progress: a failed case's diagnosis takes minutes on a large network at its deployment batch."""
-    if say is None:
-        return produce()
-    say(what)
-    with heartbeat(lambda seconds: say(f"{what}: still at it after {seconds:.0f} s")):
-        return produce()
 
 
 class Timed(Protocol):

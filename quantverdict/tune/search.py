@@ -56,7 +56,8 @@ from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_note, beyond_plan, fewest_in_float
 from quantverdict.tune.fallback import choose_fallback, fallback_per_part, layers_kept
 from quantverdict.tune.margin import short_of_margin
-from quantverdict.tune.progress import heartbeat, ranking_factor, time_left, upcoming
+from quantverdict.heartbeat import heartbeat
+from quantverdict.tune.progress import ranking_factor, time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
 from quantverdict.tune.rules import (MIN_GAIN_DB, REACH_SE, better, out_of_reach, pooled_snr_db, sample_noise,
                                      weighed)
