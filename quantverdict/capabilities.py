@@ -14,7 +14,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from quantverdict.cpuid import cpuid_flags
 
@@ -207,22 +207,27 @@ def detect() -> Capabilities:
     return Capabilities(gpu, {name: package_version(name) for name in PACKAGES}, platform.node(), detect_cpu())
 
 
-def pin_worker_gpu(worker: str | None, count: int) -> str | None:
-    """The CUDA_VISIBLE_DEVICES value for pytest-xdist worker ``gwN``: one GPU each, round robin."""
-    if not worker or not worker.startswith("gw") or count < 2:
+def pin_worker_gpu(worker: str | None, visible: Sequence[str]) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value for pytest-xdist worker ``gwN``: one of the ``visible`` GPUs each (indices or
+    UUIDs, as CUDA_VISIBLE_DEVICES lists them), round robin; None where there is one or none, or no xdist."""
+    if not worker or not worker.startswith("gw") or len(visible) < 2:
         return None
-    return str(int(worker[2:]) % count)
+    return visible[int(worker[2:]) % len(visible)]
 
 
 def pin_xdist_worker_gpu() -> None:
-    """Under pytest-xdist, one GPU per worker (:func:`pin_worker_gpu`), unless the user pinned GPUs already."""
-    import os
-
+    """Under pytest-xdist, one GPU per worker (:func:`pin_worker_gpu`) among those CUDA_VISIBLE_DEVICES lists, or
+    every GPU of the host where it is unset: a job given two of a host's GPUs (``CUDA_VISIBLE_DEVICES=0,1``) ran every
+    worker on the first of them."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        device = pin_worker_gpu(worker, gpu_count())
-        if device is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = device
+    if not worker:
+        return
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [str(index) for index in range(gpu_count())] if listed is None else \
+        [device.strip() for device in listed.split(",") if device.strip()]
+    device = pin_worker_gpu(worker, visible)
+    if device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device
 
 
 def cpus_per_worker() -> int:

@@ -80,11 +80,19 @@ def test_benchmark_history_compare_passes_twice_and_fails_when_slowed(tmp_path):
     assert "Performance has regressed" in slowed.stdout + slowed.stderr
 
 
-def test_each_xdist_worker_gets_its_own_gpu():
-    from quantverdict.capabilities import pin_worker_gpu
+def test_each_xdist_worker_gets_its_own_gpu(monkeypatch):
+    """Round robin over the host's GPUs, or over those CUDA_VISIBLE_DEVICES lists (indices or UUIDs): a job given
+    two of a host's four spreads over those two; one GPU listed, or no xdist, leaves the setting as it is."""
+    from quantverdict.capabilities import pin_worker_gpu, pin_xdist_worker_gpu
 
-    assert [pin_worker_gpu(f"gw{i}", 2) for i in range(4)] == ["0", "1", "0", "1"]
-    assert pin_worker_gpu("gw3", 1) is None and pin_worker_gpu(None, 8) is None  # one GPU, or no xdist
+    assert [pin_worker_gpu(f"gw{i}", ["0", "1"]) for i in range(4)] == ["0", "1", "0", "1"]
+    assert pin_worker_gpu("gw3", ["0"]) is None and pin_worker_gpu(None, [str(i) for i in range(8)]) is None
+    for listed, worker, pinned in [("1,3", "gw0", "1"), ("1,3", "gw3", "3"), ("GPU-a, GPU-b", "gw1", "GPU-b"),
+                                   ("2", "gw5", "2"), ("", "gw1", "")]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        pin_xdist_worker_gpu()
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == pinned, (listed, worker)
 
 
 def test_each_xdist_worker_takes_its_share_of_the_cpus_for_torch_and_onnxruntime(pytester, monkeypatch):
