@@ -95,6 +95,36 @@ def test_each_xdist_worker_gets_its_own_gpu(monkeypatch):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == pinned, (listed, worker)
 
 
+def test_a_package_each_worker_compiles_again_is_named_with_how_to_compile_it_once(tmp_path):
+    """A package with no bytecode beside its source, where none is written (PYTHONDONTWRITEBYTECODE), is compiled
+    again by every process that imports it: a run of several pytest-xdist workers names it and says how to compile
+    it once; not once it is compiled, nor where the first import may write its bytecode (beside the source, or under
+    a PYTHONPYCACHEPREFIX yet to be made), nor for one worker."""
+    import compileall
+
+    package = tmp_path / "site" / "heavy"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    code = ("from quantverdict.run.worker_startup import recompiled_note, uncompiled\n"
+            "print(uncompiled('heavy')); print(recompiled_note(8, ['heavy'])); print(recompiled_note(1, ['heavy']))")
+    base = {key: value for key, value in os.environ.items()
+            if key not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    base["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+    def said(**env: str) -> list[str]:
+        return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+    folder, note, alone = said(PYTHONDONTWRITEBYTECODE="1")
+    assert folder == str(package) and alone == "None"
+    assert note.startswith("each of the 8 pytest-xdist workers compiled heavy again") and \
+        f"python -m compileall -q {package}" in note and "PYTHONPYCACHEPREFIX" in note
+    assert said() == ["None"] * 3  # the first import writes it beside the source
+    assert said(PYTHONPYCACHEPREFIX=str(tmp_path / "not" / "yet")) == ["None"] * 3
+    compileall.compile_dir(str(package), quiet=1)
+    assert said(PYTHONDONTWRITEBYTECODE="1") == ["None"] * 3
+
+
 def test_each_xdist_worker_takes_its_share_of_the_cpus_for_torch_and_onnxruntime(pytester, monkeypatch):
     """``pytest -n 2``: each worker's torch and ONNX Runtime pools take half the CPUs, not one thread per core each
     (threads spinning in each other's barriers stall both workers); a user's own OMP_NUM_THREADS is left alone."""

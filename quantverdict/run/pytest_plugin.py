@@ -257,14 +257,17 @@ MANIFEST_NAMES = ("models.yaml", "models.yml")  # what `quantverdict init` write
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """Recipes searched in this run or locked for another graph; and a repository holding a manifest that no setting
-    names runs none of its cases: say how to name it."""
+    """Recipes searched in this run or locked for another graph, workers that each compiled PyTorch again; and a
+    repository holding a manifest that no setting names runs none of its cases: say how to name it."""
     settings = config.stash.get(_settings_key, None)
     if settings is None:
         return
+    from quantverdict.run.worker_startup import recompiled_note
     from quantverdict.tune.lock import run_notes
 
-    for line in run_notes(config.stash[_record_key].results, settings["lock"]):
+    workers = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n, a number once it has resolved it
+    for line in [*run_notes(config.stash[_record_key].results, settings["lock"]),
+                 *filter(None, [recompiled_note(workers if isinstance(workers, int) else 0)])]:
         terminalreporter.write_line(f"quantverdict: {line}")
     if settings["manifest"] is not None:
         return
