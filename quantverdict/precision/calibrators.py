@@ -83,7 +83,7 @@ def _counts(values: np.ndarray, bins: int, limit: float) -> np.ndarray:
     float32 product's integer part, correctly rounded on every CPU (a value within its last bit of an edge may count in
     the bin above; ``np.histogram``'s edge checks take 2.4× as long). :data:`CHUNK` values at a time, in buffers that
     stay in the CPU's cache: a tensor-sized temporary is fresh memory the kernel must map, page by page, each batch
-    (MobileNetV2's calibration: 1.2 s against 0.11 s for 38M values)."""
+    (38M values of an activation binned with fresh temporaries took 1.2 s, in these buffers 0.11 s)."""
     per_unit = bins / limit
     wide = per_unit >= float(np.finfo(np.float32).max)  # a range of subnormals: the factor would overflow float32
     counts = np.zeros(bins, np.intp)
