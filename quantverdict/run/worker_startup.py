@@ -36,5 +36,6 @@ def recompiled_note(workers: int, packages: Sequence[str] = HEAVY) -> str | None
         return None
     return (f"each of the {workers} pytest-xdist workers compiled {', '.join(map(os.path.basename, folders))} again "
             "as it imported it (no bytecode is installed beside the source, and none is written here): seconds of "
-            f"every worker's start; compile once with python -m compileall -q {' '.join(folders)}, or set "
-            "PYTHONPYCACHEPREFIX to a writable folder")
+            f"every worker's start; compile once with python -m compileall -q {' '.join(folders)} in this environment, "
+            "or let the first import write it (PYTHONDONTWRITEBYTECODE unset, and PYTHONPYCACHEPREFIX naming a "
+            "writable folder where the package's own is not)")
