@@ -11,7 +11,7 @@ from quantverdict.run.pipeline import Pipeline
 from quantverdict.precision import get_recipe
 from quantverdict.precision import calibrate
 from quantverdict.precision.calibrate import FORWARD_PASSES
-from quantverdict.precision.calibrators import METHODS, Calibrator, Histogram
+from quantverdict.precision.calibrators import BINS, CHUNK, METHODS, Calibrator, Histogram
 from quantverdict.judge.semantics import evaluate_semantics
 from quantverdict.judge.sensitivity import evaluate_recipe, fallback_until_within, layer_sensitivity
 from quantverdict.precision.trt_cache import from_trt_cache, to_trt_cache
@@ -37,6 +37,25 @@ def test_streaming_histogram_matches_the_whole_data():
     assert hist.max == everything.max() and hist.counts.sum() == everything.size
     bin_width = hist.limit / len(hist.counts)
     assert abs(Calibrator("percentile", percentile=99.9).amax(hist) - np.percentile(everything, 99.9)) <= 2 * bin_width
+
+
+@pytest.mark.parametrize("size", [1, CHUNK - 1, CHUNK, 3 * CHUNK + 7])
+def test_bins_counted_in_chunks_are_the_whole_arrays_rule(size):
+    """|x| binned a chunk at a time in buffers kept for the call counts each value where the whole array's rule puts
+    it: the float32 product's integer part, the top edge in the last bin, a subnormal range by float64 (whose factor
+    would overflow float32); negative values and -0.0 by their magnitude."""
+    from quantverdict.precision.calibrators import _counts
+
+    rng = np.random.default_rng(size)
+    values = (rng.standard_normal(size) * 3).astype(np.float32)
+    values[-1] = -0.0 if size > 1 else values[-1]
+    for limit in (float(np.abs(values).max()), 1e-40):
+        scaled = values * np.float32(1e-41) if limit == 1e-40 else values
+        factor = BINS / limit
+        rule = (np.abs(scaled).astype(np.float64) * factor if factor >= float(np.finfo(np.float32).max)
+                else np.abs(scaled) * np.float32(factor)).astype(np.intp)
+        expected = np.bincount(np.minimum(rule, BINS - 1), minlength=BINS)
+        assert np.array_equal(_counts(scaled, BINS, limit), expected)
 
 
 def test_methods_clip_outliers_and_max_does_not():
