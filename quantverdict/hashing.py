@@ -29,7 +29,10 @@ def _feed(digest: "hashlib._Hash", part: Any) -> None:
     elif isinstance(part, np.ndarray):
         arr = np.ascontiguousarray(part)
         digest.update(f"a{arr.dtype.str}{arr.shape}:".encode())
-        digest.update(arr)  # its buffer, as ``tobytes`` copies it
+        if arr.dtype.hasobject:  # Python objects (an ONNX string tensor's): their values, not their addresses
+            _feed(digest, arr.tolist())
+        else:
+            digest.update(arr)  # its buffer, as ``tobytes`` copies it
     elif isinstance(part, dict):
         digest.update(b"{")
         for key in sorted(part):

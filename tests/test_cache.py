@@ -18,6 +18,9 @@ def test_content_hash_sees_every_part():
     assert base != content_hash("k", np.zeros((3, 1), np.float32), {"a": 1, "b": [1, 2]})
     assert base != content_hash("k", np.zeros(3, np.float32), {"a": 2, "b": [1, 2]})
     assert content_hash(b"ab", b"c") != content_hash(b"a", b"bc")
+    words = np.array(["a", "bc"], dtype=object)  # an ONNX string tensor: hashed by its strings, in any process
+    assert content_hash(words) == content_hash(np.array(["a", "bc"], dtype=object).copy())
+    assert content_hash(words) != content_hash(np.array(["a", "bd"], dtype=object))
 
 
 def test_failed_write_leaves_old_file_and_no_temporaries(tmp_path, monkeypatch):
