@@ -16,7 +16,7 @@ import onnx
 from quantverdict.backends.base import Runner
 from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch
-from quantverdict.precision.exposing import exposed
+from quantverdict.precision.exposing import exposed, with_outputs
 
 
 def first_runtime_divergence(path: Path, batch: Batch, max_fraction: float,
@@ -50,9 +50,5 @@ def first_runtime_divergence(path: Path, batch: Batch, max_fraction: float,
 
 def _up_to(graph: onnx.ModelProto, name: str, batch: Batch, optimized: Callable[[bytes], Runner]) -> np.ndarray:
     """The tensor ``name`` over ``batch`` from ``graph`` with it as the only output, run by ``optimized``'s runner."""
-    truncated = onnx.ModelProto()
-    truncated.CopyFrom(graph)
-    del truncated.graph.output[:]
-    truncated.graph.output.extend([onnx.ValueInfoProto(name=name)])
-    with optimized(serialized(truncated)) as runner:
+    with optimized(serialized(with_outputs(graph, [name]))) as runner:
         return runner.infer(batch)[name]

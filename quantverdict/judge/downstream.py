@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.models.spec import Batch
+from quantverdict.precision.exposing import with_outputs
 
 Outputs = dict[str, np.ndarray]
 
@@ -83,7 +84,7 @@ class Reference:
 
     def runner(self, names: list[str]) -> OnnxRuntimeRunner:
         """A runner of the reference whose outputs are its tensors ``names`` (none of them a graph input)."""
-        return _as_written(_outputs_marked(self.model, names))
+        return _as_written(with_outputs(self.model, names).SerializeToString())
 
 
 @dataclass
@@ -129,21 +130,12 @@ def _as_written(graph: bytes) -> OnnxRuntimeRunner:
     return OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=False, threads=1, pooled=False)
 
 
-def _outputs_marked(model: onnx.ModelProto, names: list[str]) -> bytes:
-    """``model`` with its tensors ``names`` as its outputs (no types: ONNX Runtime infers them)."""
-    marked = onnx.ModelProto()
-    marked.CopyFrom(model)
-    del marked.graph.output[:]
-    marked.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
-    return marked.SerializeToString()
-
-
 def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """Each tensor's element type as ONNX Runtime infers it (every node output marked an output: no pass is run)."""
     types = {item.name: item.type.tensor_type.elem_type for item in model.graph.input}
     names = list(dict.fromkeys(name for node in model.graph.node for name in node.output if name))
     try:
-        with _as_written(_outputs_marked(model, names)) as runner:
+        with _as_written(with_outputs(model, names).SerializeToString()) as runner:
             outputs = runner.session.get_outputs()
     except Exception:  # noqa: BLE001 - no type known past the inputs: every part is evaluated whole (Reference.part)
         return types

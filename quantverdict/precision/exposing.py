@@ -124,10 +124,16 @@ def cut_to(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
         if needed.intersection(node.output):
             kept.append(node)
             needed.update(_reads(node))
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = with_outputs(model, names)
     del out.graph.node[:]
     out.graph.node.extend(reversed(kept))
+    return out
+
+
+def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose outputs are its tensors ``names`` (no types: ONNX Runtime infers them)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
     del out.graph.output[:]
     out.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
     return out
