@@ -106,14 +106,14 @@ def test_the_search_records_every_candidate_and_takes_what_held_out_data_favours
     result = pipeline.run(Case("dw", "int8", "onnxruntime"))
     assert result.status == "passed", result.message
     search = result.metrics["recipe"]["search"]
-    tried = [c for c in search["candidates"] if c["score"] is not None]
+    tried = [c for c in search["candidates"] if c["score_db"] is not None]
     # the last stage tries the calibrators again on top of the rest: the one already there is not tried twice
     assert not search["not_tried"] and len(search["candidates"]) == sum(map(len, stages(AutoSettings(), 5))) - 1
     assert len({json.dumps(c["settings"], sort_keys=True) for c in search["candidates"]}) == len(search["candidates"])
-    assert all(isinstance(c["score"], float) for c in tried)
+    assert all(isinstance(c["score_db"], float) for c in tried)
     chosen = next(c for c in tried if c["settings"] == search["chosen"])
     for ancestor in (c for c in tried if c["settings"].items() < search["chosen"].items()):  # each step gained
-        assert chosen["score"] > ancestor["score"] + MIN_GAIN_DB
+        assert chosen["score_db"] > ancestor["score_db"] + MIN_GAIN_DB
     for key, value in search["chosen"].items():  # the case ran the chosen settings
         recorded = result.metrics["recipe"]["settings"][key]
         assert recorded == value or recorded == {"method": value}
@@ -143,7 +143,7 @@ def test_racing_chooses_what_judging_every_candidate_on_every_fold_chooses(repo,
     scores = {candidate.settings: candidate for candidate in full.candidates}
     for candidate in raced.candidates:
         if candidate.folds is None:  # judged to the end: as judged by the full search
-            assert (candidate.score, candidate.passed) == (scores[candidate.settings].score,
+            assert (candidate.score_db, candidate.passed) == (scores[candidate.settings].score_db,
                                                            scores[candidate.settings].passed)
         else:  # stopped: not judged against the bounds, and not the choice
             assert 1 <= candidate.folds < raced.folds and candidate.passed is None
@@ -396,7 +396,8 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
             "max_fallback is 10%") in search.note
     easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert easy is not None and not easy.beyond
-    met = [Candidate(RecipeSettings(fallback=0.35), 31.5, True), Candidate(RecipeSettings(fallback=0.25), 20.0, False)]
+    met = [Candidate(settings=RecipeSettings(fallback=0.35), score_db=31.5, passed=True),
+           Candidate(settings=RecipeSettings(fallback=0.25), score_db=20.0, passed=False)]
     assert beyond_note(met, 10, 0.1).endswith(
         "keeping 3 of the 10 weighted layers in FP32 (30%) meets them (31.50 dB), the fewest found; max_fallback is 10%")
 
@@ -409,7 +410,7 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
     def judged(needs: int, tried: list[int]):
         def judge(share: float) -> Candidate:
             tried.append(int(share * 48))
-            return Candidate(RecipeSettings(fallback=share), 0.0, tried[-1] >= needs)
+            return Candidate(settings=RecipeSettings(fallback=share), score_db=0.0, passed=tried[-1] >= needs)
         return judge
 
     for needs, expected in [(13, [24, 14, 9, 11, 12, 13]), (5, [24, 14, 9, 6, 5]), (25, [24]), (24, [24, 14, 19, 21,
@@ -432,8 +433,9 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
     for layers, share in [(48, 0.1), (51, 0.1), (7, 0.0), (4, 0.5), (300, 0.02)]:  # the time left counts the most
         most = 0
         for needs in range(1, layers + 2):
-            tries = fewest_in_float(lambda tried: Candidate(RecipeSettings(fallback=tried), 0.0, math.floor(
-                tried * layers) >= needs), layers, share, lambda: True)
+            tries = fewest_in_float(lambda tried: Candidate(settings=RecipeSettings(fallback=tried), score_db=0.0,
+                                                            passed=math.floor(tried * layers) >= needs),
+                                    layers, share, lambda: True)
             most = max(most, len(tries))
         assert len(beyond_plan(RecipeSettings(gptq=True), layers, AutoSettings(max_fallback=share))) == most, layers
 
@@ -445,12 +447,12 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     from quantverdict.tune.result import Candidate
     from quantverdict.tune.progress import time_left, upcoming
 
-    timed = [Candidate(RecipeSettings(calibration="max"), seconds=4.0),
-             Candidate(RecipeSettings(calibration="mse"), seconds=6.0)]
+    timed = [Candidate(settings=RecipeSettings(calibration="max"), seconds=4.0),
+             Candidate(settings=RecipeSettings(calibration="mse"), seconds=6.0)]
     plan = [RecipeSettings(calibration="mse", smoothquant=0.8), RecipeSettings(fallback=0.1),
             RecipeSettings(fallback=0.1, gptq=True)]
     assert time_left(plan, timed) == "about 10 s left, and 1 candidate that ranks layers, not timed yet"
-    timed.append(Candidate(RecipeSettings(fallback=0.1), seconds=40.0))
+    timed.append(Candidate(settings=RecipeSettings(fallback=0.1), seconds=40.0))
     assert time_left(plan, timed) == "about 15 s left"  # ranked already: they read its ranking
     assert time_left([RecipeSettings(calibration="max", fallback=0.1)], timed) == "about 5 s left"  # at its layers
     assert time_left([RecipeSettings(equalize=True, fallback=0.1)], timed) == "about 40 s left"  # another preparation
@@ -466,8 +468,8 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     assert time_left(plan, timed[:2], factor) == ("about 80 s left, with 1 candidate that ranks layers, estimated "
                                                   "from the layers' count")  # 5 + 5 × (1 + 13) + 5
     assert time_left(plan, timed, factor) == "about 15 s left"  # timed once: the measured time, not the estimate
-    first = [Candidate(RecipeSettings(calibration="max"), seconds=20.0),  # the search's one-time work, FP32 references
-             *(Candidate(RecipeSettings(calibration=name), seconds=2.0 + index) for index, name in
+    first = [Candidate(settings=RecipeSettings(calibration="max"), seconds=20.0),  # the search's one-time work
+             *(Candidate(settings=RecipeSettings(calibration=name), seconds=2.0 + index) for index, name in
                enumerate(["percentile", "mse"]))]
     assert time_left([RecipeSettings(smoothquant=0.5), RecipeSettings(equalize=True)], first) == "about 6 s left"
 
@@ -494,7 +496,7 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     assert [point["share"] for point in points] == [round(point["layers_in_float"] / layers, 4) for point in points]
     assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none wider
     assert [point["format"] for point in points] == [None] + ["fp16/fp32"] * (len(points) - 1)  # the search's fallback
-    scored = {json.dumps(c["settings"], sort_keys=True): c["score"] for c in search["candidates"] + search["beyond"]
+    scored = {json.dumps(c["settings"], sort_keys=True): c["score_db"] for c in search["candidates"] + search["beyond"]
               if c["folds"] is None}  # judged on every fold
     for point in points:  # the best of its share
         same = [score for settings, score in scored.items() if int((json.loads(settings).get("fallback") or 0.0)
@@ -555,7 +557,7 @@ def test_fallback_keeps_its_layers_in_fp32_only_where_fp16_is_worse(repo):
     assert search.chosen.fallback and search.chosen.fallback_format == ("fp16", "fp32")
     kept = pipeline.recipes.recipe("tiny", "int8", "emulated").options.kept()
     assert kept and set(kept.values()) == {"fp32"}
-    assert all(c.score > 20 for c in search.candidates if c.settings.fallback and c.score is not None)
+    assert all(c.score_db > 20 for c in search.candidates if c.settings.fallback and c.score_db is not None)
     in_fp16 = Pipeline(repo / "cache", manifest=repo / "models.yaml", recipe_settings={"int8": {
         **search.chosen.to_dict(), "fallback_format": "fp16"}})
     recipe = in_fp16.recipes.recipe("tiny", "int8", "emulated")

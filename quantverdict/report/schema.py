@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from quantverdict.resources import Cost
+from quantverdict.tune.result import TradeoffPoint
 
 SCHEMA_VERSION = 1
 
@@ -73,34 +74,12 @@ class ViewRecord(_Open):
         return next(iter(self.metrics.values()), OutputMetrics())
 
 
-class TradeoffPoint(_Open):
-    share: float
-    layers_in_float: int
-    score_db: float
-    passed: bool | None = None
-    settings: dict[str, str | float | int | bool | list[str] | None] = {}
-    chosen: bool = False
-    format: str | None = None  # the formats the layers kept wider were offered (fp16/fp32), None where none
-
-
-class CostRecord(_Open):
-    """What a stage took (:class:`quantverdict.resources.Cost`)."""
-
-    wall_s: float
-    cpu_s: float
-    peak_mb: float
-    worker_peak_mb: float = 0.0
-
-    def words(self) -> str:
-        return Cost(self.wall_s, self.cpu_s, self.peak_mb, self.worker_peak_mb).words()
-
-
 class SearchRecord(_Open):
     """What ``recipe: auto`` found (every candidate is kept as written; the page reads the trade-off and the cost)."""
 
     tradeoff: list[TradeoffPoint] = []
     note: str = ""
-    cost: CostRecord | None = None
+    cost: Cost | None = None
 
 
 class LockRecord(_Open):

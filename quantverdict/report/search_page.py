@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from quantverdict.precision.settings import RecipeSettings
 from quantverdict.report.charts import figure
 from quantverdict.report.schema import RunRecord, SearchRecord
 
@@ -48,7 +47,7 @@ def tradeoff_section(record: RunRecord) -> str:
         f"<td>{point.score_db:.2f}</td>"
         f"<td>{'met' if point.passed else 'missed' if point.passed is False else '–'}</td>"
         f"<td>{'chosen' if point.chosen else ''}</td>"
-        f"<td style='text-align:left'>{html.escape(RecipeSettings.parse(point.settings, precision).words())}</td>"
+        f"<td style='text-align:left'>{html.escape(point.settings.words())}</td>"
         "</tr>"
         for (model, precision), points in searched.items() for point in points)
     costs = "".join(f"<li>{html.escape(model)} {html.escape(precision)}: {search.cost.words()}</li>"

@@ -68,7 +68,7 @@ def beyond_note(beyond: Sequence[Candidate], layers: int, max_fallback: float) -
     if met:
         fewest = min(met, key=lambda candidate: candidate.settings.fallback or 0.0)
         return (f"{MISSES}; keeping {kept(fewest)} meets "
-                f"them ({fewest.score:.2f} dB), the fewest found; {allowed}")
+                f"them ({fewest.score_db:.2f} dB), the fewest found; {allowed}")
     if not beyond:
         return f"{MISSES}; {allowed}"
     return (f"{MISSES}, and so does keeping "

@@ -67,5 +67,5 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
                    f"held-out samples{', as it did when locked,' if still_missed else ''} and none of the "
                    f"{len(incumbent.nearest)} alternatives nearest to it does better, so no wider search"
                    + (f" (a search of every candidate: quantverdict lock --update {model})" if still_missed else ""))
-    result.bounds = trials.bounds
+    result.passed_if = trials.passed_if
     return result

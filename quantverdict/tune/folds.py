@@ -98,8 +98,8 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     def searched() -> dict[str, Any]:
         whole = {model: store.calibration_batches(model)}
         if len(whole[model]) < 2:
-            return SearchResult(RecipeSettings(), note="one calibration batch: nothing to hold out and judge "
-                                                       "candidates on, so the default recipe").to_dict()
+            return SearchResult(chosen=RecipeSettings(), note="one calibration batch: nothing to hold out and "
+                                                              "judge candidates on, so the default recipe").to_dict()
         numbers = range(folds(whole[model]))
         views = [store.on_batches(HeldOut(store.calibration_batches, fold, whole)) for fold in numbers]
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
@@ -116,5 +116,5 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         report(f"recipe search {model} {base.name}: {result.cost.words()}")
         return result.to_dict()
 
-    return SearchResult.from_dict(store.cache.json("recipe-search", parts, searched,
+    return SearchResult.model_validate(store.cache.json("recipe-search", parts, searched,
                                                    {"model": model, "precision": precision}))

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from quantverdict.cache import atomic_write_bytes, file_lock
 from quantverdict.documents import DocumentError, read_yaml, validate
 from quantverdict.errors import HarnessError
-from quantverdict.tune.result import Candidate, SearchResult
+from quantverdict.tune.result import LOCKED_OUT, Candidate, SearchResult
 
 VERSION = 1
 HEADER = """\
@@ -34,23 +34,6 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Evidence(_Closed):
-    """One candidate of the search (:class:`quantverdict.tune.result.Candidate`) as the lock file writes it: its
-    settings and the SNR of its held-out calibration samples pooled (the verdict's ``snr_db``)."""
-
-    settings: dict[str, Setting]
-    score_db: float | None = None  # none where the technique does not apply (``error``)
-    passed: bool | None = None  # not judged where it stopped short (``folds``)
-    error: str | None = None
-    folds: int | None = None  # judged on this many folds only: it fell out of reach of the best there
-    why: str | None = None  # taken over the best before it, or not, and by which rule and numbers
-
-    @classmethod
-    def of(cls, candidate: Candidate) -> "Evidence":
-        return cls(settings=candidate.settings.to_dict(), score_db=candidate.score, passed=candidate.passed,
-                   error=candidate.error, folds=candidate.folds, why=candidate.why)
-
-
 class SearchEvidence(_Closed):
     """A search (:class:`quantverdict.tune.result.SearchResult`) as the lock file writes it."""
 
@@ -59,15 +42,14 @@ class SearchEvidence(_Closed):
     # what a candidate's ``passed`` means: the case's bounds, met on its held-out samples (a lower bound by one standard
     # error of the evaluation's estimate: :mod:`quantverdict.tune.margin`)
     passed_if: list[str] = []
-    candidates: list[Evidence]
+    candidates: list[Candidate]  # each as the search judged it, less what the lock leaves out (result.LOCKED_OUT)
     note: str | None = None  # what the case's bounds need where the choice misses them (or the wall-time stop)
-    beyond: list[Evidence] = []  # the choice with more layers in FP32 than the user allows, tried for that note
+    beyond: list[Candidate] = []  # the choice with more layers in FP32 than the user allows, tried for that note
 
     @classmethod
     def of(cls, searched: SearchResult) -> "SearchEvidence":
-        return cls(folds=searched.folds, held_out_samples=searched.held_out_samples, passed_if=searched.bounds,
-                   candidates=[Evidence.of(c) for c in searched.candidates], note=searched.note or None,
-                   beyond=[Evidence.of(c) for c in searched.beyond])
+        return cls(folds=searched.folds, held_out_samples=searched.held_out_samples, passed_if=searched.passed_if,
+                   candidates=searched.candidates, note=searched.note or None, beyond=searched.beyond)
 
 
 class LockedRecipe(_Closed):
@@ -198,7 +180,8 @@ _Dumper.add_representer(_Lines, lambda dumper, data: dumper.represent_mapping("t
 def _readable(entry: LockedRecipe) -> dict[str, Any]:
     """An entry as it is written: its fields and each candidate's in their reading order, settings and versions
     sorted by name."""
-    document = entry.model_dump(exclude_none=True)
+    each = {"__all__": LOCKED_OUT}
+    document = entry.model_dump(exclude_none=True, exclude={"search": {"candidates": each, "beyond": each}})
     for empty in ("beyond", "passed_if"):
         if not document["search"][empty]:
             del document["search"][empty]

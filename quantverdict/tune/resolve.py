@@ -155,9 +155,8 @@ class Resolver:
         """A lock entry as a check judges it: its settings and its layers kept wider (where the graph still has them),
         the best of the others its search judged to the end, and whether it met the case's bounds when locked."""
         settings = RecipeSettings.parse(entry.settings, precision)
-        judged = [(evidence, RecipeSettings.parse(evidence.settings, precision))  # to the end: not stopped early
-                  for evidence in entry.search.candidates if evidence.folds is None]
-        others = [(evidence.score_db, option) for evidence, option in judged
+        judged = [evidence for evidence in entry.search.candidates if evidence.folds is None]  # not stopped early
+        others = [(evidence.score_db, evidence.settings) for evidence in judged
                   if evidence.score_db is not None and not evidence.error]
         nearest = [option for _, option in sorted(others, key=lambda pair: -pair[0]) if option != settings]
         recipe = get_recipe(precision).for_target("emulated").configured(settings)
@@ -167,7 +166,7 @@ class Resolver:
                 kept = tuple(sorted(self._present(model, recipe, entry).items()))
             except HarnessError:  # the graph lost a locked layer: the check ranks them again (kept stays None)
                 pass
-        met = [evidence.passed for evidence, option in judged if option == settings]
+        met = [evidence.passed for evidence in judged if evidence.settings == settings]
         return Incumbent(settings, tuple(dict.fromkeys(nearest))[:NEAREST], kept, met[-1] if met else None)
 
     def declared(self, spec: ModelSpec, precision: str) -> ModelSpec:

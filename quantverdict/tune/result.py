@@ -1,20 +1,41 @@
-"""What a recipe search found: each candidate judged (settings, held-out score, verdict, time) and the choice, as the
-cache, the run record and the lock file keep them, with the trade-off between layers kept in a wider format (FP16 or
-FP32) and accuracy."""
+"""What a recipe search found: each candidate judged (settings, held-out score, verdict, time) and the choice, with the
+trade-off between layers kept in a wider format (FP16 or FP32) and accuracy. Each shape is declared once, here: the
+search fills these values, the cache and the run record keep them as :meth:`SearchResult.to_dict` writes them, the
+lock file keeps a candidate's reviewed part (:data:`LOCKED_OUT` left out), the page reads the trade-off."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Mapping
 
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, computed_field
+
+from quantverdict.errors import HarnessError
 from quantverdict.precision.settings import RecipeSettings, formats_words
 from quantverdict.resources import Cost
 from quantverdict.tune.fallback import layers_kept
 
 
-@dataclass
-class Candidate:
-    settings: RecipeSettings
-    score: float | None = None  # output SNR (dB) of the held-out samples pooled, the verdict's snr_db; higher is better
+def _settings(value: object) -> RecipeSettings:
+    """Settings as the search made them, or as a document writes them (a mapping), checked."""
+    if not isinstance(value, (Mapping, RecipeSettings)):
+        raise ValueError(f"expected recipe settings by name, not {value!r}")
+    try:
+        return RecipeSettings.parse(value, "searched")
+    except HarnessError as exc:  # a field's error: the document's reader names where it is
+        raise ValueError(str(exc).splitlines()[0]) from None
+
+
+Settings = Annotated[RecipeSettings, PlainValidator(_settings), PlainSerializer(lambda settings: settings.to_dict())]
+LOCKED_OUT = {"seconds", "taken"}  # a candidate's fields a lock file leaves out: this run's time, and what ``why`` says
+
+
+class Candidate(BaseModel):
+    """One candidate of a search: its settings, judged on the held-out samples."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    settings: Settings
+    score_db: float | None = None  # output SNR of the held-out samples pooled, the verdict's snr_db; higher is better
     passed: bool | None = None  # within the precision's tolerance on the held-out samples
     seconds: float = 0.0
     error: str | None = None  # a technique this graph refuses (its message), not a failed search
@@ -22,12 +43,19 @@ class Candidate:
     taken: bool | None = None  # the search took it over the best before it (None: not decided, or stopped short)
     why: str | None = None  # whether the search took it over the best before it, and by which rule and numbers
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "settings": self.settings.to_dict()}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":
-        return cls(**{**data, "settings": RecipeSettings.parse(data["settings"], "searched")})
+class TradeoffPoint(BaseModel):
+    """The best candidate a search judged with one count of layers kept wider (:meth:`SearchResult.tradeoff`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # a record: machine-written, read by later versions
+
+    share: float
+    layers_in_float: int
+    format: str | None = None  # the formats the layers kept wider were offered (fp16/fp32), None where none
+    score_db: float
+    passed: bool | None = None
+    settings: Settings = RecipeSettings()
+    chosen: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,62 +73,51 @@ class Incumbent:
         return [[settings.to_dict() for settings in (self.settings, *self.nearest)], self.kept, self.met_bounds]
 
 
-@dataclass
-class SearchResult:
-    chosen: RecipeSettings
-    candidates: list[Candidate] = field(default_factory=list)
+class SearchResult(BaseModel):
+    """A search's candidates and its choice."""
+
+    model_config = ConfigDict(extra="ignore")  # what it writes beside its fields (complete, tradeoff) is derived
+
+    chosen: Settings
+    candidates: list[Candidate] = []
     held_out_samples: int = 0  # every calibration sample, each judged by recipes calibrated without it
     folds: int = 0
-    not_tried: list[RecipeSettings] = field(default_factory=list)  # left when the wall-time stop came
+    not_tried: list[Settings] = []  # left when the wall-time stop came
     note: str = ""
     incumbent: Candidate | None = None  # settings judged beside the candidates (a lock's), on the same samples
     beats_incumbent: bool | None = None  # the choice is :func:`better` than the incumbent's on the paired samples
-    beyond: list[Candidate] = field(default_factory=list)  # the choice with more layers kept wider than max_fallback
+    beyond: list[Candidate] = []  # the choice with more layers kept wider than max_fallback
     layers: int = 0  # the weighted layers a share of them keeps wider is counted of
     cost: Cost | None = None  # what the search took (not what reading it from the cache took)
-    bounds: list[str] = field(default_factory=list)  # the case's, which a candidate that ``passed`` met
+    passed_if: list[str] = []  # the case's bounds, which a candidate that ``passed`` met (as the lock names them)
     # the layers the choice was judged with, where fixed: a check's (the lock's), or a calibrator's judged at the
     # fallback stage's ranking
     kept: tuple[tuple[str, str], ...] | None = None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def complete(self) -> bool:
         """Every candidate was tried: the choice any runner makes."""
         return not self.not_tried
 
-    def tradeoff(self) -> list[dict[str, Any]]:
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tradeoff(self) -> list[TradeoffPoint]:
         """What the search found for each count of the layers kept wider: the best candidate it judged with that
         many (none: 0), their share and format, its held-out SNR and whether it met the case's bounds, by count; no
         candidate is judged for this, so the other settings may differ between points (each point names them)."""
-        best: dict[int, Candidate] = {}
+        best: dict[int, tuple[float, Candidate]] = {}
         for candidate in [*self.candidates, *self.beyond]:
             count = layers_kept(candidate.settings.fallback or None, self.layers)
-            if candidate.score is not None and candidate.folds is None and (count not in best or candidate.score > best[count].score):
-                best[count] = candidate
-        return [{"share": round(count / max(self.layers, 1), 4), "layers_in_float": count,
-                 "format": formats_words(candidate.settings.fallback_formats()) if count else None,
-                 "score_db": candidate.score,
-                 "passed": candidate.passed, "settings": candidate.settings.to_dict(),
-                 "chosen": candidate.settings == self.chosen} for count, candidate in sorted(best.items())]
+            score = candidate.score_db
+            if score is not None and candidate.folds is None and (count not in best or score > best[count][0]):
+                best[count] = score, candidate
+        return [TradeoffPoint(share=round(count / max(self.layers, 1), 4), layers_in_float=count,
+                              format=formats_words(candidate.settings.fallback_formats()) if count else None,
+                              score_db=score, passed=candidate.passed, settings=candidate.settings,
+                              chosen=candidate.settings == self.chosen)
+                for count, (score, candidate) in sorted(best.items())]
 
     def to_dict(self) -> dict[str, Any]:
         """As the cache and the run record keep it."""
-        return {"chosen": self.chosen.to_dict(), "candidates": [c.to_dict() for c in self.candidates],
-                "held_out_samples": self.held_out_samples, "folds": self.folds,
-                "not_tried": [settings.to_dict() for settings in self.not_tried], "note": self.note,
-                "incumbent": None if self.incumbent is None else self.incumbent.to_dict(),
-                "beats_incumbent": self.beats_incumbent, "beyond": [c.to_dict() for c in self.beyond],
-                "layers": self.layers, "complete": self.complete, "tradeoff": self.tradeoff(),
-                "cost": None if self.cost is None else self.cost.to_dict(), "bounds": self.bounds,
-                "kept": None if self.kept is None else [list(pair) for pair in self.kept]}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SearchResult":
-        incumbent = data.get("incumbent")
-        return cls(RecipeSettings.parse(data["chosen"], "searched"),
-                   [Candidate.from_dict(c) for c in data["candidates"]], data["held_out_samples"], data["folds"],
-                   [RecipeSettings.parse(settings, "searched") for settings in data["not_tried"]], data["note"],
-                   None if incumbent is None else Candidate.from_dict(incumbent), data.get("beats_incumbent"),
-                   [Candidate.from_dict(c) for c in data.get("beyond", [])], data.get("layers", 0),
-                   Cost(**data["cost"]) if data.get("cost") else None, data.get("bounds", []),
-                   None if data.get("kept") is None else tuple((layer, kind) for layer, kind in data["kept"]))
+        return self.model_dump()

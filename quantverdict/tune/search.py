@@ -105,7 +105,7 @@ class Trials:
         self.ranking = ranking_factor(self.layers, worker_count(graph_bytes, self.layers))
         self.started, self.slowest = time.monotonic(), 0.0
         self.per_fold: dict[RecipeSettings, list[Mapping[str, str]]] = {}  # each fallback candidate's layers by fold
-        self.bounds: list[str] = []  # the bounds a candidate that ``passed`` met, as its comparison checked them
+        self.passed_if: list[str] = []  # the bounds a candidate that ``passed`` met, as its comparison checked them
 
     @property
     def samples(self) -> int:
@@ -125,7 +125,7 @@ class Trials:
         if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
             judge_task_metrics(spec.call("metric", self.references, pooled, None), tolerance, judged,
                                spec.describe("metric"))
-        self.bounds = [check.requirement() for check in judged.checks]
+        self.passed_if = [check.requirement() for check in judged.checks]
         return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
@@ -139,7 +139,7 @@ class Trials:
         where that one meets the case's bounds, the candidate stops after the first fold that puts it
         :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better). ``decide``:
         whether it is taken over ``rival`` (or is the first) is decided, and its line says why."""
-        begun, candidate = time.perf_counter(), Candidate(settings)
+        begun, candidate = time.perf_counter(), Candidate(settings=settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         racing = rival[1] if rival is not None and rival[0].passed else None
         with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
@@ -158,9 +158,10 @@ class Trials:
         # the search's choice after this one where it decides (a taken candidate may score lower pooled than one not
         # taken: the rule is per sample), else the highest score judged to the end
         chosen = candidate if candidate.taken else rival[0] if decide and rival is not None else None
-        leader = chosen.score if chosen is not None else max(
-            (c.score for c in [*among, candidate] if c.score is not None and c.folds is None), default=None)
-        self.report(f"{title}: {candidate.error or f'{candidate.score:.2f} dB'}{stopped} in {candidate.seconds:.0f} s; "
+        leader = chosen.score_db if chosen is not None else max(
+            (c.score_db for c in [*among, candidate] if c.score_db is not None and c.folds is None), default=None)
+        score = candidate.error or f"{candidate.score_db:.2f} dB"
+        self.report(f"{title}: {score}{stopped} in {candidate.seconds:.0f} s; "
                     f"best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
                     f"{time_left(ahead, [*among, candidate], self.ranking)}"
                     + (f"; {candidate.why}" if decide and candidate.why else ""))
@@ -194,7 +195,7 @@ class Trials:
                                      f"paired gain over the best before it plus {REACH_SE:g} standard errors short of "
                                      f"{MIN_GAIN_DB:g} dB")
                     break
-            candidate.score = round(pooled_snr_db(self.references[output], samples), 4)
+            candidate.score_db = round(pooled_snr_db(self.references[output], samples), 4)
         except ResourceError:  # the machine's, not the technique's: no runner chooses among fewer candidates
             raise
         except HarnessError as exc:  # a technique that does not apply to this graph
@@ -275,5 +276,5 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     if result.incumbent is not None:
         result.beats_incumbent = result.chosen != result.incumbent.settings and (kept is None or better(
             best[1], kept, best[0].passed, result.incumbent.passed))
-    result.bounds = trials.bounds
+    result.passed_if = trials.passed_if
     return result

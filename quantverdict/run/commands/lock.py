@@ -133,9 +133,9 @@ def _words(settings: dict[str, Any]) -> str:
 
 def _gain(searched: "SearchResult") -> str:
     chosen = next((c for c in searched.candidates if c.settings == searched.chosen), None)
-    if chosen is None or chosen.score is None or searched.incumbent is None or searched.incumbent.score is None:
+    if chosen is None or chosen.score_db is None or searched.incumbent is None or searched.incumbent.score_db is None:
         return ""
-    return (f" by {chosen.score - searched.incumbent.score:.2f} dB of SNR on {searched.held_out_samples} "
+    return (f" by {chosen.score_db - searched.incumbent.score_db:.2f} dB of SNR on {searched.held_out_samples} "
             "held-out samples")
 
 
