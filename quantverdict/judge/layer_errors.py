@@ -91,3 +91,10 @@ def error_energy(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Each sample's summed squared error; a non-finite one is infinite (the most sensitive layer)."""
     error = candidate - reference
     return np.where(np.isfinite(error).all(1), np.sum(np.nan_to_num(error) ** 2, 1), np.inf)
+
+
+def pooled_snr(signal: np.ndarray, noise: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """Each row of ``noise`` (a graph's per-sample error energy) as the SNR of the ``samples`` pooled (a ratio, not
+    dB); 0 where the output is not finite."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.nan_to_num(signal[samples].sum() / noise[:, samples].sum(1), nan=0.0, posinf=math.inf)

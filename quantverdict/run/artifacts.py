@@ -87,6 +87,10 @@ class ArtifactStore:
         return self.shared.fp32.get(model, lambda: self.planter.graph(
             "fp32", Fp32Graph(self.spec(model), functools.partial(self.module, model), self.cache)()))
 
+    def fp32_sha256(self, model: str) -> str:
+        """The FP32 graph's sha256: what a lock entry, a search's cache key and a record's fingerprint name it by."""
+        return file_sha256(self.fp32_onnx(model))
+
     def recipe_source(self, model: str, recipe: Recipe) -> Path:
         """The FP32 graph a recipe starts from, at the opset its operators need (float8 Q/DQ: 19)."""
         return AtOpset(functools.partial(self.fp32_onnx, model), recipe.min_opset, f"the {recipe.name} recipe",

@@ -163,7 +163,7 @@ class CaseExecutor:
         """Content keys of what decides the case (graph, data, recipe, precision graph, an engine's build options,
         bounds): two records then say which of them moved between two runs (:mod:`quantverdict.report.moved`)."""
         store, recipe = self.store, artifacts.recipe
-        found = {"graph": file_sha256(store.fp32_onnx(case.model)),
+        found = {"graph": store.fp32_sha256(case.model),
                  "evaluation": store.data_key(case.model, "evaluation"), "recipe": content_hash(recipe.params()),
                  "tolerance": content_hash(tolerance.to_dict())}
         if built.get(BUILD_OPTIONS):  # TensorRT's flags, shapes and GPU

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import error_energy, per_sample
+from quantverdict.judge.layer_errors import error_energy, per_sample, pooled_snr
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.grids import FP8_E4M3
@@ -116,10 +116,3 @@ def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ra
     return [{layer: next((kept_in for kept_in in offered[:-1] if (layer, kept_in) in noise and pooled_snr(
         signal, noise[layer, kept_in][None], part.ranked_on)[0] >= part.worst_left), offered[-1])
              for layer in part.kept} for part in parts]
-
-
-def pooled_snr(signal: np.ndarray, noise: np.ndarray, samples: np.ndarray) -> np.ndarray:
-    """Each row of ``noise`` (a graph's per-sample error energy) as the SNR of the ``samples`` pooled (a ratio, not
-    dB); 0 where the output is not finite."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.nan_to_num(signal[samples].sum() / noise[:, samples].sum(1), nan=0.0, posinf=math.inf)

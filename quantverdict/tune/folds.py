@@ -10,7 +10,6 @@ import numpy as np
 
 from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
-from quantverdict.hashing import file_sha256
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import get_recipe
@@ -91,7 +90,7 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     assert isinstance(base, QDQ)
     base = base.with_settings(auto.fixed())
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
-    parts = [file_sha256(store.fp32_onnx(model)), precision, asdict(auto), tolerance.to_dict(),
+    parts = [store.fp32_sha256(model), precision, asdict(auto), tolerance.to_dict(),
              store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.key(),
              *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune")]
 

@@ -20,14 +20,13 @@ from pydantic import BaseModel, ConfigDict
 from quantverdict.cache import atomic_write_bytes, file_lock
 from quantverdict.documents import DocumentError, read_yaml, validate
 from quantverdict.errors import HarnessError
-from quantverdict.tune.result import LOCKED_OUT, Candidate, SearchResult
+from quantverdict.tune.result import LOCKED_OUT, Candidate, SearchResult, Settings
 
 VERSION = 1
 HEADER = """\
 # quantverdict recipe lock: the INT8/FP8 recipes chosen by `quantverdict lock`, applied by every run with no search.
 # Commit it; review its diff as the recipe change. Re-search on purpose: quantverdict lock --update MODEL.
 """
-Setting = bool | int | float | str | list[str]  # a list: fallback_format's formats, narrowest first
 
 
 class _Closed(BaseModel):
@@ -53,7 +52,7 @@ class SearchEvidence(_Closed):
 
 
 class LockedRecipe(_Closed):
-    settings: dict[str, Setting]  # the recipe settings the search chose
+    settings: Settings  # the recipe settings the search chose
     float_layers: list[str] | dict[str, str]  # layers its fallback keeps wider, by node name (→ format, where it chose)
     graph_sha256: str  # the FP32 graph they were chosen for
     calibration_data: str  # content key of the calibration batches
@@ -196,13 +195,13 @@ def _readable(entry: LockedRecipe) -> dict[str, Any]:
 def _check(path: Path, model: str, precision: str, entry: LockedRecipe) -> list[str]:
     from quantverdict.precision import get_recipe, known_precisions
     from quantverdict.precision.qdq import QDQ
-    from quantverdict.precision.settings import RecipeSettings, formats_words
+    from quantverdict.precision.settings import formats_words
 
     where = f"{path}: recipes.{model}.{precision}"
     if precision not in known_precisions():
         return [f"{where}: unknown precision (known: {', '.join(known_precisions())})"]
     try:
-        settings = RecipeSettings.parse(entry.settings, precision)
+        settings = entry.settings
         recipe = get_recipe(precision).configured(settings)
     except HarnessError as exc:
         return [f"{where}.settings: {str(exc).splitlines()[0]}"]

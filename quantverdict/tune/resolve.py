@@ -115,7 +115,7 @@ class Resolver:
         if locked is not None:  # what the manifest fixes beside the search as it says now, the rest as locked
             auto = self.auto(model, precision)
             assert auto is not None  # a lock applies to searched recipes only
-            return auto.fixed().over(RecipeSettings.parse(locked.settings, precision).unset(*BESIDE_AUTO))
+            return auto.fixed().over(locked.settings.unset(*BESIDE_AUTO))
         searched = self.search(model, precision)
         if searched is not None:
             return searched.chosen
@@ -154,7 +154,7 @@ class Resolver:
     def _incumbent(self, model: str, entry: LockedRecipe, precision: str) -> Incumbent:
         """A lock entry as a check judges it: its settings and its layers kept wider (where the graph still has them),
         the best of the others its search judged to the end, and whether it met the case's bounds when locked."""
-        settings = RecipeSettings.parse(entry.settings, precision)
+        settings = entry.settings
         judged = [evidence for evidence in entry.search.candidates if evidence.folds is None]  # not stopped early
         others = [(evidence.score_db, evidence.settings) for evidence in judged
                   if evidence.score_db is not None and not evidence.error]
@@ -182,7 +182,7 @@ class Resolver:
         if locked is None:
             return spec
         chosen = {"layer_formats": dict(locked.float_layers)} if isinstance(locked.float_layers, dict) else {}
-        return replace(spec, recipe={**spec.recipe, precision: {**locked.settings, **chosen}})
+        return replace(spec, recipe={**spec.recipe, precision: {**locked.settings.to_dict(), **chosen}})
 
     def resolved(self, model: str, precision: str) -> ResolvedRecipe:
         """``precision``'s recipe as the case's graph is judged (its emulated target), with where it came from."""
@@ -196,7 +196,7 @@ class Resolver:
         if locked is None:
             return None
         assert self.options.lock is not None
-        graph, data = file_sha256(self.bench.fp32_onnx(model)), self.bench.data_key(model, "calibration")
+        graph, data = self.bench.fp32_sha256(model), self.bench.data_key(model, "calibration")
         changed = [f"{what} ({name} {then[:12]}, now {now[:12]})" for what, name, now, then in (
             ("graph", "sha256", graph, locked.graph_sha256),
             ("calibration data", "key", data, locked.calibration_data)) if now != then]
@@ -227,8 +227,8 @@ class Resolver:
         recipe = self.recipe(model, precision, "emulated")
         bench = self.bench
         return LockedRecipe(
-            settings=searched.chosen.to_dict(), float_layers=float_layers(recipe),
-            graph_sha256=file_sha256(bench.fp32_onnx(model)), calibration_data=bench.data_key(model, "calibration"),
+            settings=searched.chosen, float_layers=float_layers(recipe),
+            graph_sha256=bench.fp32_sha256(model), calibration_data=bench.data_key(model, "calibration"),
             qdq_sha256=file_sha256(bench.precision_onnx(model, recipe)),
             chosen_by={**{name: package_version(name) or "absent" for name in LOCKED_PACKAGES},
                        "runner_class": bench.caps.runner_class},
@@ -257,7 +257,7 @@ class Resolver:
         bench = self.bench
 
         def choose() -> dict[str, str]:
-            parts = [file_sha256(bench.fp32_onnx(model)), recipe.params(), bench.data_key(model, "calibration"),
+            parts = [bench.fp32_sha256(model), recipe.params(), bench.data_key(model, "calibration"),
                      *bench.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.tune.fallback"),
                      source_fingerprint("quantverdict.precision"), bench.variant()]
             return bench.cache.json("fallback", parts, lambda: choose_fallback(bench, model, recipe),

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quantverdict.run.commands import common
 from quantverdict.run.settings import add_options
 
 if TYPE_CHECKING:
+    from quantverdict.precision.settings import RecipeSettings
     from quantverdict.tune.result import SearchResult
     from quantverdict.tune.resolve import Resolver
 
@@ -39,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from quantverdict.errors import HarnessError
-    from quantverdict.hashing import file_sha256
     from quantverdict.precision import known_precisions
     from quantverdict.run.pipeline import Pipeline
     from quantverdict.tune.decide import decided_before_calibration
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         if holds and kept is not None:
             missed = searched.incumbent is not None and searched.incumbent.passed is False
-            now = (file_sha256(pipeline.store.fp32_onnx(model)), pipeline.store.data_key(model, "calibration"))
+            now = (pipeline.store.fp32_sha256(model), pipeline.store.data_key(model, "calibration"))
             stale = (kept.graph_sha256, kept.calibration_data) != now
             print(f"{model} {precision}: the lock holds ({_words(kept.settings)}; no candidate significantly "
                   "better on the held-out samples" + ("; it misses the case's bounds there, as it did when locked"
@@ -127,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _words(settings: dict[str, Any]) -> str:
-    return "{" + ", ".join(f"{key}: {value}" for key, value in settings.items()) + "}"
+def _words(settings: "RecipeSettings") -> str:
+    return "{" + ", ".join(f"{key}: {value}" for key, value in settings.to_dict().items()) + "}"
 
 
 def _gain(searched: "SearchResult") -> str:
