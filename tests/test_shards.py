@@ -1,6 +1,7 @@
 """A matrix split into shards and merged back equals the unsharded run (timings aside); shards and pytest-xdist's
 workers spread by the durations an earlier run recorded."""
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from quantverdict.report.load import RecordError, load_record
 from quantverdict.report.merge import merge_records
 from quantverdict.run.cases import Case
 from quantverdict.run.cli import main
-from quantverdict.run.shards import CASE_TIME, Durations, Shard
+from quantverdict.run.shards import CASE_TIME, Durations, Shard, load_order
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,6 +99,74 @@ def test_shards_by_an_earlier_runs_durations_merge_into_the_unsharded_run(tmp_pa
     (tmp_path / "moved.json").write_text(json.dumps(edited))
     with pytest.raises(RecordError, match="do not split one matrix"):
         merge_records([load_record(first), load_record(tmp_path / "moved.json")], ["a.json", "moved.json"])
+
+
+def _xdist_makespan(costs, order, workers):
+    """When the last of ``workers`` ends, pytest-xdist's own load scheduler (``--dist load``) handing out cases
+    collected in ``order`` (positions into ``costs``, seconds each), each worker running its cases one after another."""
+    from xdist.scheduler.load import LoadScheduling
+
+    class Config:
+        def getvalue(self, name):
+            return [f"{workers}*popen"]
+
+        def getoption(self, name):
+            return None  # maxschedchunk: xdist's default
+
+    class Node:
+        def __init__(self, number):
+            self.queue, self.shutting_down = [], False
+            self.gateway = type("Gateway", (), {"id": f"gw{number}"})
+
+        def send_runtest_some(self, indices):
+            self.queue += indices
+
+        def shutdown(self):
+            self.shutting_down = True
+
+    class Quiet:
+        def loadsched(self, *said):
+            pass
+
+    nodes = [Node(number) for number in range(workers)]
+    scheduler = LoadScheduling(Config(), log=Quiet())
+    for node in nodes:
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, [str(position) for position in order])
+    scheduler.schedule()
+    clock = [0.0] * workers
+    while any(node.queue for node in nodes):
+        worker = min((w for w in range(workers) if nodes[w].queue), key=lambda w: (clock[w] + costs[order[
+            nodes[w].queue[0]]], w))
+        index = nodes[worker].queue.pop(0)
+        clock[worker] += costs[order[index]]
+        scheduler.mark_test_complete(nodes[worker], index, costs[order[index]])
+    return max(clock)
+
+
+def test_xdist_load_order_ends_sooner_than_longest_first_under_xdists_own_scheduler():
+    """pytest-xdist's load scheduler sends each worker a first chunk of consecutive cases and keeps one queued behind
+    the one it runs: collected longest first, one worker got the two longest. Run through that scheduler (xdist's own
+    code) on the recorded durations, the order :func:`load_order` gives a GPU nightly's 24 cases over 8 workers
+    (seconds measured on 2 × H200) ends sooner than longest first; over 300 drawn matrices (1 to 12 cases a worker,
+    2 to 16 workers) each ends within the longest case of an even share (greedy list scheduling's bound), and
+    together sooner than longest first."""
+    nightly = [21.3, 13.2, 17.5, 16.1, 15.2, 14.5, 14.0, 13.4, 12.5, 12.3, 12.1, 11.5, 10.9, 10.4, 10.4, 9.8, 9.8, 9.4,
+               9.4, 9.4, 7.6, 7.0, 5.8, 5.5]
+    longest = sorted(range(len(nightly)), key=lambda position: -nightly[position])
+    assert _xdist_makespan(nightly, load_order(nightly, 8), 8) < _xdist_makespan(nightly, longest, 8)
+    ours, theirs = 0.0, 0.0
+    for seed in range(300):
+        rng = random.Random(seed)
+        workers = rng.choice([2, 4, 8, 16])
+        costs = [rng.lognormvariate(1.0, rng.choice([0.3, 0.8, 1.5])) for _ in range(rng.randint(1, 12 * workers))]
+        order = load_order(costs, workers)
+        assert sorted(order) == list(range(len(costs)))
+        ends = _xdist_makespan(costs, order, workers)
+        assert ends <= sum(costs) / workers + max(costs) + 1e-9, seed
+        ours += ends
+        theirs += _xdist_makespan(costs, sorted(range(len(costs)), key=lambda position: -costs[position]), workers)
+    assert ours < theirs
 
 
 @pytest.mark.parametrize("dist", ["load", "loadgroup"])

@@ -165,16 +165,15 @@ class ManifestFile(pytest.File):
     includes, or those ``--qv-models`` names), marked by precision and backend."""
 
     def collect(self) -> Iterator["CaseItem"]:
-        import os
 
         from quantverdict.errors import HarnessError
-        from quantverdict.run.shards import in_order
+        from quantverdict.run.shards import in_order, xdist_workers
         from quantverdict.run.manifest import declaration_lines
 
         settings, pipe = self.config.stash[_settings_key], pipeline(self.config)
         try:
             cases = in_order(pipe.cases(settings["models"], settings["precisions"], settings["backends"]),
-                             settings["shard"], settings["balance-by"], bool(os.environ.get("PYTEST_XDIST_WORKER")),
+                             settings["shard"], settings["balance-by"], xdist_workers(),
                              self.config.getoption("dist", None) == "loadgroup")
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None

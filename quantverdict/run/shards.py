@@ -104,16 +104,67 @@ def _part(text: str | None, durations: Durations | None, cases: Sequence[Case]) 
     return Shard.parse(text).of(cases, durations) if text else None
 
 
-def in_order(cases: Sequence[Case], shard: str | None, balance_by: Path | None, distributed: bool,
+def in_order(cases: Sequence[Case], shard: str | None, balance_by: Path | None, workers: int,
              by_model: bool) -> list[Case]:
-    """The cases of ``--shard`` (every case where none is named) in the order to run them: in a pytest-xdist worker
-    (``distributed``) with ``--qv-balance-by``, the longest first, or with ``--dist loadgroup`` (``by_model``: a model's
-    cases run on one worker, sharing its module, reference and data) the models whose cases take longest together:
-    xdist hands a free worker the next in this order, so a long case never starts last."""
+    """The cases of ``--shard`` (every case where none is named) in the order to run them: with ``--qv-balance-by``
+    under ``workers`` pytest-xdist workers (0: none), as :func:`load_order` hands them out, or with ``--dist
+    loadgroup`` (``by_model``: a model's cases run on one worker, sharing its module, reference and data) the models
+    whose cases take longest together first: so a long case never starts last."""
     durations = None if balance_by is None else Durations.recorded(balance_by)  # read once for both uses
     part = _part(shard, durations, cases)
     chosen = part.select(cases) if part else list(cases)
-    if not (distributed and durations):
+    if not (workers and durations):
         return chosen
-    order = durations.longest_first(chosen, (lambda case: case.model) if by_model else None)
+    order = durations.longest_first(chosen, lambda case: case.model) if by_model else \
+        load_order([durations.of(case) for case in chosen], workers)
     return [chosen[position] for position in order]
+
+
+def xdist_workers() -> int:
+    """How many workers the pytest-xdist run this process works in has (0: it is no worker)."""
+    import os
+
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0) if os.environ.get("PYTEST_XDIST_WORKER") else 0
+
+
+def load_order(costs: Sequence[float], workers: int) -> list[int]:
+    """The positions of cases costing ``costs`` seconds in the order to collect them for ``workers`` pytest-xdist
+    workers under ``--dist load``, whose scheduler hands each worker a first chunk of consecutive cases (two each
+    where there are twice as many cases as workers, else one at a time round robin), then, as a worker ends one,
+    more from the front, keeping one queued behind the case it runs. Longest first, a first chunk gave one worker the
+    two longest cases (a nightly's ViT: 21 s and 13 s, the others 6 to 16 s). The order here is that scheduler run on
+    the recorded costs: the first chunks hold the longest cases, each given to the worker with the least so far, and
+    each later send takes the longest left."""
+    left = sorted(range(len(costs)), key=lambda position: -costs[position])  # ties in matrix order
+    if workers < 2 or not left:
+        return left
+    total = len(left)
+    chunk = 1 if total < 2 * workers else max(total // workers // 4, 2)
+    owners = [slot % workers for slot in range(total)] if chunk == 1 else \
+        [slot // chunk for slot in range(chunk * workers)]  # the worker each of the first sends goes to
+    queues: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for position in left[:len(owners)]:  # each to the worker with the least so far that has a slot left
+        worker = min((w for w in range(workers) if owners.count(w) > len(queues[w])), key=lambda w: (loads[w], w))
+        queues[worker].append(position)
+        loads[worker] += costs[position]
+    taken = [0] * workers
+    order = []
+    for worker in owners:
+        order.append(queues[worker][taken[worker]])
+        taken[worker] += 1
+    left = left[len(owners):]
+    running = [(costs[queue[0]], worker) for worker, queue in enumerate(queues) if queue]
+    heapq.heapify(running)
+    while left and running:  # a worker ends its case, and is sent more where few are queued (xdist's check_schedule)
+        now, worker = heapq.heappop(running)
+        queue = queues[worker]
+        ended = costs[queue.pop(0)]
+        low, high = max(2, len(left) // workers // 4), max(2, len(left) // workers // 2)
+        if len(queue) < low and not (ended >= 0.1 and len(queue) >= 2):
+            sent, left = left[:high - len(queue)], left[high - len(queue):]
+            order += sent
+            queue += sent
+        if queue:
+            heapq.heappush(running, (now + costs[queue[0]], worker))
+    return order + left
