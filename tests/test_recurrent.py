@@ -113,7 +113,7 @@ def test_recurrent_is_fixed_beside_a_search_and_locked_with_its_choice(speaker, 
     resolved = pipeline.recipes.resolved("speaker", "int8")
     assert resolved.origin == "search" and resolved.search.chosen.recurrent == "dynamic"
     assert resolved.recipe.options.recurrent == "dynamic"
-    assert pipeline.recipes.entry("speaker", "int8").settings["recurrent"] == "dynamic"
+    assert pipeline.recipes.entry("speaker", "int8").settings.recurrent == "dynamic"
     from quantverdict.run.cli import main  # the command decides before searching too: on the recipe with it
 
     assert main(["lock", "--manifest", str(manifest), "--precisions", "int8", "--cache-dir",
