@@ -165,7 +165,6 @@ class ManifestFile(pytest.File):
     includes, or those ``--qv-models`` names), marked by precision and backend."""
 
     def collect(self) -> Iterator["CaseItem"]:
-
         from quantverdict.errors import HarnessError
         from quantverdict.run.shards import in_order, xdist_workers
         from quantverdict.run.manifest import declaration_lines

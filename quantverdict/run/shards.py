@@ -129,12 +129,12 @@ def xdist_workers() -> int:
 
 def load_order(costs: Sequence[float], workers: int) -> list[int]:
     """The positions of cases costing ``costs`` seconds in the order to collect them for ``workers`` pytest-xdist
-    workers under ``--dist load``, whose scheduler hands each worker a first chunk of consecutive cases (two each
-    where there are twice as many cases as workers, else one at a time round robin), then, as a worker ends one,
-    more from the front, keeping one queued behind the case it runs. Longest first, a first chunk gave one worker the
-    two longest cases (a nightly's ViT: 21 s and 13 s, the others 6 to 16 s). The order here is that scheduler run on
-    the recorded costs: the first chunks hold the longest cases, each given to the worker with the least so far, and
-    each later send takes the longest left."""
+    workers under ``--dist load`` (xdist's default chunk sizes), whose scheduler hands each worker a first chunk of
+    consecutive cases (two each where there are twice as many cases as workers, else one at a time round robin),
+    then, as a worker ends one, more from the front, keeping one queued behind the case it runs. Longest first, a
+    first chunk gave one worker the two longest cases (a nightly's ViT: 21 s and 13 s, the others 6 to 16 s). The
+    order here is that scheduler run on the recorded costs: the first chunks hold the longest cases, each given to the
+    worker with the least so far, and each later send takes the longest left."""
     left = sorted(range(len(costs)), key=lambda position: -costs[position])  # ties in matrix order
     if workers < 2 or not left:
         return left
@@ -143,9 +143,9 @@ def load_order(costs: Sequence[float], workers: int) -> list[int]:
     owners = [slot % workers for slot in range(total)] if chunk == 1 else \
         [slot // chunk for slot in range(chunk * workers)]  # the worker each of the first sends goes to
     queues: list[list[int]] = [[] for _ in range(workers)]
-    loads = [0.0] * workers
+    loads, slots = [0.0] * workers, [owners.count(worker) for worker in range(workers)]
     for position in left[:len(owners)]:  # each to the worker with the least so far that has a slot left
-        worker = min((w for w in range(workers) if owners.count(w) > len(queues[w])), key=lambda w: (loads[w], w))
+        worker = min((w for w in range(workers) if slots[w] > len(queues[w])), key=lambda w: (loads[w], w))
         queues[worker].append(position)
         loads[worker] += costs[position]
     taken = [0] * workers
