@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from quantverdict.documents import DocumentError, dotted, read_yaml, validate
 from quantverdict.errors import HarnessError
 from quantverdict.judge.tolerances import PrecisionName, Tolerance
 from quantverdict.models import registered_specs
 from quantverdict.models.spec import DetectionFormat, InputSpec, ModelSpec, Ref, SequenceFormat
-from quantverdict.run.output_entries import DetectionEntry, SequenceEntry
+from quantverdict.run.output_entries import DetectionEntry, Entry, SequenceEntry
 from quantverdict.registry import Registry
 
 CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
@@ -33,11 +33,7 @@ CallableRef = Annotated[str, Field(pattern=CALLABLE)]
 ALL = "all"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class InputEntry(_Strict):
+class InputEntry(Entry):
     name: str
     shape: list[Annotated[int, Field(gt=0)]]  # []: a scalar, fed as a 0-d tensor
     dtype: Literal["float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"] = "float32"
@@ -64,7 +60,7 @@ class InputEntry(_Strict):
         return value
 
 
-class ModelEntry(_Strict):
+class ModelEntry(Entry):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     build: CallableRef | None = None
     onnx: str | None = None
@@ -101,7 +97,7 @@ class ModelEntry(_Strict):
         return self
 
 
-class ManifestDocument(_Strict):
+class ManifestDocument(Entry):
     models: list[ModelEntry] = []
     # registered models (built-in, zoo, installed packages') to run beside this manifest's own; "all": every one
     include: list[str] = []

@@ -7,11 +7,13 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class _Strict(BaseModel):
+class Entry(BaseModel):
+    """A part of the manifest: a key it does not know is refused, naming it."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class DetectionEntry(_Strict):
+class DetectionEntry(Entry):
     """A detector head's layout (quantverdict.models.spec.DetectionFormat)."""
 
     boxes: Literal["cxcywh", "xyxy"] = "cxcywh"
@@ -21,7 +23,7 @@ class DetectionEntry(_Strict):
     nms_iou: Annotated[float, Field(gt=0, le=1)] = 0.45
 
 
-class SequenceEntry(_Strict):
+class SequenceEntry(Entry):
     """A sequence output's reading (quantverdict.models.spec.SequenceFormat)."""
 
     blank: Annotated[int, Field(ge=0)] = 0
