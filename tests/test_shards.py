@@ -101,7 +101,7 @@ def test_shards_by_an_earlier_runs_durations_merge_into_the_unsharded_run(tmp_pa
         merge_records([load_record(first), load_record(tmp_path / "moved.json")], ["a.json", "moved.json"])
 
 
-def _xdist_makespan(costs, order, workers):
+def _xdist_makespan(costs, order, workers, chunk=None):
     """When the last of ``workers`` ends, pytest-xdist's own load scheduler (``--dist load``) handing out cases
     collected in ``order`` (positions into ``costs``, seconds each), each worker running its cases one after another."""
     from xdist.scheduler.load import LoadScheduling
@@ -111,7 +111,7 @@ def _xdist_makespan(costs, order, workers):
             return [f"{workers}*popen"]
 
         def getoption(self, name):
-            return None  # maxschedchunk: xdist's default
+            return chunk  # maxschedchunk (None: xdist's default)
 
     class Node:
         def __init__(self, number):
@@ -149,8 +149,8 @@ def test_xdist_load_order_ends_sooner_than_longest_first_under_xdists_own_schedu
     the one it runs: collected longest first, one worker got the two longest. Run through that scheduler (xdist's own
     code) on the recorded durations, the order :func:`load_order` gives a GPU nightly's 24 cases over 8 workers
     (seconds measured on 2 × H200) ends sooner than longest first; over 300 drawn matrices (1 to 12 cases a worker,
-    2 to 16 workers) each ends within the longest case of an even share (greedy list scheduling's bound), and
-    together sooner than longest first."""
+    2 to 16 workers) each ends within the longest case of an even share (greedy list scheduling's bound), also when
+    xdist sends one case at a time (``--maxschedchunk 1``), and together sooner than longest first."""
     nightly = [21.3, 13.2, 17.5, 16.1, 15.2, 14.5, 14.0, 13.4, 12.5, 12.3, 12.1, 11.5, 10.9, 10.4, 10.4, 9.8, 9.8, 9.4,
                9.4, 9.4, 7.6, 7.0, 5.8, 5.5]
     longest = sorted(range(len(nightly)), key=lambda position: -nightly[position])
@@ -166,6 +166,7 @@ def test_xdist_load_order_ends_sooner_than_longest_first_under_xdists_own_schedu
         assert ends <= sum(costs) / workers + max(costs) + 1e-9, seed
         ours += ends
         theirs += _xdist_makespan(costs, sorted(range(len(costs)), key=lambda position: -costs[position]), workers)
+        assert _xdist_makespan(costs, order, workers, 1) <= sum(costs) / workers + max(costs) + 1e-9, seed  # one by one
     assert ours < theirs
 
 
