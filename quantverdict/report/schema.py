@@ -14,8 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from quantverdict.resources import Cost
-from quantverdict.tune.result import TradeoffPoint
+from quantverdict.tune.result import Cost, TradeoffPoint
 
 SCHEMA_VERSION = 1
 

@@ -16,10 +16,9 @@ from quantverdict.precision import get_recipe
 from quantverdict.precision.batch_sets import planned
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
-from quantverdict.resources import costed
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.check import check_lock
-from quantverdict.tune.result import Incumbent, SearchResult
+from quantverdict.tune.result import Incumbent, SearchResult, costed
 from quantverdict.tune.search import LOG, Progress, search
 
 if TYPE_CHECKING:
@@ -116,4 +115,4 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         return result.to_dict()
 
     return SearchResult.model_validate(store.cache.json("recipe-search", parts, searched,
-                                                   {"model": model, "precision": precision}))
+                                                        {"model": model, "precision": precision}))

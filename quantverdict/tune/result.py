@@ -4,14 +4,16 @@ search fills these values, the cache and the run record keep them as :meth:`Sear
 lock file keeps a candidate's reviewed part (:data:`LOCKED_OUT` left out), the page reads the trade-off."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Callable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, computed_field
 
 from quantverdict.errors import HarnessError
 from quantverdict.precision.settings import RecipeSettings, formats_words
-from quantverdict.resources import Cost
+from quantverdict.resources import cpu_seconds, peak_memory_mb, worker_peaks
 from quantverdict.tune.fallback import layers_kept
 
 
@@ -27,6 +29,36 @@ def _settings(value: object) -> RecipeSettings:
 
 Settings = Annotated[RecipeSettings, PlainValidator(_settings), PlainSerializer(lambda settings: settings.to_dict())]
 LOCKED_OUT = {"seconds", "taken"}  # a candidate's fields a lock file leaves out: this run's time, and what ``why`` says
+
+
+class Cost(BaseModel):
+    """What a stage took: wall seconds, CPU-seconds (this process's and the worker processes' it waited for) and the
+    peak memory (MB) of this process since it started (a peak is never lower than the stage's own) and of the largest
+    worker the stage started."""
+
+    model_config = ConfigDict(frozen=True)
+
+    wall_s: float
+    cpu_s: float
+    peak_mb: float
+    worker_peak_mb: float = 0.0  # none started (and a record written before workers' peaks were kept)
+
+    def words(self) -> str:
+        workers = f", workers {self.worker_peak_mb / 1024:.1f} GB" if self.worker_peak_mb else ""
+        return f"{self.wall_s:.0f} s, {self.cpu_s:.0f} CPU-s, peak memory {self.peak_mb / 1024:.1f} GB{workers}"
+
+
+@contextmanager
+def costed() -> Iterator[Callable[[], Cost]]:
+    """The block's cost so far, asked of the function it gives."""
+    begun, cpu, workers = time.perf_counter(), cpu_seconds(), len(worker_peaks())
+
+    def cost() -> Cost:
+        return Cost(wall_s=round(time.perf_counter() - begun, 3), cpu_s=round(cpu_seconds() - cpu, 3),
+                    peak_mb=round(peak_memory_mb(), 1),
+                    worker_peak_mb=round(max(worker_peaks()[workers:], default=0.0), 1))
+
+    yield cost
 
 
 class Candidate(BaseModel):
