@@ -108,3 +108,37 @@ def test_a_graph_the_converter_cannot_take_is_refused_naming_both_opsets():
     with pytest.raises(ModelFileError, match=r"net\.onnx is at opset 17; the fp8 recipe needs opset 19, and onnx's "
                                              r"version converter could not convert it .*export it at opset 19"):
         at_opset(model, 19, "the fp8 recipe", "net.onnx")
+
+
+class _Held(torch.nn.Module):
+    """Records whether autograd still holds an activation it saved for backward once the forward has let go of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.held = torch.nn.Linear(8, 8), []
+
+    def forward(self, x):
+        import weakref
+
+        hidden = self.linear(x)
+        out = hidden * hidden  # a product saves its factors for the backward pass
+        alive = weakref.ref(hidden)
+        del hidden
+        self.held.append(alive() is not None)
+        return out
+
+
+def test_the_export_traces_with_gradients_on_and_holds_no_activation_for_backward(tmp_path):
+    """Traced with gradients off, attention would take PyTorch's fused path, which no exporter knows; traced with them
+    on, autograd holds every activation until the trace ends (a ResNet-50 at batch 256: tens of GB)."""
+    from quantverdict.cache import Cache
+    from quantverdict.export import export_onnx
+    from quantverdict.models.spec import InputSpec, ModelSpec
+
+    spec = ModelSpec(name="held", inputs=[InputSpec("x", (4, 8))], outputs=["y"], build=_Held)
+    module = _Held().eval()
+    export_onnx(spec, module, Cache(tmp_path))
+    assert module.held[-1] is False  # the trace's forward, the last: the input check's runs without gradients
+    with torch.enable_grad():
+        module(torch.zeros(4, 8))
+    assert module.held[-1] is True  # the same forward outside the export: autograd holds it
