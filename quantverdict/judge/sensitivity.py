@@ -13,12 +13,14 @@ semantics, so a runtime's kernel artefact never moves a layer to FP32.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import signal_energy
+from quantverdict.judge.layer_errors import error_energy, per_sample, pooled_snr, signal_energy
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.tolerances import Tolerance
@@ -53,6 +55,58 @@ def weighted_layers(store: Workbench, model: str, recipe: QDQ) -> list[onnx.Node
     """The Conv/Gemm/MatMul layers ``recipe`` quantizes (those fallback may keep in FP32)."""
     graph = onnx.load(str(store.fp32_onnx(model)))
     return [node for node in recipe.quantized_nodes(graph) if node.op_type in WEIGHTED_OPS]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """The layers most sensitive on the samples ``ranked_on`` (a mask), most sensitive first, and the pooled SNR there
+    of the most sensitive layer left out, alone (infinite where none is)."""
+
+    kept: list[str]
+    worst_left: float
+    ranked_on: np.ndarray
+
+
+@dataclass(frozen=True)
+class LayersAlone:
+    """``layers``, each quantized alone (every other layer FP32), as each sample's error energy on the model's first
+    output (``noise``, a row per layer) beside FP32's energy there (``signal``): a ranking on any part of the samples
+    is read from these, with no graph evaluated again."""
+
+    layers: Sequence[onnx.NodeProto]
+    signal: np.ndarray
+    noise: np.ndarray
+
+    def ranked(self, count: int, left_out: np.ndarray) -> Ranked:
+        """The ``count`` layers whose pooled SNR is lowest on every sample but those ``left_out`` (indices)."""
+        ranked_on = np.ones(len(self.signal), bool)
+        ranked_on[left_out] = False
+        snr = pooled_snr(self.signal, self.noise, ranked_on)
+        order = np.argsort(snr, kind="stable")
+        worst_left = float(snr[order[count]]) if count < len(self.layers) else math.inf
+        return Ranked([self.layers[i].name for i in order[:count]], worst_left, ranked_on)
+
+
+def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onnx.NodeProto],
+                 data: Data) -> LayersAlone:
+    """``layers`` of ``recipe`` quantized alone, evaluated on ``data`` (:meth:`Workbench.layers_alone_errors`)."""
+    output = store.spec(model).outputs[0]
+    signal = np.sum(per_sample(store.fp32_outputs(model, data)[output]) ** 2, 1)
+    alone = store.layers_alone_errors(model, recipe, [node.name for node in layers], data)
+    return LayersAlone(layers, signal, np.stack([errors.noise(output) for errors in alone]))
+
+
+def alone_in_formats(store: Workbench, model: str, recipe: QDQ, layers: Sequence[tuple[str, str]],
+                     data: Data) -> dict[tuple[str, str], np.ndarray]:
+    """Each (layer, format) of ``layers`` as each sample's error energy on the first output with that layer alone
+    kept in that format and every other one FP32 (``recipe`` quantizes none: its fallback and formats emptied)."""
+    output = store.spec(model).outputs[0]
+    reference = per_sample(store.fp32_outputs(model, data)[output])
+    noise = {}
+    for layer, kept_in in layers:
+        alone = recipe.with_options(fallback_layers=(layer,), fallback_format=(kept_in,))
+        noise[layer, kept_in] = error_energy(reference, per_sample(store.recipe_semantics(model, alone, data)[output]))
+    return noise
 
 
 def layer_sensitivity(store: Workbench, model: str, recipe: QDQ,

@@ -7,14 +7,14 @@ semantics, so a runtime's kernel artefact never moves a layer to FP32.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import error_energy, per_sample, pooled_snr
-from quantverdict.judge.sensitivity import weighted_layers
+from quantverdict.judge.layer_errors import pooled_snr
+from quantverdict.judge.sensitivity import Ranked, alone_in_formats, layers_alone, weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.grids import FP8_E4M3
 from quantverdict.precision.qdq import QDQ
@@ -61,29 +61,8 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ,
     budget = layers_kept(recipe.options.fallback, len(layers))
     if budget == 0:
         return [{} for _ in held_out]
-    output = store.spec(model).outputs[0]
-    signal = np.sum(per_sample(store.fp32_outputs(model, "calibration")[output]) ** 2, 1)
-    alone = store.layers_alone_errors(model, base, [node.name for node in layers], "calibration")
-    noise = np.stack([errors.noise(output) for errors in alone])
-    parts = []
-    for part in held_out:
-        ranked_on = np.ones(len(signal), bool)
-        ranked_on[part] = False
-        snr = pooled_snr(signal, noise, ranked_on)
-        order = np.argsort(snr, kind="stable")
-        worst_left = float(snr[order[budget]]) if budget < len(layers) else math.inf
-        parts.append(Ranked([layers[i].name for i in order[:budget]], worst_left, ranked_on))
-    return choose_formats(store, model, recipe, parts, signal)
-
-
-@dataclass(frozen=True)
-class Ranked:
-    """The layers fallback keeps on one part of the calibration set, ranked on ``ranked_on`` (a sample mask), and the
-    pooled SNR there of the most sensitive layer it leaves quantized, alone."""
-
-    kept: list[str]
-    worst_left: float
-    ranked_on: np.ndarray
+    alone = layers_alone(store, model, base, layers, "calibration")
+    return choose_formats(store, model, recipe, [alone.ranked(budget, part) for part in held_out], alone.signal)
 
 
 def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ranked],
@@ -98,21 +77,14 @@ def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ra
     offered = recipe.options.fallback_format
     if len(offered) == 1:
         return [{layer: offered[0] for layer in part.kept} for part in parts]
-    output = store.spec(model).outputs[0]
-    reference = per_sample(store.fp32_outputs(model, "calibration")[output])
     base = recipe.with_settings(ALONE_IN_FORMAT).with_options(fallback_layers=(), layer_formats=(), only=())
     fp8_kernels: set[str] = set()  # the layers TensorRT has an FP8 kernel for (another would stay FP32)
     if FP8_E4M3.name in offered:  # the FP32 graph read only where FP8 is offered: not on a search's default path
         graph = onnx.load(str(store.fp32_onnx(model)))
         fp8_kernels = {node.name for node in QDQ(FP8_E4M3, replace(base.options, only=None)).quantized_nodes(graph)}
-    noise: dict[tuple[str, str], np.ndarray] = {}
-    for layer in dict.fromkeys(layer for part in parts for layer in part.kept):
-        for kept_in in offered[:-1]:
-            if kept_in == FP8_E4M3.name and layer not in fp8_kernels:
-                continue
-            alone = base.with_options(fallback_layers=(layer,), fallback_format=(kept_in,))
-            outputs = store.recipe_semantics(model, alone, "calibration")[output]
-            noise[layer, kept_in] = error_energy(reference, per_sample(outputs))
+    noise = alone_in_formats(store, model, base, [
+        (layer, kept_in) for layer in dict.fromkeys(layer for part in parts for layer in part.kept)
+        for kept_in in offered[:-1] if kept_in != FP8_E4M3.name or layer in fp8_kernels], "calibration")
     return [{layer: next((kept_in for kept_in in offered[:-1] if (layer, kept_in) in noise and pooled_snr(
         signal, noise[layer, kept_in][None], part.ranked_on)[0] >= part.worst_left), offered[-1])
              for layer in part.kept} for part in parts]
