@@ -443,7 +443,8 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
 def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     """A candidate that keeps layers in FP32 with a preparation not ranked before ranks every layer alone: the
     estimate times it as those did, says where none has run yet rather than pricing it as a calibrator's, and prices
-    one that only adds GPTQ or another calibrator to a ranked one as the others."""
+    one that only adds GPTQ or another calibrator to a ranked one as the others; a new preparation and GPTQ's first
+    rounding of one, before one is timed, as a plain candidate and the passes they add."""
     from quantverdict.tune.result import Candidate
     from quantverdict.tune.progress import time_left, upcoming
 
@@ -468,10 +469,18 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     assert time_left(plan, timed[:2], factor) == ("about 80 s left, with 1 candidate that ranks layers, estimated "
                                                   "from the layers' count")  # 5 + 5 × (1 + 13) + 5
     assert time_left(plan, timed, factor) == "about 15 s left"  # timed once: the measured time, not the estimate
-    first = [Candidate(settings=RecipeSettings(calibration="max"), seconds=20.0),  # the search's one-time work
+    first = [Candidate(settings=RecipeSettings(calibration="max"), seconds=12.0),  # the search's one-time work
              *(Candidate(settings=RecipeSettings(calibration=name), seconds=2.0 + index) for index, name in
                enumerate(["percentile", "mse"]))]
-    assert time_left([RecipeSettings(smoothquant=0.5), RecipeSettings(equalize=True)], first) == "about 6 s left"
+    assert time_left([RecipeSettings(calibration="max")], first) == "about 3 s left"  # a plain one: their median
+    # a preparation not timed yet: a plain candidate and the first's one-time work (about a pass), 3 + 9; GPTQ's first
+    # rounding of a preparation: two such passes, 3 + 2 × 9
+    migrations = [RecipeSettings(smoothquant=0.5), RecipeSettings(equalize=True)]
+    assert time_left(migrations, first) == "about 24 s left"
+    assert time_left([RecipeSettings(gptq=True), RecipeSettings(calibration="mse", gptq=True)], first) == \
+        "about 24 s left"  # the second rounds alike: priced as a plain one
+    prepared = [*first, Candidate(settings=migrations[0], seconds=5.0)]
+    assert time_left(migrations[1:], prepared) == "about 5 s left"  # one timed: its time
 
 
 def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypatch, tmp_path):

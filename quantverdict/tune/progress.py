@@ -41,29 +41,60 @@ def ranking_factor(layers: int, workers: int) -> float:
     return RANKED_SHARE * layers / max(workers, 1)
 
 
+NOT_PREPARATION = ("calibration", "fallback", "fallback_format", "gptq")  # the settings a preparation ignores
+# Passes' worth of new work a kind pays beyond a plain candidate, in units of what the search's first candidate paid
+# beyond one (its FP32 references and the first histograms: about one forward pass over the calibration set): a new
+# preparation measures its channel ranges and calibrates its graph afresh; GPTQ's first rounding of a preparation
+# measures H (a pass exposing every layer's input) and rounds every layer on every fold.
+PASSES = {"prepares": 1.0, "rounds": 2.0}
+
+
+def kinds(settings: Sequence[RecipeSettings]) -> list[str]:
+    """Each candidate's kind, by the work it is the first to do: ``ranks`` (every layer quantized alone, for a
+    preparation not ranked before: the calibrators tried after fallback are judged at its layers), ``rounds`` (GPTQ's H
+    for a preparation not rounded before), ``prepares`` (a migration not calibrated before), else ``plain`` (the first
+    too: what it pays once prices the others)."""
+    ranked: set[RecipeSettings] = set()
+    rounded: set[RecipeSettings] = set()
+    prepared: set[RecipeSettings] = set()
+    found = []
+    for index, each in enumerate(settings):
+        by, preparation = each.unset(*ONE_RANKING_ACROSS), each.unset(*NOT_PREPARATION)
+        kind = "plain"
+        if each.fallback and by not in ranked:
+            kind = "ranks"
+        elif each.gptq and preparation not in rounded:
+            kind = "rounds"
+        elif index and preparation not in prepared:
+            kind = "prepares"
+        if each.fallback:
+            ranked.add(by)
+        if each.gptq:
+            rounded.add(preparation)
+        prepared.add(preparation)
+        found.append(kind)
+    return found
+
+
 def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None) -> str:
-    """About how long the candidates ``plan`` take, each timed as the median of those ``timed`` of its kind (the first
-    carries the search's one-time work, its FP32 references, and one slow technique should not price the rest): one that
-    keeps layers wider with a preparation no candidate before it ranked layers for (the calibrators tried after
-    fallback are judged at its layers) ranks every layer quantized alone and costs several others
-    (:func:`quantverdict.tune.fallback.fallback_per_part`); until one is timed, it is priced as a plain candidate and
-    ``ranking`` (:func:`ranking_factor`) times one, and said so."""
-    ranked: list[RecipeSettings] = []
-    kinds = []
-    for settings in [*(c.settings for c in timed), *plan]:
-        by = settings.unset(*ONE_RANKING_ACROSS)
-        ranks = bool(settings.fallback) and by not in ranked
-        kinds.append(ranks)
-        if ranks:
-            ranked.append(by)
-    means = {kind: float(np.median(seconds)) for kind in (False, True)
-             if (seconds := [c.seconds for c, ranks in zip(timed, kinds) if ranks == kind])}
-    guessed = True not in means and False in means and ranking is not None
+    """About how long the candidates ``plan`` take, each timed as the median of those ``timed`` of its kind
+    (:func:`kinds`; the median, since one slow technique should not price the rest). A kind not timed yet is priced as
+    a plain candidate and the new work it does (:data:`PASSES`), but for one that ranks layers: it costs several
+    others (:func:`quantverdict.tune.fallback.fallback_per_part`) and is priced as a plain candidate and ``ranking``
+    (:func:`ranking_factor`) times one, and said so."""
+    of_kind = kinds([*(c.settings for c in timed), *plan])
+    means = {kind: float(np.median(seconds)) for kind in ("plain", "ranks", "rounds", "prepares")
+             if (seconds := [c.seconds for c, each in zip(timed, of_kind) if each == kind])}
+    if "plain" in means:
+        one_pass = max(timed[0].seconds - means["plain"], 0.0)
+        for kind, passes in PASSES.items():
+            means.setdefault(kind, means["plain"] + passes * one_pass)
+    guessed = "ranks" not in means and "plain" in means and ranking is not None
     if guessed:
-        means[True] = means[False] * (1 + ranking)  # type: ignore[operator]
-    ahead = kinds[len(timed):]
+        means["ranks"] = means["plain"] * (1 + ranking)  # type: ignore[operator]
+    ahead = of_kind[len(timed):]
     said = f"about {sum(means[kind] for kind in ahead if kind in means):.0f} s left"
-    untimed = ahead.count(True) if True not in means or guessed else 0
+    untimed = ahead.count("ranks") if "ranks" not in means or guessed else 0
     if untimed:
         many = untimed > 1
         said += f", {'with ' if guessed else 'and '}{untimed} candidate{'s' if many else ''} that rank" \
