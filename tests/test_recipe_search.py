@@ -479,6 +479,9 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     assert time_left(migrations, first) == "about 24 s left"
     assert time_left([RecipeSettings(gptq=True), RecipeSettings(calibration="mse", gptq=True)], first) == \
         "about 24 s left"  # the second rounds alike: priced as a plain one
+    locked = [Candidate(settings=RecipeSettings(fallback=0.1, gptq=True), seconds=12.0)]  # a check's first: the lock's
+    assert time_left([RecipeSettings(calibration="mse", fallback=0.1, gptq=True)], locked) == \
+        "about 0 s left, and 1 candidate of a kind not timed yet"  # nothing plain timed to price it by: said so
     prepared = [*first, Candidate(settings=migrations[0], seconds=5.0)]
     assert time_left(migrations[1:], prepared) == "about 5 s left"  # one timed: its time
 

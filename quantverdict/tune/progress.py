@@ -99,4 +99,7 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: f
         many = untimed > 1
         said += f", {'with ' if guessed else 'and '}{untimed} candidate{'s' if many else ''} that rank" \
                 f"{'' if many else 's'} layers, " + ("estimated from the layers' count" if guessed else "not timed yet")
+    unpriced = sum(kind not in means and kind != "ranks" for kind in ahead)  # where no plain one is timed yet
+    if unpriced:
+        said += f", and {unpriced} candidate{'s' if unpriced > 1 else ''} of a kind not timed yet"
     return said
