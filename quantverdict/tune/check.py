@@ -52,8 +52,8 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
     for index, option in enumerate(incumbent.nearest):
         same_share = option.fallback_formats() == incumbent.settings.fallback_formats() and \
             option.fallback == incumbent.settings.fallback
-        candidate, samples = trials.judge(option, list(incumbent.nearest[index + 1:]), result.candidates,
-                                          kept=kept if same_share else None)
+        candidate, samples = trials.judge(option, list(incumbent.nearest[index + 1:]),
+                                          [result.incumbent, *result.candidates], kept=kept if same_share else None)
         result.candidates.append(candidate)
         if samples is not None and better(samples, best[1], candidate.passed, best[0].passed):
             best, at_locked_layers = (candidate, samples), same_share
