@@ -474,11 +474,11 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
                enumerate(["percentile", "mse"]))]
     assert time_left([RecipeSettings(calibration="max")], first) == "about 3 s left"  # a plain one: their median
     # a preparation not timed yet: a plain candidate and the first's one-time work (about a pass), 3 + 9; GPTQ's first
-    # rounding of a preparation: two such passes, 3 + 2 × 9
+    # rounding of a preparation: one and a half such passes, 3 + 1.5 × 9
     migrations = [RecipeSettings(smoothquant=0.5), RecipeSettings(equalize=True)]
     assert time_left(migrations, first) == "about 24 s left"
     assert time_left([RecipeSettings(gptq=True), RecipeSettings(calibration="mse", gptq=True)], first) == \
-        "about 24 s left"  # the second rounds alike: priced as a plain one
+        "about 20 s left"  # the second rounds alike: priced as a plain one (16.5 + 3)
     locked = [Candidate(settings=RecipeSettings(fallback=0.1, gptq=True), seconds=12.0)]  # a check's first: the lock's
     assert time_left([RecipeSettings(calibration="mse", fallback=0.1, gptq=True)], locked) == \
         "about 0 s left, and 1 candidate of a kind not timed yet"  # nothing plain timed to price it by: said so

@@ -45,8 +45,9 @@ NOT_PREPARATION = ("calibration", "fallback", "fallback_format", "gptq")  # the 
 # Passes' worth of new work a kind pays beyond a plain candidate, in units of what the search's first candidate paid
 # beyond one (its FP32 references and the first histograms: about one forward pass over the calibration set): a new
 # preparation measures its channel ranges and calibrates its graph afresh; GPTQ's first rounding of a preparation
-# measures H (a pass exposing every layer's input) and rounds every layer on every fold.
-PASSES = {"prepares": 1.0, "rounds": 2.0}
+# measures H (a pass exposing every layer's input, and its products) and rounds every layer on every fold, which took
+# 1.7-2.5 such passes on a 2-core runner and 1-1.3 on a 16-core one (the products and the rounding use every core).
+PASSES = {"prepares": 1.0, "rounds": 1.5}
 
 
 def kinds(settings: Sequence[RecipeSettings]) -> list[str]:
