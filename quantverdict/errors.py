@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import threading
+from types import CodeType
 from typing import Iterable
 
 SIGINT_RECEIVED = threading.Event()  # set by quantverdict.run.interrupt's handlers: the user pressed Ctrl-C
@@ -82,8 +83,9 @@ def interrupted(error: BaseException) -> bool:
     return False
 
 
-def user_trace(error: BaseException) -> str:
-    """``error``'s traceback without the harness's own frames above the user's code."""
+def user_trace(error: BaseException, entry: CodeType | None = None) -> str:
+    """``error``'s traceback without the harness's own frames above the user's code; from the frame running ``entry``
+    (the user's forward, called through a tracer's frames) where it is on the traceback."""
     import traceback
     from pathlib import Path
 
@@ -92,7 +94,10 @@ def user_trace(error: BaseException) -> str:
     while frames is not None and frames.tb_next is not None and \
             str(Path(frames.tb_frame.f_code.co_filename).resolve()).startswith(package):
         frames = frames.tb_next
-    return "".join(traceback.format_exception(type(error), error, frames)).rstrip()
+    entered = frames
+    while entry is not None and entered is not None and entered.tb_frame.f_code is not entry:
+        entered = entered.tb_next
+    return "".join(traceback.format_exception(type(error), error, entered or frames)).rstrip()
 
 
 class ResolutionWarning(UserWarning):

@@ -42,6 +42,59 @@ def test_wrong_input_shape_names_model_and_input(tmp_path, qv_pipeline):
     assert cache_files(tmp_path / "cache") == []
 
 
+class _Refusing(__import__("torch").nn.Module):
+    """Refuses any batch but 3, returns ``outputs`` tensors; counts its forwards."""
+
+    def __init__(self, outputs: int = 1):
+        import torch
+
+        super().__init__()
+        self.linear, self.outputs, self.calls = torch.nn.Linear(8, 8), outputs, 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.linear(x.reshape(3, -1))
+        return (y,) * self.outputs if self.outputs > 1 else y
+
+
+def _spec(batch: int) -> "ModelSpec":
+    from quantverdict.models.spec import ModelSpec
+
+    return ModelSpec(name="refusing", inputs=[InputSpec("x", (batch, 8))], outputs=["y"], build=_Refusing)
+
+
+def test_a_forward_that_refuses_its_inputs_while_traced_is_one_line_and_the_users_trace(tmp_path):
+    """The export checks the model on the forward it traces (one forward at the declared batch, not two): a failure
+    there is the model refusing its inputs, its traceback from the user's forward down, not the tracer's frames."""
+    with pytest.raises(InputSpecError, match=r"model 'refusing' rejects its declared inputs x\(4, 8\): shape") as error:
+        export_onnx(_spec(4), _Refusing().eval(), Cache(tmp_path))
+    trace = error.value.trace.splitlines()
+    assert trace[1].endswith("in forward") and "test_errors.py" in trace[1], trace[:3]
+    assert not any("torch/onnx" in line or "torch/jit" in line for line in trace)
+    with pytest.raises(InputSpecError, match=r"model 'refusing' returns 2 outputs but its spec names 1: \['y'\]"):
+        export_onnx(_spec(3), _Refusing(outputs=2).eval(), Cache(tmp_path))
+    assert cache_files(tmp_path) == []  # nothing half-written
+    accepted = _Refusing().eval()
+    export_onnx(_spec(3), accepted, Cache(tmp_path))
+    assert accepted.calls == 1
+
+
+def test_an_operator_no_exporter_knows_stays_the_exporters_error(tmp_path):
+    """After the traced forward ends, a failure is the exporter's (an operator it cannot write), not the inputs'."""
+    import torch
+
+    class Sorting(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.eigh(x @ x.transpose(-1, -2))[0]
+
+    from quantverdict.models.spec import ModelSpec
+
+    spec = ModelSpec(name="eigh", inputs=[InputSpec("x", (2, 4, 4))], outputs=["y"], build=Sorting)
+    with pytest.raises(Exception, match="eigh") as error:
+        export_onnx(spec, Sorting().eval(), Cache(tmp_path))
+    assert not isinstance(error.value, InputSpecError)
+
+
 def test_unknown_precision_suggests_the_close_name(qv_pipeline):
     with pytest.raises(UnknownNameError, match=r"unknown precision 'int9'; did you mean 'int8'"):
         qv_pipeline.cases(models=["cnn"], precisions=["int9"])

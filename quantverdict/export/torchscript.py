@@ -8,7 +8,8 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
-from typing import Callable
+from types import CodeType
+from typing import TYPE_CHECKING, Callable
 
 import onnx
 
@@ -17,6 +18,9 @@ from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import InputSpecError, ModelFileError, user_trace
 from quantverdict.export.compat import serialized
 from quantverdict.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_OPSET = 19  # float8 Q/DQ needs 19; TensorRT 10/11 and ONNX Runtime ≥ 1.15 parse it
 
@@ -67,15 +71,22 @@ def export_built(spec: ModelSpec, identity: str, module: Callable[[], "object"],
         built = module()
         sample = spec.sample_batches(1, seed=0)[0]
         args = tuple(torch.from_numpy(sample[i.name]) for i in spec.inputs)
-        _check_inputs(spec, built, args)
         buffer = io.BytesIO()
-        with warnings.catch_warnings(), torch.autograd.graph.saved_tensors_hooks(_dropped, _dropped):
-            warnings.simplefilter("ignore")  # TorchScript exporter deprecation notices
-            torch.onnx.export(
-                built, args, buffer, input_names=[i.name for i in spec.inputs],
-                output_names=list(spec.outputs), opset_version=opset, dynamo=False,
-                dynamic_axes={i.name: dict(i.dynamic_axes) for i in spec.inputs},
-            )
+
+        def export() -> None:
+            with warnings.catch_warnings(), torch.autograd.graph.saved_tensors_hooks(_dropped, _dropped):
+                warnings.simplefilter("ignore")  # TorchScript exporter deprecation notices
+                torch.onnx.export(
+                    built, args, buffer, input_names=[i.name for i in spec.inputs],
+                    output_names=list(spec.outputs), opset_version=opset, dynamo=False,
+                    dynamic_axes={i.name: dict(i.dynamic_axes) for i in spec.inputs},
+                )
+
+        if isinstance(built, torch.nn.Module) and not isinstance(built, torch.jit.ScriptModule):
+            _checked_while_traced(spec, built, export)
+        else:
+            _check_inputs(spec, built, args)
+            export()
         model = onnx.load_from_string(buffer.getvalue())
         onnx.checker.check_model(model, full_check=True)
         return serialized(model)
@@ -93,18 +104,57 @@ def _dropped(value: object) -> None:
     return None
 
 
+def _checked_while_traced(spec: ModelSpec, module: "torch.nn.Module", export: Callable[[], None]) -> None:
+    """``export()``, which traces ``module``'s forward once, with that forward checked against the spec as
+    :func:`_check_inputs` checks a forward of its own: a failure while the forward runs is the model refusing its
+    declared inputs, and it returns as many outputs as the spec names. One forward at the declared batch, not two: the
+    check's was 45% of a ResNet-50's export at batch 64 (6.9 of 15.2 s), and the graph is the same to the byte (hooks
+    add no node)."""
+    running = [False]
+
+    def before(_module: object, _inputs: object) -> None:
+        running[0] = True
+
+    def after(_module: object, _inputs: object, outputs: object) -> None:
+        running[0] = False
+        _check_outputs(spec, outputs)
+
+    hooks = [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    try:
+        export()
+    except InputSpecError:
+        raise
+    except Exception as exc:
+        if running[0]:
+            raise _refused(spec, exc, getattr(type(module).forward, "__code__", None)) from exc
+        raise
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def _check_inputs(spec: ModelSpec, module: "object", args: tuple) -> None:
+    """A forward of ``module`` (a scripted one: no hooks to check the traced forward with) on the declared inputs."""
     import torch
 
     try:
         with torch.no_grad():
             outputs = module(*args)  # type: ignore[operator]
     except Exception as exc:
-        shapes = ", ".join(f"{i.name}{tuple(i.shape)}" for i in spec.inputs)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        error = InputSpecError(f"model {spec.name!r} rejects its declared inputs {shapes}: {message}")
-        error.trace = user_trace(exc)  # the user's forward: where in it the inputs were refused
-        raise error from exc
+        raise _refused(spec, exc) from exc
+    _check_outputs(spec, outputs)
+
+
+def _refused(spec: ModelSpec, exc: Exception, forward: CodeType | None = None) -> InputSpecError:
+    """One line naming the model and its inputs; the traceback from the user's ``forward`` where it was traced."""
+    shapes = ", ".join(f"{i.name}{tuple(i.shape)}" for i in spec.inputs)
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    error = InputSpecError(f"model {spec.name!r} rejects its declared inputs {shapes}: {message}")
+    error.trace = user_trace(exc, forward)  # the user's forward: where in it the inputs were refused
+    return error
+
+
+def _check_outputs(spec: ModelSpec, outputs: object) -> None:
     count = len(outputs) if isinstance(outputs, (tuple, list)) else 1
     if count != len(spec.outputs):
         raise InputSpecError(f"model {spec.name!r} returns {count} outputs but its spec names "
