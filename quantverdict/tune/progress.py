@@ -2,7 +2,7 @@
 settings in a line are :meth:`RecipeSettings.words`)."""
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Literal, Protocol, Sequence, get_args
 
 import numpy as np
 
@@ -41,16 +41,17 @@ def ranking_factor(layers: int, workers: int) -> float:
     return RANKED_SHARE * layers / max(workers, 1)
 
 
+Kind = Literal["plain", "ranks", "rounds", "prepares"]  # a candidate's, by the work it is the first to do (kinds)
 NOT_PREPARATION = ("calibration", "fallback", "fallback_format", "gptq")  # the settings a preparation ignores
 # Passes' worth of new work a kind pays beyond a plain candidate, in units of what the search's first candidate paid
 # beyond one (its FP32 references and the first histograms: about one forward pass over the calibration set): a new
 # preparation measures its channel ranges and calibrates its graph afresh; GPTQ's first rounding of a preparation
 # measures H (a pass exposing every layer's input, and its products) and rounds every layer on every fold, which took
 # 1.7-2.5 such passes on a 2-core runner and 1-1.3 on a 16-core one (the products and the rounding use every core).
-PASSES = {"prepares": 1.0, "rounds": 1.5}
+PASSES: dict[Kind, float] = {"prepares": 1.0, "rounds": 1.5}
 
 
-def kinds(settings: Sequence[RecipeSettings]) -> list[str]:
+def kinds(settings: Sequence[RecipeSettings]) -> list[Kind]:
     """Each candidate's kind, by the work it is the first to do: ``ranks`` (every layer quantized alone, for a
     preparation not ranked before: the calibrators tried after fallback are judged at its layers), ``rounds`` (GPTQ's H
     for a preparation not rounded before), ``prepares`` (a migration not calibrated before), else ``plain`` (the first
@@ -58,10 +59,10 @@ def kinds(settings: Sequence[RecipeSettings]) -> list[str]:
     ranked: set[RecipeSettings] = set()
     rounded: set[RecipeSettings] = set()
     prepared: set[RecipeSettings] = set()
-    found = []
+    found: list[Kind] = []
     for index, each in enumerate(settings):
         by, preparation = each.unset(*ONE_RANKING_ACROSS), each.unset(*NOT_PREPARATION)
-        kind = "plain"
+        kind: Kind = "plain"
         if each.fallback and by not in ranked:
             kind = "ranks"
         elif each.gptq and preparation not in rounded:
@@ -84,7 +85,7 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: f
     others (:func:`quantverdict.tune.fallback.fallback_per_part`) and is priced as a plain candidate and ``ranking``
     (:func:`ranking_factor`) times one, and said so."""
     of_kind = kinds([*(c.settings for c in timed), *plan])
-    means = {kind: float(np.median(seconds)) for kind in ("plain", "ranks", "rounds", "prepares")
+    means = {kind: float(np.median(seconds)) for kind in get_args(Kind)
              if (seconds := [c.seconds for c, each in zip(timed, of_kind) if each == kind])}
     if "plain" in means:
         one_pass = max(timed[0].seconds - means["plain"], 0.0)
