@@ -13,6 +13,7 @@ semantics, so a runtime's kernel artefact never moves a layer to FP32.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import error_energy, per_sample, pooled_snr, signal_energy
+from quantverdict.judge.layer_errors import Errors, error_energy, per_sample, pooled_snr, signal_energy
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.tolerances import Tolerance
@@ -69,13 +70,18 @@ class Ranked:
 
 @dataclass(frozen=True)
 class LayersAlone:
-    """``layers``, each quantized alone (every other layer FP32), as each sample's error energy on the model's first
-    output (``noise``, a row per layer) beside FP32's energy there (``signal``): a ranking on any part of the samples
-    is read from these, with no graph evaluated again."""
+    """``layers``, each quantized alone (every other layer FP32), as its outputs' :class:`Errors` against FP32's, and
+    each sample's energy of FP32's first output (``signal``): a ranking on any part of the samples is read from these
+    (the first output's error energies, ``noise``: a row per layer), with no graph evaluated again."""
 
     layers: Sequence[onnx.NodeProto]
+    output: str
     signal: np.ndarray
-    noise: np.ndarray
+    errors: Sequence[Errors]
+
+    @functools.cached_property
+    def noise(self) -> np.ndarray:
+        return np.stack([errors.noise(self.output) for errors in self.errors])
 
     def ranked(self, count: int, left_out: np.ndarray) -> Ranked:
         """The ``count`` layers whose pooled SNR is lowest on every sample but those ``left_out`` (indices)."""
@@ -92,8 +98,8 @@ def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onn
     """``layers`` of ``recipe`` quantized alone, evaluated on ``data`` (:meth:`Workbench.layers_alone_errors`)."""
     output = store.spec(model).outputs[0]
     signal = np.sum(per_sample(store.fp32_outputs(model, data)[output]) ** 2, 1)
-    alone = store.layers_alone_errors(model, recipe, [node.name for node in layers], data)
-    return LayersAlone(layers, signal, np.stack([errors.noise(output) for errors in alone]))
+    return LayersAlone(layers, output, signal, store.layers_alone_errors(model, recipe, [node.name for node in layers],
+                                                                         data))
 
 
 def alone_in_formats(store: Workbench, model: str, recipe: QDQ, layers: Sequence[tuple[str, str]],
@@ -115,12 +121,10 @@ def layer_sensitivity(store: Workbench, model: str, recipe: QDQ,
     preparation, calibration and rounding and evaluated in parallel (:meth:`Workbench.layers_alone_errors`), each
     cached as its errors against FP32's outputs, so a rerun reads (the graphs, a copy of the model each, are not
     kept)."""
-    output = store.spec(model).outputs[0]
-    signal = signal_energy(store.fp32_outputs(model, data)[output])  # once, not for each layer's cosine and SNR
-    nodes = weighted_layers(store, model, recipe)
-    alone = store.layers_alone_errors(model, recipe, [node.name for node in nodes], data)
-    rows = [LayerSensitivity(node.name, node.op_type, errors.cosine(output, signal), errors.snr_db(output, signal))
-            for node, errors in zip(nodes, alone)]
+    alone = layers_alone(store, model, recipe, weighted_layers(store, model, recipe), data)
+    signal = signal_energy(store.fp32_outputs(model, data)[alone.output])  # once, not for each layer's cosine and SNR
+    rows = [LayerSensitivity(node.name, node.op_type, errors.cosine(alone.output, signal),
+                             errors.snr_db(alone.output, signal)) for node, errors in zip(alone.layers, alone.errors)]
     return sorted(rows, key=lambda row: row.snr_db)
 
 
