@@ -170,19 +170,18 @@ class ManifestFile(pytest.File):
         from quantverdict.run.manifest import declaration_lines
 
         settings, pipe = self.config.stash[_settings_key], pipeline(self.config)
+        grouped = bool(getattr(self.config.option, "loadgroup", False))  # a worker's: xdist sets its dist to "no"
         try:
             cases = in_order(pipe.cases(settings["models"], settings["precisions"], settings["backends"]),
-                             settings["shard"], settings["balance-by"], xdist_workers(),
-                             self.config.getoption("dist", None) == "loadgroup")
+                             settings["shard"], settings["balance-by"], xdist_workers(), grouped)
         except HarnessError as exc:
             raise pytest.UsageError(f"quantverdict: {exc}") from None
         lines = declaration_lines(self.path.read_text(encoding="utf-8"))
         for case in cases:
-            item = CaseItem.from_parent(self, name=case.id, case=case, line=lines.get(case.model, lines.get("", 0)))
+            item = CaseItem.from_parent(self, name=case.id, case=case, line=lines.get(case.model, lines.get("", 0)),
+                                        group=case.model if grouped else None)
             item.add_marker(case.precision)
             item.add_marker(case.backend)
-            if self.config.pluginmanager.hasplugin("xdist"):  # --dist loadgroup: a model's cases on one worker
-                item.add_marker(pytest.mark.xdist_group(case.model))
             if pipe.models.get(case.model).slow:
                 item.add_marker("slow")
             if case.precision in pipe.backend(case.backend).gpu_precisions:
@@ -203,9 +202,16 @@ class CaseErrored(CaseNotPassed):
 
 
 class CaseItem(pytest.Item):
-    def __init__(self, *, case: "Case", line: int = 0, **kwargs: Any):
+    def __init__(self, *, case: "Case", line: int = 0, group: str | None = None, **kwargs: Any):
         super().__init__(**kwargs)
-        self.case, self.line = case, line
+        self.case, self.line, self.group = case, line, group
+
+    @property
+    def nodeid(self) -> str:
+        """Under ``--dist loadgroup``, ending ``@model``: xdist's scheduler groups by that suffix, which xdist itself
+        writes into a private field pytest 9.2 no longer reads (pytest-xdist#1386), so grouping stopped silently."""
+        found = super().nodeid
+        return f"{found}@{self.group}" if self.group and "@" not in found.rpartition("::")[2] else found
 
     def runtest(self) -> None:
         result = pipeline(self.config).run(self.case)
@@ -251,15 +257,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-MANIFEST_NAMES = ("models.yaml", "models.yml")  # what `quantverdict init` writes, and its common spelling
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Recipes searched in this run or locked for another graph, workers that each compiled PyTorch again; and a
     repository holding a manifest that no setting names runs none of its cases: say how to name it."""
     settings = config.stash.get(_settings_key, None)
     if settings is None:
         return
+    from quantverdict.run.settings import unnamed_manifest
     from quantverdict.run.worker_startup import recompiled_note
     from quantverdict.tune.lock import run_notes
 
@@ -267,17 +271,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for line in [*run_notes(config.stash[_record_key].results, settings["lock"]),
                  *filter(None, [recompiled_note(workers if isinstance(workers, int) else 0)])]:
         terminalreporter.write_line(f"quantverdict: {line}")
-    if settings["manifest"] is not None:
-        return
-    found = next((name for name in MANIFEST_NAMES if (config.rootpath / name).is_file()), None)
-    if found is None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-        terminalreporter.write_line("quantverdict: no manifest is configured here, so no model of yours was collected: "
-                                    "run `quantverdict init` to write models.yaml (every field documented) and name "
-                                    "it under [tool.quantverdict] in pyproject.toml")
-    if found:
-        terminalreporter.write_line(
-            f"quantverdict: {found} is not named as the manifest, so none of its cases ran: run `quantverdict init` "
-            f"(it adds manifest = \"{found}\" under [tool.quantverdict] in pyproject.toml) or pass --qv-manifest={found}")
+    if settings["manifest"] is None:
+        for line in unnamed_manifest(config.rootpath, exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED):
+            terminalreporter.write_line(f"quantverdict: {line}")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

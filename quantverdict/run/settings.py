@@ -229,3 +229,18 @@ def recipe_settings(options: list[str]) -> dict[str, dict[str, Any]]:
         except HarnessError as exc:
             raise HarnessError(f"--recipe-option: {exc}") from None
     return settings
+
+
+MANIFEST_NAMES = ("models.yaml", "models.yml")  # what `quantverdict init` writes, and its common spelling
+
+
+def unnamed_manifest(root: Path, collected_none: bool) -> list[str]:
+    """What a run that no setting named a manifest for says: how to name the one lying in ``root``, or, where there
+    is none and nothing was collected, how to write one."""
+    found = next((name for name in MANIFEST_NAMES if (root / name).is_file()), None)
+    if found:
+        return [f"{found} is not named as the manifest, so none of its cases ran: run `quantverdict init` (it adds "
+                f"manifest = \"{found}\" under [tool.quantverdict] in pyproject.toml) or pass --qv-manifest={found}"]
+    return ["no manifest is configured here, so no model of yours was collected: run `quantverdict init` to write "
+            "models.yaml (every field documented) and name it under [tool.quantverdict] in pyproject.toml"] \
+        if collected_none else []
