@@ -178,8 +178,10 @@ class ManifestFile(pytest.File):
             raise pytest.UsageError(f"quantverdict: {exc}") from None
         lines = declaration_lines(self.path.read_text(encoding="utf-8"))
         for case in cases:
-            item = CaseItem.from_parent(self, name=case.id, case=case, line=lines.get(case.model, lines.get("", 0)),
-                                        group=case.model if grouped else None)
+            # under --dist loadgroup, named <case>@<model>: xdist's scheduler groups by that suffix, which xdist writes
+            # into a private node-id field pytest 9.2 no longer reads (pytest-xdist#1386), so it stopped grouping
+            item = CaseItem.from_parent(self, name=f"{case.id}@{case.model}" if grouped else case.id, case=case,
+                                        line=lines.get(case.model, lines.get("", 0)))
             item.add_marker(case.precision)
             item.add_marker(case.backend)
             if pipe.models.get(case.model).slow:
@@ -202,16 +204,9 @@ class CaseErrored(CaseNotPassed):
 
 
 class CaseItem(pytest.Item):
-    def __init__(self, *, case: "Case", line: int = 0, group: str | None = None, **kwargs: Any):
+    def __init__(self, *, case: "Case", line: int = 0, **kwargs: Any):
         super().__init__(**kwargs)
-        self.case, self.line, self.group = case, line, group
-
-    @property
-    def nodeid(self) -> str:
-        """Under ``--dist loadgroup``, ending ``@model``: xdist's scheduler groups by that suffix, which xdist itself
-        writes into a private field pytest 9.2 no longer reads (pytest-xdist#1386), so grouping stopped silently."""
-        found = super().nodeid
-        return f"{found}@{self.group}" if self.group and "@" not in found.rpartition("::")[2] else found
+        self.case, self.line = case, line
 
     def runtest(self) -> None:
         result = pipeline(self.config).run(self.case)
