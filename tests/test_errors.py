@@ -11,6 +11,7 @@ from quantverdict.cache import Cache
 from quantverdict.errors import CalibrationError, HarnessError, InputSpecError, ModelFileError, UnknownNameError
 from quantverdict.export import export_onnx, load_onnx
 from quantverdict.models import InputSpec
+from quantverdict.models.spec import ModelSpec
 from quantverdict.run.pipeline import Case, Pipeline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,9 +58,7 @@ class _Refusing(__import__("torch").nn.Module):
         return (y,) * self.outputs if self.outputs > 1 else y
 
 
-def _spec(batch: int) -> "ModelSpec":
-    from quantverdict.models.spec import ModelSpec
-
+def _spec(batch: int) -> ModelSpec:
     return ModelSpec(name="refusing", inputs=[InputSpec("x", (batch, 8))], outputs=["y"], build=_Refusing)
 
 
@@ -86,8 +85,6 @@ def test_an_operator_no_exporter_knows_stays_the_exporters_error(tmp_path):
     class Sorting(torch.nn.Module):
         def forward(self, x):
             return torch.linalg.eigh(x @ x.transpose(-1, -2))[0]
-
-    from quantverdict.models.spec import ModelSpec
 
     spec = ModelSpec(name="eigh", inputs=[InputSpec("x", (2, 4, 4))], outputs=["y"], build=Sorting)
     with pytest.raises(Exception, match="eigh") as error:
