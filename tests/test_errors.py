@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from quantverdict.cache import Cache
 from quantverdict.errors import CalibrationError, HarnessError, InputSpecError, ModelFileError, UnknownNameError
@@ -43,12 +44,10 @@ def test_wrong_input_shape_names_model_and_input(tmp_path, qv_pipeline):
     assert cache_files(tmp_path / "cache") == []
 
 
-class _Refusing(__import__("torch").nn.Module):
+class _Refusing(torch.nn.Module):
     """Refuses any batch but 3, returns ``outputs`` tensors; counts its forwards."""
 
     def __init__(self, outputs: int = 1):
-        import torch
-
         super().__init__()
         self.linear, self.outputs, self.calls = torch.nn.Linear(8, 8), outputs, 0
 
@@ -80,8 +79,6 @@ def test_a_forward_that_refuses_its_inputs_while_traced_is_one_line_and_the_user
 
 def test_an_operator_no_exporter_knows_stays_the_exporters_error(tmp_path):
     """After the traced forward ends, a failure is the exporter's (an operator it cannot write), not the inputs'."""
-    import torch
-
     class Sorting(torch.nn.Module):
         def forward(self, x):
             return torch.linalg.eigh(x @ x.transpose(-1, -2))[0]
