@@ -79,13 +79,13 @@ def test_a_forward_that_refuses_its_inputs_while_traced_is_one_line_and_the_user
 
 def test_an_operator_no_exporter_knows_stays_the_exporters_error(tmp_path):
     """After the traced forward ends, a failure is the exporter's (an operator it cannot write), not the inputs'."""
-    class Sorting(torch.nn.Module):
+    class Eigenvalues(torch.nn.Module):
         def forward(self, x):
             return torch.linalg.eigh(x @ x.transpose(-1, -2))[0]
 
-    spec = ModelSpec(name="eigh", inputs=[InputSpec("x", (2, 4, 4))], outputs=["y"], build=Sorting)
+    spec = ModelSpec(name="eigh", inputs=[InputSpec("x", (2, 4, 4))], outputs=["y"], build=Eigenvalues)
     with pytest.raises(Exception, match="eigh") as error:
-        export_onnx(spec, Sorting().eval(), Cache(tmp_path))
+        export_onnx(spec, Eigenvalues().eval(), Cache(tmp_path))
     assert not isinstance(error.value, InputSpecError)
 
 
