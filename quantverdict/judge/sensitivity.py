@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -26,7 +26,6 @@ from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.models.data import Data
-from quantverdict.precision.placement import WEIGHTED_OPS
 from quantverdict.precision.qdq import QDQ
 
 
@@ -54,8 +53,7 @@ def _judged(store: Workbench, model: str, semantics: dict[str, np.ndarray], tole
 
 def weighted_layers(store: Workbench, model: str, recipe: QDQ) -> list[onnx.NodeProto]:
     """The Conv/Gemm/MatMul layers ``recipe`` quantizes (those fallback may keep in FP32)."""
-    graph = onnx.load(str(store.fp32_onnx(model)))
-    return [node for node in recipe.quantized_nodes(graph) if node.op_type in WEIGHTED_OPS]
+    return recipe.weighted_nodes(onnx.load(str(store.fp32_onnx(model))))
 
 
 @dataclass(frozen=True)
@@ -66,6 +64,17 @@ class Ranked:
     kept: list[str]
     worst_left: float
     ranked_on: np.ndarray
+
+
+    def formats(self, offered: Sequence[str], noise: Mapping[tuple[str, str], np.ndarray],
+                signal: np.ndarray) -> dict[str, str]:
+        """Each kept layer's format: the narrowest of ``offered`` (narrowest first) in which that layer alone costs the
+        output, pooled on the ranking's samples, no more than the most sensitive layer left out costs it alone, else
+        the widest. ``noise`` holds each (layer, narrower format) evaluated alone, per sample; one not there is not
+        offered to that layer."""
+        return {layer: next((kept_in for kept_in in offered[:-1] if (layer, kept_in) in noise and pooled_snr(
+            signal, noise[layer, kept_in][None], self.ranked_on)[0] >= self.worst_left), offered[-1])
+                for layer in self.kept}
 
 
 @dataclass(frozen=True)

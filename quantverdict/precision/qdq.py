@@ -34,8 +34,8 @@ from quantverdict.precision.recurrent import dynamic_lstms, quantizable
 from quantverdict.precision.rescaling import Prepared, Rescaling
 from quantverdict.precision.settings import UNSET, Formats, RecipeSettings, formats_setting
 from quantverdict.precision.wider_layers import kept_formats, layers_in_fp16
-from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, activation_readers, float_reasons,
-                                              residual_inputs, tensorrt_quantizes_conv, weight_axis)
+from quantverdict.precision.placement import (QDQ_OPS, QUANTIZED_INPUTS, WEIGHTED_OPS, activation_readers,
+                                              float_reasons, residual_inputs, tensorrt_quantizes_conv, weight_axis)
 
 @dataclass(frozen=True)
 class QDQOptions:
@@ -148,6 +148,10 @@ class QDQ(Recipe):
     def quantized_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
         """The nodes whose inputs this recipe quantizes, after ``ops``/``exclude``/``fallback_layers``/``only``."""
         return [node for node, _ in self.quantized_inputs(model)]
+
+    def weighted_nodes(self, model: onnx.ModelProto) -> list[onnx.NodeProto]:
+        """The Conv/Gemm/MatMul layers it quantizes: those a fallback may keep wider."""
+        return [node for node in self.quantized_nodes(model) if node.op_type in WEIGHTED_OPS]
 
     def quantized_inputs(self, model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, tuple[int, ...]]]:
         """Each quantized node with the indices of the inputs that get a Q/DQ pair."""

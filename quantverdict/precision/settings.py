@@ -45,7 +45,7 @@ Value = Union[bool, int, float, str, list[str], None]  # a setting as a document
 def wider_formats(value: object, setting: str = "fallback_format") -> Formats:
     """A recipe's ``fallback_format`` setting, checked: one format (every fallback layer in it), or several, narrowest
     first, each layer then kept in the narrowest that costs the output, alone, no more than the worst layer left in
-    the recipe's own format (:func:`quantverdict.tune.fallback.choose_formats`)."""
+    the recipe's own format (:func:`quantverdict.tune.fallback.fallback_per_part`)."""
     given = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     unknown = [item for item in given if item not in WIDER_FORMATS]
     if unknown or not given:

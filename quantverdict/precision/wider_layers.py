@@ -21,7 +21,7 @@ ONNX Runtime's CPU runs the mixed graph only as written (its integer kernels tak
 
 Several formats, narrowest first (``fallback_format: [fp8, fp16, fp32]``), choose one per layer: each layer fallback
 keeps goes in the narrowest format in which, alone, it costs the output no more than the most sensitive layer left
-in the recipe's own format costs it alone (:func:`quantverdict.tune.fallback.choose_formats`): FP8 where E4M3
+in the recipe's own format costs it alone (:func:`quantverdict.tune.fallback.fallback_per_part`): FP8 where E4M3
 holds the layer's tensors, FP16 where it does not, FP32 only where FP16 underflows or overflows.
 """
 from __future__ import annotations

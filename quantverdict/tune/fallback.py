@@ -13,8 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import pooled_snr
-from quantverdict.judge.sensitivity import Ranked, alone_in_formats, layers_alone, weighted_layers
+from quantverdict.judge.sensitivity import alone_in_formats, layers_alone
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.grids import FP8_E4M3
 from quantverdict.precision.qdq import QDQ
@@ -29,11 +28,11 @@ ALONE_IN_FORMAT = RecipeSettings(calibration="max").over(RANKED_AS)
 
 
 def choose_fallback(store: Workbench, model: str, recipe: QDQ) -> dict[str, str]:
-    """The layers ``recipe``'s ``fallback`` keeps wider, each with its format (:func:`choose_formats`): its share of the
-    weighted layers (rounded down), the most sensitive ones judged on the calibration set. The share is spent whole, as
-    Model Optimizer's AutoQuantize spends its bit budget: agreement on the few calibration samples the recipe was fitted
-    to says too little to stop earlier (EfficientNet-Lite0's fully INT8 graph agrees on all 64 of its calibration crops,
-    on 95.9% of 512 held-out ones)."""
+    """The layers ``recipe``'s ``fallback`` keeps wider, each with its format (:func:`fallback_per_part`): its share of
+    the weighted layers (rounded down), the most sensitive ones judged on the calibration set. The share is spent whole,
+    as Model Optimizer's AutoQuantize spends its bit budget: agreement on the few calibration samples the recipe was
+    fitted to says too little to stop earlier (EfficientNet-Lite0's fully INT8 graph agrees on all 64 of its
+    calibration crops, on 95.9% of 512 held-out ones)."""
     return fallback_per_part(store, model, recipe, [np.zeros(0, np.int64)])[0]
 
 
@@ -45,46 +44,42 @@ def layers_kept(share: float | None, layers: int) -> int:
 def fallback_per_part(store: Workbench, model: str, recipe: QDQ,
                       held_out: Sequence[np.ndarray]) -> list[dict[str, str]]:
     """For each part of the calibration set ``held_out`` (sample indices), the layers :func:`choose_fallback` keeps
-    wider when ranked on the rest of the set, each with its format (:func:`choose_formats`), so that a recipe search
-    judges fallback on samples that did not choose its layers. Each layer quantized alone is evaluated once, on the
-    whole set, and each sample's error energy kept: a ranking on any part of the set is then the pooled SNR of that part
-    (calibrated on the whole set: a held-out sample still moves a single layer's range, not the ranking's errors).
+    wider when ranked on the rest of the set, each with its format, so that a recipe search judges fallback on samples
+    that did not choose its layers. Each layer quantized alone is evaluated once, on the whole set, and each
+    sample's error energy kept: a ranking on any part of the set is then the pooled SNR of that part (calibrated on
+    the whole set: a held-out sample still moves a single layer's range, not the ranking's errors).
 
-    The layers are ranked with their weights rounded to nearest, whatever the recipe's rounding: a layer's sensitivity
-    is its calibrated ranges' and its weights' grid's, which GPTQ leaves as they are, and a recipe search then ranks
-    once for each preparation (its calibrators after fallback judged at those layers), not again for each with GPTQ
-    (a ranking evaluates a graph per weighted layer: on a 35M-parameter encoder, as long as ten candidates' folds).
-    Ranked with GPTQ's weights, the layers chosen scored within 0.1 dB on held-out samples (MiniLM-L6 and a
-    T5-small-sized encoder)."""
+    The layers are ranked with their weights rounded to nearest, whatever the recipe's rounding: a layer's
+    sensitivity is its calibrated ranges' and its weights' grid's, which GPTQ leaves as they are, and a recipe
+    search then ranks once for each preparation (its calibrators after fallback judged at those layers), not again
+    for each with GPTQ (a ranking evaluates a graph per weighted layer: on a 35M-parameter encoder, as long as ten
+    candidates' folds). Ranked with GPTQ's weights, the layers chosen scored within 0.1 dB on held-out samples
+    (MiniLM-L6 and a T5-small-sized encoder).
+
+    Where the recipe's ``fallback_format`` offers several (narrowest first), each kept layer's is the narrowest in
+    which that layer alone (every other layer FP32) costs the output, pooled on the part's ranking samples, no more
+    than the most sensitive layer left in the recipe's own format costs it alone
+    (:meth:`~quantverdict.judge.sensitivity.Ranked.formats`), else the widest offered; FP8 only where TensorRT has
+    an FP8 kernel for the layer. A layer kept wider then adds no more noise than one the recipe already accepts:
+    MiniLM's FFN down-projections, whose inputs' outliers INT8's one scale rounds away, go to FP8, the layers whose
+    ranges FP16 underflows to FP32. Each layer alone in each narrower format is evaluated once, on the whole
+    calibration set, its graph not kept.
+
+    What the graph and the recipe decide (the layers, their share, the formats each may take) is read before
+    anything is evaluated."""
+    graph = onnx.load(str(store.fp32_onnx(model)))
     base = recipe.with_settings(RANKED_AS).with_options(fallback_layers=())  # any share, format or rounding: read once
-    layers = weighted_layers(store, model, base)
+    layers = base.weighted_nodes(graph)
     budget = layers_kept(recipe.options.fallback, len(layers))
     if budget == 0:
         return [{} for _ in held_out]
-    alone = layers_alone(store, model, base, layers, "calibration")
-    return choose_formats(store, model, recipe, [alone.ranked(budget, part) for part in held_out], alone.signal)
-
-
-def choose_formats(store: Workbench, model: str, recipe: QDQ, parts: Sequence[Ranked],
-                   signal: np.ndarray) -> list[dict[str, str]]:
-    """Each part's kept layers with their formats: where the recipe's ``fallback_format`` offers several (narrowest
-    first), each layer's is the narrowest in which that layer alone (every other layer FP32) costs the output, pooled
-    on the part's ranking samples, no more than the most sensitive layer left in the recipe's own format costs it
-    alone (its ``worst_left``), else the widest offered; FP8 only where TensorRT has an FP8 kernel for the layer. A
-    layer kept wider then adds no more noise than one the recipe already accepts: MiniLM's FFN down-projections,
-    whose inputs' outliers INT8's one scale rounds away, go to FP8, the layers whose ranges FP16 underflows to FP32.
-    Each layer alone in each narrower format is evaluated once, on the whole calibration set, its graph not kept."""
     offered = recipe.options.fallback_format
-    if len(offered) == 1:
-        return [{layer: offered[0] for layer in part.kept} for part in parts]
-    base = recipe.with_settings(ALONE_IN_FORMAT).with_options(fallback_layers=(), layer_formats=(), only=())
-    fp8_kernels: set[str] = set()  # the layers TensorRT has an FP8 kernel for (another would stay FP32)
-    if FP8_E4M3.name in offered:  # the FP32 graph read only where FP8 is offered: not on a search's default path
-        graph = onnx.load(str(store.fp32_onnx(model)))
-        fp8_kernels = {node.name for node in QDQ(FP8_E4M3, replace(base.options, only=None)).quantized_nodes(graph)}
-    noise = alone_in_formats(store, model, base, [
+    in_format = recipe.with_settings(ALONE_IN_FORMAT).with_options(fallback_layers=(), layer_formats=(), only=())
+    fp8_kernels = ({node.name for node in QDQ(FP8_E4M3, replace(in_format.options, only=None)).quantized_nodes(graph)}
+                   if FP8_E4M3.name in offered[:-1] else set())  # the layers TensorRT has an FP8 kernel for
+    alone = layers_alone(store, model, base, layers, "calibration")
+    parts = [alone.ranked(budget, part) for part in held_out]
+    noise = alone_in_formats(store, model, in_format, [
         (layer, kept_in) for layer in dict.fromkeys(layer for part in parts for layer in part.kept)
         for kept_in in offered[:-1] if kept_in != FP8_E4M3.name or layer in fp8_kernels], "calibration")
-    return [{layer: next((kept_in for kept_in in offered[:-1] if (layer, kept_in) in noise and pooled_snr(
-        signal, noise[layer, kept_in][None], part.ranked_on)[0] >= part.worst_left), offered[-1])
-             for layer in part.kept} for part in parts]
+    return [part.formats(offered, noise, alone.signal) for part in parts]

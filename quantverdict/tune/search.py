@@ -78,7 +78,7 @@ def stages(auto: AutoSettings, layers: int) -> list[list[RecipeSettings]]:
     are tried once more at the end, with the other choices made: which range is best (clipping noise against
     rounding noise) depends on which layers stay quantized and how much their weights' rounding adds. Fallback keeps
     each layer in the narrowest of ``wider_formats`` that holds it
-    (:func:`quantverdict.tune.fallback.choose_formats`): FP16, and FP32 where FP16 flushes magnitudes below 6e-8
+    (:func:`quantverdict.tune.fallback.fallback_per_part`): FP16, and FP32 where FP16 flushes magnitudes below 6e-8
     to zero or overflows past 65504 (an untrained MobileNetV3-small's logits, ~1e-9: 0 dB in FP16)."""
     fallback = [[RecipeSettings(fallback=auto.max_fallback, fallback_format=auto.wider_formats)]]
     return [CALIBRATORS, MIGRATION, *(fallback if layers_kept(auto.max_fallback, layers) > 0 else []), ROUNDING,
