@@ -3,6 +3,7 @@ graph keeps it with a note, a lock that names layers the graph lacks or settings
 nightly ``--check`` proposes a better recipe beside the lock, and a search stopped by the wall-time limit is never
 locked. Real searches on small networks, in a repository of the test's own."""
 import json
+import math
 import re
 import shutil
 import textwrap
@@ -14,6 +15,7 @@ import yaml
 from quantverdict.errors import HarnessError
 from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Case, Pipeline
+from quantverdict.tune import rules
 from quantverdict.tune.lock import RecipeLock
 from user_repo import written
 from test_recipe_search import MANIFEST, NETS
@@ -289,6 +291,23 @@ def test_the_nightly_check_after_a_weight_change_judges_the_lock_and_its_nearest
     err = capsys.readouterr().err
     assert "the lock's recipe misses the case's bounds on held-out samples: searching" in err
     assert "recipe search dw int8: at most " in err  # the search ran
+
+
+def test_the_nightly_check_stops_an_alternative_once_it_cannot_beat_the_lock(repo, capsys, monkeypatch):
+    """An alternative races the lock's recipe as a search's candidates race the best before them: where the lock's
+    recipe meets the case's bounds, one that can no longer be better stops after the fold that shows it (here every
+    one is out of reach at once) and is never proposed; judged to the end, the same alternatives are (REACH_SE ∞)."""
+    assert _lock(repo) == 0
+    _weights_changed(repo)
+    (repo / "models.yaml").write_text(MANIFEST.replace("build: searchnets:dw", "build: changednets:dw_changed"))
+    capsys.readouterr()
+    monkeypatch.setattr(rules, "REACH_SE", -math.inf)
+    assert _lock(repo, "--check", cache="raced") == 3  # it holds, for the graph it names now
+    out, err = capsys.readouterr()
+    assert "1/3" in err and err.count("on 1 of 4 folds, out of reach") == 2 and "the lock holds" in out
+    monkeypatch.setattr(rules, "REACH_SE", math.inf)
+    _lock(repo, "--check", cache="full")
+    assert "out of reach" not in capsys.readouterr().err
 
 
 def test_a_lock_that_missed_the_bounds_when_locked_is_not_searched_again_for_missing_them(repo, capsys):

@@ -11,7 +11,9 @@ the case's bounds on the held-out samples and neither alternative is :func:`~qua
 search's own paired test); an alternative that is better is proposed in its place; where the lock's recipe misses the
 bounds it met when locked, the full search runs, the locked recipe judged beside its candidates as before. Where it
 missed them when locked too (no candidate of that search met them), missing them again is no news: the alternatives
-are judged as where it holds, and a search of every candidate is the user's call (``lock --update``).
+are judged as where it holds, and a search of every candidate is the user's call (``lock --update``). An alternative
+races the best judged before it as a search's candidates do: where that one meets the case's bounds, the alternative
+stops after the first fold that puts it :func:`~quantverdict.tune.rules.out_of_reach` (it could not be better).
 """
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def check_lock(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[
         same_share = option.fallback_formats() == incumbent.settings.fallback_formats() and \
             option.fallback == incumbent.settings.fallback
         candidate, samples = trials.judge(option, list(incumbent.nearest[index + 1:]),
-                                          [result.incumbent, *result.candidates], kept=kept if same_share else None)
+                                          [result.incumbent, *result.candidates], kept=kept if same_share else None,
+                                          rival=best)
         result.candidates.append(candidate)
         if samples is not None and better(samples, best[1], candidate.passed, best[0].passed):
             best, at_locked_layers = (candidate, samples), same_share
