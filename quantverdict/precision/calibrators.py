@@ -43,7 +43,8 @@ class Histogram:
     def add(self, values: np.ndarray) -> None:
         add_to([self], values)
 
-    def _grow(self, new_limit: float) -> None:
+    def grow(self, new_limit: float) -> None:
+        """The range widened to ``new_limit``, each bin's count moved to the bin its centre falls in."""
         if self.limit > 0 and self.counts.any():
             centers = (np.arange(len(self.counts)) + 0.5) * (self.limit / len(self.counts))
             index = np.minimum((centers / new_limit * len(self.counts)).astype(int), len(self.counts) - 1)
@@ -68,7 +69,7 @@ def add_to(histograms: Sequence[Histogram], values: np.ndarray) -> None:
         if len(hist.counts) == 0 or finite.size == 0:
             continue
         if finite_max > hist.limit:
-            hist._grow(finite_max)
+            hist.grow(finite_max)
         if hist.limit == 0.0:
             hist.counts[0] += finite.size
             continue
