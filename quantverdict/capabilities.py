@@ -197,14 +197,24 @@ def nvidia_driver_present() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def detect() -> Capabilities:
-    """Probe once per process: the first CUDA device through torch, if torch has CUDA."""
-    gpu = None
-    if package_version("torch") is not None and nvidia_driver_present():
-        import torch
-
-        if torch.cuda.is_available():
-            gpu = GPU(torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0)))  # type: ignore[arg-type]
+    """Probe once per process: the first CUDA device torch sees (:func:`first_gpu`), if torch has CUDA."""
+    gpu = first_gpu() if package_version("torch") is not None and nvidia_driver_present() else None
     return Capabilities(gpu, {name: package_version(name) for name in PACKAGES}, platform.node(), detect_cpu())
+
+
+def first_gpu() -> GPU | None:
+    """torch's ``cuda:0``: as the driver lists it where that answers for torch
+    (:func:`quantverdict.driver.torch_first_gpu`: no CUDA context made, torch not imported), else as torch says."""
+    from quantverdict.driver import torch_first_gpu
+
+    answered, listed = torch_first_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if answered:
+        return None if listed is None else GPU(listed.name, listed.compute_capability)
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return GPU(torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0)))  # type: ignore[arg-type]
 
 
 def pin_worker_gpu(worker: str | None, visible: Sequence[str]) -> str | None:
