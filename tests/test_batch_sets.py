@@ -87,3 +87,26 @@ def test_planned_sets_have_the_second_moments_each_has_alone(monkeypatch):
     for mine, theirs in zip(together, alone):
         for key, (product, vectors) in theirs.items():
             assert np.array_equal(mine[key][0], product) and mine[key][1] == vectors
+
+
+@pytest.mark.parametrize("method", ["max", "percentile"])
+def test_a_graph_rewritten_at_its_last_layer_measures_only_the_tensors_it_changed(tmp_path, monkeypatch, method):
+    """As SmoothQuant rewrites a CNN's classifier alone: the tensors computed as in a graph calibrated before (the same
+    nodes, weights and inputs, whatever the graph's name) are not measured again, and every range is the one the
+    rewritten graph gives measured alone."""
+    model, batches = _graph(f"rewritten-{method}"), _batches(3)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    rewritten.graph.name = "another-name"
+    last = rewritten.graph.initializer[1]
+    last.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(last) * 2, last.name))
+    tensors = ["x", "h", "r", "y"]
+    alone = calibrate(Cache(tmp_path / "alone"), rewritten.SerializeToString(), tensors, batches, Calibrator(method))
+    monkeypatch.setattr(calibration, "_HISTOGRAMS", {})
+    asked: list[list[str]] = []
+    collect = calibration.collect_histograms
+    monkeypatch.setattr(calibration, "collect_histograms",
+                        lambda model_bytes, names, sets: asked.append(list(names)) or collect(model_bytes, names, sets))
+    calibrate(Cache(tmp_path / "first"), model.SerializeToString(), tensors, batches, Calibrator(method))
+    shared = calibrate(Cache(tmp_path / "second"), rewritten.SerializeToString(), tensors, batches, Calibrator(method))
+    assert asked == [tensors, ["y"]] and shared == alone

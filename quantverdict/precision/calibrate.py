@@ -27,14 +27,16 @@ from quantverdict.cache import Cache
 from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import CalibrationError
 from quantverdict.models.spec import Batch
-from quantverdict.precision.batch_sets import siblings, union
+from quantverdict.precision.batch_sets import batch_keys, siblings, union
 from quantverdict.precision.calibrators import BINS, Calibrator, Histogram, add_to
 from quantverdict.precision.exposing import exposed
+from quantverdict.precision.tensor_keys import computed_by
 
 RANGE_BITS = 10  # relative step 0.1–0.2%
-HISTOGRAM_SETS = 16  # kept in this process (a fold's and the whole set's, for a few graphs): a few MB each
+HISTOGRAM_SETS = 16  # channel ranges kept in this process (a fold's and the whole set's, for a few graphs)
+HISTOGRAMS_KEPT = 6400  # tensors' histograms kept in this process: 100 MB at 2048 bins (16 sets of 400 tensors)
 T = TypeVar("T")
-_HISTOGRAMS: dict[str, dict[str, Histogram]] = {}
+_HISTOGRAMS: dict[tuple[str, str], Histogram] = {}  # (what computes the tensor, its batches) → its histogram
 _CHANNEL_RANGES: dict[str, dict[str, np.ndarray]] = {}  # a search's folds' beside the one asked for
 FORWARD_PASSES: Counter = Counter()
 """Calibration forward passes run in this process, by model graph name (tests count them)."""
@@ -58,8 +60,7 @@ def calibrate(
                        source_fingerprint("quantverdict.precision.calibrate", "quantverdict.precision.calibrators"))
 
     def produce() -> bytes:
-        histograms = _with_siblings(_HISTOGRAMS, graph, batches,
-                                    lambda sets: collect_histograms(model_bytes, tensors, sets))
+        histograms = _histograms(model_bytes, graph, list(tensors), batches)
         ranges = {name: float(portable(calibrator.amax(hist))) for name, hist in histograms.items()}
         document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
                     "ranges": ranges}
@@ -69,13 +70,37 @@ def calibrate(
     return json.loads(path.read_text())["ranges"]
 
 
+def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Sequence[Batch]) -> dict[str, Histogram]:
+    """Each of ``tensors``' histogram over ``batches``: kept from an earlier graph where a tensor computed the same way
+    (:func:`~quantverdict.precision.tensor_keys.computed_by`) met the same batches, the others measured in one pass
+    with the sets :func:`siblings` plans beside ``batches`` (``graph``: the hash of the graph and tensors), all kept,
+    the oldest dropped beyond :data:`HISTOGRAMS_KEPT`. Histograms are kept for every calibrator (a search tries max,
+    percentile and MSE on the same graph and folds, and each forward pass is a pass over the model: MiniLM's search, a
+    fifth of its calibration time), and a graph prepared at a few layers (SmoothQuant on a CNN's classifier) measures
+    only the tensors those layers change."""
+    keys = computed_by(onnx.load_from_string(model_bytes), graph)
+    data = content_hash(batch_keys(batches))
+    if any((keys[name], data) not in _HISTOGRAMS for name in tensors):
+        asked, *beside = siblings(batches, graph)
+        others = [(found, content_hash(batch_keys(found))) for found in beside]
+        others = [(found, each) for found, each in others if any((keys[name], each) not in _HISTOGRAMS
+                                                                 for name in tensors)]
+        sets, held = [asked, *(found for found, _ in others)], [data, *(each for _, each in others)]
+        needed = [name for name in tensors if any((keys[name], each) not in _HISTOGRAMS for each in held)]
+        for each, measured in zip(held, collect_histograms(model_bytes, needed, sets)):
+            for name, histogram in measured.items():
+                _HISTOGRAMS.pop((keys[name], each), None)
+                _HISTOGRAMS[keys[name], each] = histogram
+        while len(_HISTOGRAMS) > HISTOGRAMS_KEPT:
+            _HISTOGRAMS.pop(next(iter(_HISTOGRAMS)))
+    return {name: _HISTOGRAMS[keys[name], data] for name in tensors}
+
+
 def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch],
                    measure: Callable[[list[list[Batch]]], list[T]]) -> T:
     """A statistic of ``graph`` (the hash of what it is measured on) over ``batches``, from ``kept`` or measured by
     ``measure`` (each of several sets' in one pass) with the sets :func:`siblings` plans beside it that ``kept`` lacks,
-    all kept (the oldest dropped beyond :data:`HISTOGRAM_SETS`). Histograms are kept for every calibrator (a search
-    tries max, percentile and MSE on the same graph and folds, and each forward pass is a pass over the model:
-    MiniLM's search, a fifth of its calibration time)."""
+    all kept (the oldest dropped beyond :data:`HISTOGRAM_SETS`)."""
     data = content_hash(graph, list(batches))
     if data not in kept:
         asked, *beside = siblings(batches, graph)
