@@ -78,7 +78,8 @@ def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Seq
     percentile and MSE on the same graph and folds, and each forward pass is a pass over the model: MiniLM's search, a
     fifth of its calibration time), and a graph prepared at a few layers (SmoothQuant on a CNN's classifier) measures
     only the tensors those layers change."""
-    keys = computed_by(onnx.load_from_string(model_bytes), graph)
+    known = computed_by(onnx.load_from_string(model_bytes), graph)
+    keys = {name: known.get(name) or content_hash(graph, name) for name in tensors}  # one it lacks: its run says so
     data = content_hash(batch_keys(batches))
     if any((keys[name], data) not in _HISTOGRAMS for name in tensors):
         asked, *beside = siblings(batches, graph)
@@ -91,9 +92,10 @@ def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Seq
             for name, histogram in measured.items():
                 _HISTOGRAMS.pop((keys[name], each), None)
                 _HISTOGRAMS[keys[name], each] = histogram
-        while len(_HISTOGRAMS) > HISTOGRAMS_KEPT:
-            _HISTOGRAMS.pop(next(iter(_HISTOGRAMS)))
-    return {name: _HISTOGRAMS[keys[name], data] for name in tensors}
+    found = {name: _HISTOGRAMS[keys[name], data] for name in tensors}
+    while len(_HISTOGRAMS) > HISTOGRAMS_KEPT:  # the oldest first (what this call returns is held by ``found``)
+        _HISTOGRAMS.pop(next(iter(_HISTOGRAMS)))
+    return found
 
 
 def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch],

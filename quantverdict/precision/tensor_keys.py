@@ -16,9 +16,9 @@ from quantverdict.hashing import content_hash
 
 
 def computed_by(model: onnx.ModelProto, scope: str) -> dict[str, str]:
-    """Every tensor of ``model``'s main graph → the content key of what computes it; a tensor read from no graph input,
-    initializer or node of this graph, or computed through a graph attribute, gets a key of ``scope`` (the graph's own
-    content key) and its name, shared with no other graph."""
+    """Every tensor of ``model``'s main graph → the content key of what computes it; a tensor read from no graph
+    input, initializer or node of this graph, or computed through a graph attribute, gets a key of ``scope`` (the
+    graph's own content key) and its name, shared with no other graph."""
     graph = model.graph
     keys = {init.name: content_hash("initializer", init.SerializeToString()) for init in graph.initializer}
     for value in graph.input:
