@@ -272,3 +272,21 @@ def test_near_valid_project_settings_are_taken_or_refused_in_one_line_never_cras
                 assert said and all(str(path) in line or "--" in line or "setting" in line for line in said), str(exc)
 
         check()
+
+
+def test_the_starter_manifest_declares_none_and_its_example_uncommented_is_read_as_an_entry(tmp_path, monkeypatch):
+    """``quantverdict init``'s manifest declares no model of its own; uncommenting its example under ``models:`` gives
+    an entry the manifest reads (its factory, a placeholder, is then named as not found), not a YAML error."""
+    import re
+
+    from quantverdict.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["init"]) == 0
+    path = tmp_path / "models.yaml"
+    assert load_manifest(path).specs == []
+    head, example = path.read_text().split("\nmodels:", 1)
+    path.write_text(head + "\nmodels:" + re.sub(r"^#(  .*)$", r"\1", example, flags=re.MULTILINE))
+    with pytest.raises(HarnessError, match=r"my_package") as error:
+        load_manifest(path)
+    assert "YAML" not in str(error.value)

@@ -107,6 +107,12 @@ class ManifestDocument(Entry):
     def _all(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _none_yet(cls, value: Any) -> Any:
+        """``models:`` with its entries still commented out (the starter manifest's) declares none."""
+        return [] if value is None else value
+
 
 @dataclass(frozen=True)
 class Manifest:
