@@ -65,7 +65,6 @@ class Ranked:
     worst_left: float
     ranked_on: np.ndarray
 
-
     def formats(self, offered: Sequence[str], noise: Mapping[tuple[str, str], np.ndarray],
                 signal: np.ndarray) -> dict[str, str]:
         """Each kept layer's format: the narrowest of ``offered`` (narrowest first) in which that layer alone costs the

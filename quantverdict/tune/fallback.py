@@ -79,7 +79,7 @@ def fallback_per_part(store: Workbench, model: str, recipe: QDQ,
                    if FP8_E4M3.name in offered[:-1] else set())  # the layers TensorRT has an FP8 kernel for
     alone = layers_alone(store, model, base, layers, "calibration")
     parts = [alone.ranked(budget, part) for part in held_out]
-    noise = alone_in_formats(store, model, in_format, [
-        (layer, kept_in) for layer in dict.fromkeys(layer for part in parts for layer in part.kept)
-        for kept_in in offered[:-1] if kept_in != FP8_E4M3.name or layer in fp8_kernels], "calibration")
+    wider = [(layer, kept_in) for layer in dict.fromkeys(layer for part in parts for layer in part.kept)
+             for kept_in in offered[:-1] if kept_in != FP8_E4M3.name or layer in fp8_kernels]
+    noise = alone_in_formats(store, model, in_format, wider, "calibration") if wider else {}
     return [part.formats(offered, noise, alone.signal) for part in parts]
