@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import Errors, error_energy, per_sample, pooled_snr, signal_energy
+from quantverdict.judge.layer_errors import Errors, per_sample, pooled_snr, signal_energy
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.tolerances import Tolerance
@@ -113,13 +113,14 @@ def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onn
 def alone_in_formats(store: Workbench, model: str, recipe: QDQ, layers: Sequence[tuple[str, str]],
                      data: Data) -> dict[tuple[str, str], np.ndarray]:
     """Each (layer, format) of ``layers`` as each sample's error energy on the first output with that layer alone
-    kept in that format and every other one FP32 (``recipe`` quantizes none: its fallback and formats emptied)."""
+    kept in that format and every other one FP32 (``recipe`` quantizes none: its fallback and formats emptied), the
+    layers of one format made together and evaluated from each one's cut (:meth:`Workbench.layers_alone_errors`)."""
     output = store.spec(model).outputs[0]
-    reference = per_sample(store.fp32_outputs(model, data)[output])
     noise = {}
-    for layer, kept_in in layers:
-        alone = recipe.with_options(fallback_layers=(layer,), fallback_format=(kept_in,))
-        noise[layer, kept_in] = error_energy(reference, per_sample(store.recipe_semantics(model, alone, data)[output]))
+    for kept_in in dict.fromkeys(kept_in for _, kept_in in layers):
+        names = [layer for layer, wider in layers if wider == kept_in]
+        for layer, errors in zip(names, store.layers_alone_errors(model, recipe, names, data, kept_in)):
+            noise[layer, kept_in] = errors.noise(output)
     return noise
 
 

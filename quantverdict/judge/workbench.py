@@ -43,10 +43,11 @@ class Workbench(Protocol):
         """As ``graph_semantics`` of ``precision_onnx``, without keeping the graph (made to be evaluated once)."""
         ...
 
-    def layers_alone_errors(self, model: str, recipe: QDQ, layers: Sequence[str],
-                            data: Data = "evaluation") -> list[Errors]:
-        """Each layer quantized alone (``recipe`` with ``only``), made together, as its errors against the FP32
-        outputs on ``data`` (:class:`quantverdict.judge.layer_errors.Errors`)."""
+    def layers_alone_errors(self, model: str, recipe: QDQ, layers: Sequence[str], data: Data = "evaluation",
+                            kept_in: str | None = None) -> list[Errors]:
+        """Each layer quantized alone (``recipe`` with ``only``), or kept alone in the wider format ``kept_in``, made
+        together, as its errors against the FP32 outputs on ``data``
+        (:class:`quantverdict.judge.layer_errors.Errors`)."""
         ...
 
     def undecided(self, model: str) -> np.ndarray | None: ...

@@ -62,12 +62,12 @@ class PrecisionGraph:
         """The calibrated activation ranges (empty for an uncalibrated recipe); cached."""
         return self.prepared_and_ranges()[1]
 
-    def layer_graphs(self) -> LayerGraphs:
-        """What each layer quantized alone is made from (:mod:`quantverdict.precision.single_layer`), for a recipe
-        :func:`derivable` says it serves."""
+    def layer_graphs(self, kept_in: str | None = None) -> LayerGraphs:
+        """What each layer quantized alone (or kept alone in the wider format ``kept_in``) is made from
+        (:mod:`quantverdict.precision.single_layer`), for a recipe :func:`derivable` says it serves."""
         assert isinstance(self.recipe, QDQ) and derivable(self.recipe)
         prepared, ranges = self.prepared_and_ranges()
-        return LayerGraphs.made(self.recipe, prepared, ranges, self.calibration())
+        return LayerGraphs.made(self.recipe, prepared, ranges, self.calibration(), kept_in)
 
     def prepared_and_ranges(self) -> tuple[Prepared, dict[str, float]]:
         """The FP32 graph as the recipe prepares it (SmoothQuant, equalization: the same function) and the

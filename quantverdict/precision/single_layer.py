@@ -39,10 +39,11 @@ class LayerGraphs:
     shared: frozenset[str]  # layers whose stored weight another quantized layer reads
     batches: list[Batch]  # the calibration batches, to round those alone
     rescaling: Rescaling | None = None  # how ``prepared`` rescaled its activations, to round those alone alike
+    kept_in: str | None = None  # a wider format each layer is kept in alone (nothing quantized), not quantized alone
 
     @classmethod
-    def made(cls, recipe: QDQ, preparation: Prepared, ranges: dict[str, float],
-             batches: list[Batch]) -> "LayerGraphs":
+    def made(cls, recipe: QDQ, preparation: Prepared, ranges: dict[str, float], batches: list[Batch],
+             kept_in: str | None = None) -> "LayerGraphs":
         whole, prepared = recipe.with_options(only=None), preparation.graph
         plan = [node for node, _ in whole.quantized_inputs(prepared) if node.op_type in QDQ_OPS]
         readers = Counter(node.input[1] for node in plan)
@@ -53,18 +54,22 @@ class LayerGraphs:
             kept = {init.name for init in prepared.graph.initializer}  # float: the same in either graph
             rounded = {init.name: init for init in corrected.graph.initializer if init.name not in kept}
         rescaling = preparation.rescaling if rounded and shared else None  # the graph before: sent to workers
-        return cls(whole, prepared, ranges, rounded, shared, batches, rescaling)
+        return cls(whole, prepared, ranges, rounded, shared, batches, rescaling, kept_in)
 
     def graph(self, layer: str) -> bytes:
         """The serialized graph of the recipe with ``only=(layer,)``."""
         return serialized(self.model(layer))
 
     def model(self, layer: str) -> onnx.ModelProto:
-        """The graph of the recipe with ``only=(layer,)``."""
-        alone = self.recipe.with_options(only=(layer,))
+        """The graph of the recipe with ``only=(layer,)``, or, :attr:`kept_in` a format, with ``layer`` alone kept in
+        it and nothing quantized (``only=()``, the layer its fallback)."""
+        alone = self.recipe.with_options(only=(layer,)) if self.kept_in is None else self.recipe.with_options(
+            only=(), fallback_layers=(layer,), fallback_format=(self.kept_in,))
         made = onnx.ModelProto()
         made.CopyFrom(self.prepared)
         made = alone.apply_impl(made, self.ranges)
+        if self.kept_in is not None:
+            return made
         if layer in self.shared:
             made = alone.correct(made, self.prepared, self.batches, self.rescaling)
         elif self.rounded:

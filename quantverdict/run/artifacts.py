@@ -206,13 +206,15 @@ class ArtifactStore:
                                  lambda: (unkept_semantics(graph.make(), self.batches(model, data)), ""),
                                  {"model": model, "recipe": recipe.params(), "data": data})[0]
 
-    def layers_alone_errors(self, model: str, recipe: QDQ, layers: Sequence[str],
-                            data: Data = "evaluation") -> list[Errors]:
-        """Each of ``layers`` quantized alone by ``recipe`` (its ``only``), evaluated as written on ``data``, as its
-        errors against the FP32 outputs there (:class:`Errors`: a few floats per sample, not the outputs), each cached;
-        those missing made together from one preparation, calibration and rounding
-        (:mod:`quantverdict.precision.single_layer`), in parallel (:mod:`quantverdict.judge.layers_alone`)."""
-        alone = [recipe.with_options(only=(layer,)) for layer in layers]
+    def layers_alone_errors(self, model: str, recipe: QDQ, layers: Sequence[str], data: Data = "evaluation",
+                            kept_in: str | None = None) -> list[Errors]:
+        """Each of ``layers`` quantized alone by ``recipe`` (its ``only``), or kept alone in the wider format
+        ``kept_in`` (its fallback, nothing quantized), evaluated as written on ``data``, as its errors against the FP32
+        outputs there (:class:`Errors`: a few floats per sample, not the outputs), each cached; those missing made
+        together from one preparation, calibration and rounding (:mod:`quantverdict.precision.single_layer`), in
+        parallel and from each layer's cut (:mod:`quantverdict.judge.layers_alone`)."""
+        alone = [recipe.with_options(only=(layer,)) if kept_in is None else recipe.with_options(
+            only=(), fallback_layers=(layer,), fallback_format=(kept_in,)) for layer in layers]
         reference = self.fp32_outputs(model, data)
         if not derivable(recipe):
             return [Errors.of(reference, self.recipe_semantics(model, each, data)) for each in alone]
@@ -224,7 +226,7 @@ class ArtifactStore:
                      for layer, each in zip(layers, alone)}
         missing = [layer for layer in layers if not self.cache.holds_arrays("layer-errors", parts[layer])]
         if missing:
-            each_alone(self.precision_graph(model, recipe).layer_graphs(), missing, self.batches(model, data),
+            each_alone(self.precision_graph(model, recipe).layer_graphs(kept_in), missing, self.batches(model, data),
                        f"layers alone {model}", reference, lambda layer, errors: self.cache.arrays(
                            "layer-errors", parts[layer], lambda: (errors.arrays(), ""), described[layer]),
                        sum(values.nbytes for values in reference.values()))
