@@ -257,19 +257,20 @@ def test_a_worker_dies_with_its_parent_killed_alone_and_its_folder_is_swept_by_t
 
 @pytest.mark.parametrize("model,settings,kept_in", [("resblock", {"equalize": True}, "fp16"),
                                                     ("transformer-block", {"smoothquant": 0.5}, "fp8"),
-                                                    ("cnn", {}, "fp32")])
+                                                    ("cnn", {}, "fp32"), ("tied", {}, "fp8")])
 def test_each_layer_kept_alone_in_a_wider_format_is_the_graph_its_recipe_makes(tmp_path, monkeypatch, model, settings,
                                                                                kept_in):
     """A layer alone in a wider format (nothing else quantized: fallback's choice of formats) is made from the whole
-    recipe's preparation and calibration, the same bytes as its own recipe makes, and its errors, evaluated from its
-    cut in workers, are those of its own graph's outputs, bit for bit."""
+    recipe's preparation and calibration, the same bytes as its own recipe makes (FP8 at the opset its Q/DQ pairs
+    need, from a graph written at 17), and its errors, evaluated from its cut in workers, are those of its own graph's
+    outputs, bit for bit."""
     monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: 2)
     monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)
-    store = Pipeline(tmp_path / "cache").store
+    store = Pipeline(tmp_path / "cache", manifest=_tied_weights(tmp_path) if model == "tied" else None).store
     recipe = get_recipe("int8").configured({"calibration": "max", **settings}).with_options(
         fallback_layers=(), layer_formats=(), only=())
     layers = [node.name for node in weighted_layers(store, model, recipe.with_options(only=None))]
-    graphs = store.precision_graph(model, recipe).layer_graphs(kept_in)
+    graphs = store.precision_graph(model, recipe.with_options(fallback_format=(kept_in,))).layer_graphs(kept_in)
     found = store.layers_alone_errors(model, recipe, layers, "calibration", kept_in)
     batches, reference = store.batches(model, "calibration"), store.fp32_outputs(model, "calibration")
     for layer, errors in zip(layers, found):

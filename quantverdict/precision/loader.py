@@ -63,9 +63,11 @@ class PrecisionGraph:
         return self.prepared_and_ranges()[1]
 
     def layer_graphs(self, kept_in: str | None = None) -> LayerGraphs:
-        """What each layer quantized alone (or kept alone in the wider format ``kept_in``) is made from
+        """What each layer quantized alone (or kept alone in the wider format ``kept_in``: a recipe keeping its fallback
+        in it, so that its graph is at the opset that format needs) is made from
         (:mod:`quantverdict.precision.single_layer`), for a recipe :func:`derivable` says it serves."""
         assert isinstance(self.recipe, QDQ) and derivable(self.recipe)
+        assert kept_in is None or self.recipe.options.fallback_format == (kept_in,)
         prepared, ranges = self.prepared_and_ranges()
         return LayerGraphs.made(self.recipe, prepared, ranges, self.calibration(), kept_in)
 

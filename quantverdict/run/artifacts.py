@@ -226,7 +226,8 @@ class ArtifactStore:
                      for layer, each in zip(layers, alone)}
         missing = [layer for layer in layers if not self.cache.holds_arrays("layer-errors", parts[layer])]
         if missing:
-            each_alone(self.precision_graph(model, recipe).layer_graphs(kept_in), missing, self.batches(model, data),
+            made_from = recipe if kept_in is None else recipe.with_options(fallback_format=(kept_in,))  # its opset
+            each_alone(self.precision_graph(model, made_from).layer_graphs(kept_in), missing, self.batches(model, data),
                        f"layers alone {model}", reference, lambda layer, errors: self.cache.arrays(
                            "layer-errors", parts[layer], lambda: (errors.arrays(), ""), described[layer]),
                        sum(values.nbytes for values in reference.values()))
