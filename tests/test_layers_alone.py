@@ -62,16 +62,22 @@ def test_each_layer_alone_is_the_graph_its_only_recipe_makes(tmp_path, model, pr
                                                       ("resblock", "int8", {}), ("resblock", "fp8", {"calibration": "mse"})])
 def test_layers_alone_in_workers_give_each_graphs_errors_and_are_cached(tmp_path, monkeypatch, model, precision,
                                                                         settings):
-    """Three workers on any machine: each layer's errors against FP32 are those of its own graph's outputs on one ONNX
-    Runtime thread, bit for bit (a recipe unpickled in a worker once lost its format's identity, and with it the first
-    convolution's Q/DQ); a second ranking reads them all from the cache and starts no worker."""
+    """Three workers on any machine, this process one of them: each layer's errors against FP32 are those of its own
+    graph's outputs on one ONNX Runtime thread, bit for bit (a recipe unpickled in a worker once lost its format's
+    identity, and with it the first convolution's Q/DQ); a second ranking reads them all from the cache and starts no
+    worker."""
     monkeypatch.setattr(layers_alone, "cpus_per_worker", lambda: 3)
     monkeypatch.setattr(layers_alone, "LAYERS_PER_WORKER", 1)
+    started = []
+    popen = layers_alone.subprocess.Popen
+    monkeypatch.setattr(layers_alone.subprocess, "Popen", lambda command, *args, **kwargs: started.extend(
+        [command] if layers_alone.__name__ in command else []) or popen(command, *args, **kwargs))
     store = Pipeline(tmp_path / "cache").store
     recipe = get_recipe(precision).configured(settings).with_options(fallback_layers=())
     layers = [node.name for node in weighted_layers(store, model, recipe)]
     assert layers_alone.worker_count(1 << 20, len(layers)) == 3
     found = store.layers_alone_errors(model, recipe, layers, "calibration")
+    assert len(started) == 2  # the third is this process
     batches, reference = store.batches(model, "calibration"), store.fp32_outputs(model, "calibration")
     for layer, errors in zip(layers, found):
         graph = store.precision_graph(model, recipe.with_options(only=(layer,))).make()

@@ -3,10 +3,12 @@
 Ranking layers (fallback, sensitivity) evaluates one graph per weighted layer, each a copy of the model: 48 for
 MiniLM, once for every candidate recipe of a search that keeps layers in FP32. The graphs are independent, so they
 run in parallel: as many workers as this process's CPUs (and memory: each holds the prepared graph twice) allow, each
-evaluating every n-th layer with ONNX Runtime on one thread. One thread everywhere, in a worker or in this process, so
-that a 2-core and a 64-core runner compute the same bits (ONNX Runtime splits a kernel's work by its threads) and
-choose the same layers. Workers are fresh interpreters (``python -m``), not forks: a fork of a process holding ONNX
-Runtime's and PyTorch's thread pools can hang, and a spawned multiprocessing pool imports the user's main script again.
+evaluating every n-th layer with ONNX Runtime on one thread, this process the first of them (it holds the graphs
+already: one interpreter fewer to start, and a few layers still split over the CPUs). One thread everywhere, in a
+worker or in this process, so that a 2-core and a 64-core runner compute the same bits (ONNX Runtime splits a kernel's
+work by its threads) and choose the same layers. Workers are fresh interpreters (``python -m``), not forks: a fork of
+a process holding ONNX Runtime's and PyTorch's thread pools can hang, and a spawned multiprocessing pool imports the
+user's main script again.
 Each layer's graph is evaluated from where it differs from the prepared graph (:mod:`quantverdict.judge.downstream`),
 in groups that share one pass of the prepared graph per batch.
 """
@@ -35,14 +37,15 @@ from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
 from quantverdict.models.spec import Batch
 from quantverdict.precision.single_layer import LayerGraphs
 
-LAYERS_PER_WORKER = 4  # a worker's start (an interpreter, the prepared graph read) pays for itself over this many
+LAYERS_PER_WORKER = 2  # a worker started beside this process (an interpreter, the graphs read) pays off over this many
 GROUP_BYTES = 1 << 30  # the downstream graphs a worker holds sessions of at once, sharing one prepared graph's pass
 Outputs = dict[str, np.ndarray]
 
 
 def worker_count(graph_bytes: int, layers: int) -> int:
-    """How many workers evaluate ``layers`` graphs of about ``graph_bytes`` each: one per usable CPU, no more than
-    every :data:`LAYERS_PER_WORKER` layers pay for, nor than the memory free holds (four graphs each)."""
+    """How many workers evaluate ``layers`` graphs of about ``graph_bytes`` each, this process the first: one per
+    usable CPU, no more than every :data:`LAYERS_PER_WORKER` layers pay for, nor than the memory free holds (four
+    graphs each)."""
     free = available_memory()
     by_memory = cpus_per_worker() if free is None else free // (4 * max(graph_bytes, 1))
     return max(1, min(cpus_per_worker(), layers // LAYERS_PER_WORKER, by_memory))
@@ -65,18 +68,12 @@ def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch],
 
     size = graphs.prepared.ByteSize()
     count = worker_count(size, len(layers))
-    with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar:
-        if count == 1:
-            def done(number: int, outputs: Outputs) -> None:
-                keep(layers[number], Errors.of(reference, outputs))
-                bar.update()
-
-            evaluate(graphs, list(layers), range(len(layers)), batches, group_bytes(1, size), done, output_bytes)
-            return
-        with work_folder("layers") as folder:
-            _in_workers(folder, graphs, list(layers), batches, reference, count, group_bytes(count, size),
-                        output_bytes, bar.update)
-            for number, layer in enumerate(layers):
+    with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar, \
+            work_folder("layers") as folder:
+        _in_workers(folder, graphs, list(layers), batches, reference, count, group_bytes(count, size), output_bytes,
+                    bar.update, keep)
+        for number, layer in enumerate(layers):
+            if number % count:
                 keep(layer, pickle.loads((folder / f"{number}.out").read_bytes()))
 
 
@@ -110,25 +107,41 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
 
 
 def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], reference: Outputs,
-                count: int, budget: int, output_bytes: int, advance: Callable[[int], object]) -> None:
-    """Every layer's :class:`Errors` written to ``folder`` as ``<number>.out`` by ``count`` workers."""
-    (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches, reference),
-                                                   protocol=pickle.HIGHEST_PROTOCOL))
+                count: int, budget: int, output_bytes: int, advance: Callable[[int], object],
+                keep: Callable[[str, Errors], object]) -> None:
+    """Every ``count``-th layer from the first evaluated here and handed to ``keep``, while ``count - 1`` workers
+    write each other one's :class:`Errors` to ``folder`` as ``<number>.out``; this process's share stops where a
+    worker failed."""
+    if count > 1:
+        (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches, reference),
+                                                       protocol=pickle.HIGHEST_PROTOCOL))
     package = str(Path(__file__).resolve().parents[2])  # this quantverdict, wherever the worker's path points
     env = {**os.environ, **freed_memory.WORKER_ENVIRONMENT,
            "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
-    logs = [open(folder / f"worker{index}.log", "wb") for index in range(count)]
-    workers = [subprocess.Popen([sys.executable, "-m", __name__, str(folder), str(index), str(count), str(budget),
-                                 str(output_bytes), str(os.getpid())],
-                                stdout=subprocess.DEVNULL, stderr=log, env=env) for index, log in enumerate(logs)]
+    logs = {index: open(folder / f"worker{index}.log", "wb") for index in range(1, count)}
+    workers = {index: subprocess.Popen([sys.executable, "-m", __name__, str(folder), str(index), str(count),
+                                        str(budget), str(output_bytes), str(os.getpid())],
+                                       stdout=subprocess.DEVNULL, stderr=log, env=env) for index, log in logs.items()}
     try:
         done = 0
-        while any(worker.poll() is None for worker in workers):
-            time.sleep(0.2)
+
+        def written() -> None:  # the workers' layers ended since last asked, on the progress bar
+            nonlocal done
             now = len(list(folder.glob("*.out")))
             advance(now - done)
             done = now
-        failed = [(index, worker.returncode) for index, worker in enumerate(workers) if worker.returncode]
+
+        def here(number: int, outputs: Outputs) -> None:
+            keep(layers[number], Errors.of(reference, outputs))
+            advance(1)
+            written()
+
+        evaluate(graphs, layers, range(0, len(layers), count), batches, budget, here, output_bytes,
+                 lambda: not any(worker.poll() for worker in workers.values()))
+        while any(worker.poll() is None for worker in workers.values()):
+            time.sleep(0.2)
+            written()
+        failed = [(index, worker.returncode) for index, worker in workers.items() if worker.returncode]
         if failed:
             index, code = failed[0]
             if code < 0:  # a signal: the kernel's out-of-memory killer sends SIGKILL
@@ -139,11 +152,11 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
         for peak in folder.glob("worker*.peak"):
             worker_peak(float(peak.read_text()))
     finally:
-        for worker in workers:
+        for worker in workers.values():
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-        for log in logs:
+        for log in logs.values():
             log.close()
 
 
