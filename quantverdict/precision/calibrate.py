@@ -27,7 +27,7 @@ from quantverdict.cache import Cache
 from quantverdict.hashing import content_hash, source_fingerprint
 from quantverdict.errors import CalibrationError
 from quantverdict.models.spec import Batch
-from quantverdict.precision.batch_sets import batch_keys, siblings, union
+from quantverdict.precision.batch_sets import batches_hash, siblings, union
 from quantverdict.precision.calibrators import BINS, Calibrator, Histogram, add_to
 from quantverdict.precision.exposing import exposed
 from quantverdict.precision.tensor_keys import computed_by
@@ -56,7 +56,7 @@ def calibrate(
     import onnxruntime
 
     graph = content_hash(model_bytes, list(tensors))
-    key = content_hash("calibration", graph, list(batches), calibrator.params,
+    key = content_hash("calibration", graph, batches_hash(batches), calibrator.params,
                        source_fingerprint("quantverdict.precision.calibrate", "quantverdict.precision.calibrators"))
 
     def produce() -> bytes:
@@ -80,10 +80,10 @@ def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Seq
     only the tensors those layers change."""
     known = computed_by(onnx.load_from_string(model_bytes), graph)
     keys = {name: known.get(name) or content_hash(graph, name) for name in tensors}  # one it lacks: its run says so
-    data = content_hash(batch_keys(batches))
+    data = batches_hash(batches)
     if any((keys[name], data) not in _HISTOGRAMS for name in tensors):
         asked, *beside = siblings(batches, graph)
-        others = [(found, content_hash(batch_keys(found))) for found in beside]
+        others = [(found, batches_hash(found)) for found in beside]
         others = [(found, each) for found, each in others if any((keys[name], each) not in _HISTOGRAMS
                                                                  for name in tensors)]
         sets, held = [asked, *(found for found, _ in others)], [data, *(each for _, each in others)]
@@ -103,14 +103,14 @@ def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch],
     """A statistic of ``graph`` (the hash of what it is measured on) over ``batches``, from ``kept`` or measured by
     ``measure`` (each of several sets' in one pass) with the sets :func:`siblings` plans beside it that ``kept`` lacks,
     all kept (the oldest dropped beyond :data:`HISTOGRAM_SETS`)."""
-    data = content_hash(graph, list(batches))
+    data = content_hash(graph, batches_hash(batches))
     if data not in kept:
         asked, *beside = siblings(batches, graph)
-        sets = [asked, *(found for found in beside if content_hash(graph, found) not in kept)]
+        sets = [asked, *(found for found in beside if content_hash(graph, batches_hash(found)) not in kept)]
         for found, value in zip(sets, measure(sets)):
             while len(kept) >= HISTOGRAM_SETS:
                 kept.pop(next(iter(kept)))
-            kept[content_hash(graph, found)] = value
+            kept[content_hash(graph, batches_hash(found))] = value
     return kept[data]
 
 
@@ -130,7 +130,7 @@ def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axi
     :func:`calibrate`."""
     if not batches:
         raise CalibrationError("calibration set is empty")
-    key = content_hash("channel-ranges", model_bytes, list(tensors), axis, list(batches),
+    key = content_hash("channel-ranges", model_bytes, list(tensors), axis, batches_hash(batches),
                        source_fingerprint("quantverdict.precision.calibrate"))
 
     def produce() -> bytes:

@@ -18,7 +18,7 @@ import onnx
 from quantverdict.capabilities import physical_memory
 from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch
-from quantverdict.precision.batch_sets import siblings, union
+from quantverdict.precision.batch_sets import batches_hash, siblings, union
 from quantverdict.precision.calibrate import tensor_values
 from quantverdict.precision.graph import ints_attribute
 from quantverdict.precision.kept_bytes import KeptBytes
@@ -66,7 +66,8 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
     would take more than ``MEASURED_BYTES``), with a search's other sets where ``shared`` or asked before
     (:func:`~quantverdict.precision.batch_sets.siblings`). First, the content hash of ``fp32`` and ``batches``."""
     model = fp32.SerializeToString()
-    key = content_hash(model, list(batches))
+    graph = content_hash(model)
+    key = content_hash(graph, batches_hash(batches))
     kept = _kept(key)
     missing = {inputs.key: inputs for inputs in asked if inputs.key not in kept}
     if missing:
@@ -74,13 +75,13 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
         if sum(inputs.hessian_bytes for inputs in {**others, **missing}.values()) <= MEASURED_BYTES:
             missing = {**others, **missing}
         layers = list(missing.values())
-        asked_of, *beside = siblings(batches, content_hash(model), shared)  # a search's folds, where all fit too
+        asked_of, *beside = siblings(batches, graph, shared)  # a search's folds, where all fit too
         sets = [asked_of, *(found for found in beside if not all(
-            layer.key in (_MEASURED.get(content_hash(model, found)) or {}) for layer in layers))]
+            layer.key in (_MEASURED.get(content_hash(graph, batches_hash(found))) or {}) for layer in layers))]
         if len(sets) > 1 and len(sets) * sum(layer.hessian_bytes for layer in layers) > MEASURED_BYTES:
             sets = sets[:1]
         for found, sums in zip(sets, _second_moment_sums(model, layers, sets)):
-            (kept if found is sets[0] else _kept(content_hash(model, found))).update(sums)
+            (kept if found is sets[0] else _kept(content_hash(graph, batches_hash(found)))).update(sums)
     out = {inputs.key: kept[inputs.key] for inputs in asked}
     _MEASURED.trim()  # the least recently used pairs' go
     return key, out
