@@ -230,6 +230,19 @@ time.sleep(120)
 """
 
 
+def test_a_worker_is_the_out_of_memory_killers_first_choice_and_its_parent_is_not():
+    """Where memory runs out, the kernel kills the process of highest ``oom_score``: a worker asks to be it (the run
+    then says memory ran out, in one line and a record entry), the process it works for keeps its own score."""
+    adjusted = Path("/proc/self/oom_score_adj")
+    if not adjusted.exists():
+        pytest.skip("oom_score_adj is Linux's")
+    before = adjusted.read_text()
+    said = subprocess.run([sys.executable, "-c", "import pathlib; from quantverdict.judge import layers_alone; "
+                           "layers_alone.first_to_go(); print(pathlib.Path('/proc/self/oom_score_adj').read_text())"],
+                          capture_output=True, text=True, check=True).stdout
+    assert int(said) == 1000 and adjusted.read_text() == before
+
+
 def test_a_worker_dies_with_its_parent_killed_alone_and_its_folder_is_swept_by_the_next_run(tmp_path):
     """CI's ``timeout`` signals the process, not its group: its layer workers must not go on computing, and the work
     folder it could not remove is removed by the next run (a live run's is left alone)."""

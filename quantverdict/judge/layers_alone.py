@@ -190,10 +190,22 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def first_to_go() -> None:
+    """Have the kernel's out-of-memory killer take this worker before the process it works for (Linux's
+    ``oom_score_adj``, which a process may raise for itself): a worker killed is one line naming memory
+    (:func:`killed`) and a record entry; the process it works for, which holds the run and evaluates layers too, killed
+    is a run that ends with neither."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError:  # no such file (not Linux), or not writable here
+        pass
+
+
 def main(folder: Path, index: int, count: int, budget: int, output_bytes: int, parent: int) -> None:
     """A worker: every ``count``-th layer from the ``index``-th, each written as ``<number>.out``; it ends with its
-    parent (an interrupted run)."""
+    parent (an interrupted run), and goes first where memory runs out."""
     die_with_parent(parent)
+    first_to_go()
     graphs, layers, batches, reference = pickle.loads((folder / "work.pkl").read_bytes())
 
     def done(number: int, outputs: Outputs) -> None:
