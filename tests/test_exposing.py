@@ -184,3 +184,21 @@ def test_values_read_in_parts_are_never_all_held_at_once():
     grown = int(subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(8 * size)], capture_output=True, text=True,
                                check=True).stdout)
     assert grown <= 8 * size + 3 * size, f"{grown / 2 ** 20:.0f} MB"
+
+
+def test_sessions_whose_runs_are_not_timed_leave_no_thread_spinning_and_timed_ones_keep_their_default():
+    """A graph's semantics and its calibration values are read by sessions whose threads sleep between kernels (their
+    busy-wait burned 10-20% more CPU for no time saved); a session a latency is timed on keeps ONNX Runtime's own."""
+    from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+    from quantverdict.capabilities import NO_SPINNING
+
+    graph = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 17)])
+    [(key, off)] = NO_SPINNING.items()
+    assert exposing.as_written_session(graph).get_session_options().get_session_config_entry(key) == off
+    with OnnxRuntimeRunner(graph.SerializeToString(), ["CPUExecutionProvider"], optimize=False) as runner:
+        assert runner.session.get_session_options().get_session_config_entry(key) == off
+    with OnnxRuntimeRunner(graph.SerializeToString(), ["CPUExecutionProvider"], optimize=True) as runner:
+        with pytest.raises(Exception, match=key):  # not set: ONNX Runtime's default
+            runner.session.get_session_options().get_session_config_entry(key)

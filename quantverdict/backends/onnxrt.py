@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto
 
 from quantverdict.backends.base import Artifacts, Backend, Diagnosis, Runner
-from quantverdict.capabilities import Capabilities, detect, intra_op_threads, package_version
+from quantverdict.capabilities import NO_SPINNING, Capabilities, detect, intra_op_threads, package_version
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.heartbeat import told
 from quantverdict.models.spec import Batch, ModelSpec
@@ -63,7 +63,7 @@ class OnnxRuntimeRunner(Runner):
         if not self.optimize:  # a graph's own semantics: errors only, its notes on unused initializers are noise
             options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
             options.log_severity_level = 3
-        for key, value in self.config.items():
+        for key, value in {**(NO_SPINNING if not self.optimize else {}), **self.config}.items():
             options.add_session_config_entry(key, value)
         options.intra_op_num_threads = self.threads or intra_op_threads()
         options.enable_cpu_mem_arena = options.enable_mem_pattern = self.pooled

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import onnx
 
+from quantverdict.capabilities import NO_SPINNING
 from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch
 from quantverdict.resources import available_memory
@@ -32,6 +33,8 @@ def as_written_session(model: onnx.ModelProto, pooled: bool = True) -> Any:
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3  # errors only: its notes on the harness's own graphs (unused initializers) are noise
     options.enable_cpu_mem_arena = options.enable_mem_pattern = pooled
+    for key, value in NO_SPINNING.items():
+        options.add_session_config_entry(key, value)
     return onnxruntime.InferenceSession(serialized(model), options, providers=["CPUExecutionProvider"])
 
 
