@@ -379,8 +379,8 @@ def test_ranking_layers_for_fallback_keeps_their_evaluations_not_their_graphs(tm
 
 def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_would_take(repo, qv_pipeline):
     """Bounds no recipe meets (no error at all on the held-out samples): past max_fallback the search tries the choice
-    with more layers in FP32 (up to half of dw's, each share keeping more than the one before), chooses none of them,
-    and says so; a bound the choice meets tries nothing more."""
+    with more layers kept wider (half of dw's in the widest format offered first: where that misses, nothing else),
+    chooses none of them, and says so; a bound the choice meets tries nothing more."""
     from quantverdict.tune.beyond import Candidate, beyond_note
 
     manifest = repo / "tight.yaml"
@@ -393,7 +393,7 @@ def test_a_choice_that_misses_the_cases_bounds_says_how_many_float_layers_they_w
     assert [int(c.settings.fallback * layers) for c in search.beyond] == [layers // 2]  # half missed: no fewer tried
     assert all(c.passed is False and c.settings.unset("fallback", "fallback_format") == search.chosen
                for c in search.beyond)
-    assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP16/FP32 ({layers // 2 / layers:.0%}); "
+    assert (f"so does keeping {layers // 2} of the {layers} weighted layers in FP32 ({layers // 2 / layers:.0%}); "
             "max_fallback is 10%") in search.note
     easy = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
     assert easy is not None and not easy.beyond
@@ -422,6 +422,11 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
         met = [int(c.settings.fallback * 48) for c in found if c.passed]
         assert (min(met) if met else None) == (needs if needs <= 24 else None)
     assert fewest_in_float(judged(1, []), 4, 0.5, lambda: True) == []  # the user's share is already half
+    for needs, widest_needs, expected in [(13, 13, [24, 24, 14, 9, 11, 12, 13]), (13, 49, [24]),
+                                          (25, 24, [24, 24])]:  # the widest format first, where several are offered
+        tried = []
+        found = fewest_in_float(judged(needs, tried), 48, 0.1, lambda: True, judged(widest_needs, tried))
+        assert tried == expected and found[0].passed is (widest_needs <= 24), (needs, widest_needs)
     from quantverdict.tune.beyond import share_of
     for layers in range(1, 400):
         shares = [share_of(count, layers) for count in range(layers + 1)]
@@ -434,9 +439,11 @@ def test_the_fewest_layers_in_fp32_that_meet_the_bounds_are_found_by_bisection()
     for layers, share in [(48, 0.1), (51, 0.1), (7, 0.0), (4, 0.5), (300, 0.02)]:  # the time left counts the most
         most = 0
         for needs in range(1, layers + 2):
-            tries = fewest_in_float(lambda tried: Candidate(settings=RecipeSettings(fallback=tried), score_db=0.0,
-                                                            passed=math.floor(tried * layers) >= needs),
-                                    layers, share, lambda: True)
+            def judge(tried: float) -> Candidate:
+                return Candidate(settings=RecipeSettings(fallback=tried), score_db=0.0,
+                                 passed=math.floor(tried * layers) >= needs)
+
+            tries = fewest_in_float(judge, layers, share, lambda: True, judge)
             most = max(most, len(tries))
         assert len(beyond_plan(RecipeSettings(gptq=True), layers, AutoSettings(max_fallback=share))) == most, layers
 
@@ -508,7 +515,8 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     assert [point["layers_in_float"] for point in points] == sorted(counts) and len(points) >= 2
     assert [point["share"] for point in points] == [round(point["layers_in_float"] / layers, 4) for point in points]
     assert sum(point["chosen"] for point in points) == 1 and points[0]["chosen"]  # the choice keeps none wider
-    assert [point["format"] for point in points] == [None] + ["fp16/fp32"] * (len(points) - 1)  # the search's fallback
+    assert [point["format"] for point in points] == [None] + ["fp16/fp32"] * (len(points) - 2) + ["fp32"]  # past the
+    # user's share, half the layers in the widest format offered missed the bounds: nothing narrower or fewer tried
     scored = {json.dumps(c["settings"], sort_keys=True): c["score_db"] for c in search["candidates"] + search["beyond"]
               if c["folds"] is None}  # judged on every fold
     for point in points:  # the best of its share
@@ -526,7 +534,7 @@ def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypat
     assert took.replace("the search took ", "<li>dw int8: ") in page
     assert "Recipe search: layers kept wider against held-out accuracy" in page
     assert 'alt="recipe search trade-off" src="data:image/png;base64,' in page and "<td>dw</td><td>int8</td><td>50%" in page
-    assert "<td>FP16/FP32</td>" in page
+    assert "<td>FP32</td>" in page  # the widest format offered, tried first past the user's share
 
 
 def test_a_lower_bound_is_met_in_a_search_only_by_the_evaluations_standard_error():

@@ -50,7 +50,7 @@ from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
-from quantverdict.precision.settings import RecipeSettings
+from quantverdict.precision.settings import Formats, RecipeSettings
 from quantverdict.resources import available_memory
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_note, beyond_plan, fewest_in_float
@@ -262,14 +262,16 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
         trials.planned += len(plan)
         ranker = ranked_for.get(result.chosen, result.chosen)  # more layers wider, ranked as the choice's were
 
-        def wider(share: float) -> Candidate:
-            more = RecipeSettings(fallback=share, fallback_format=auto.wider_formats)
+        def wider(share: float, formats: Formats = auto.wider_formats) -> Candidate:
+            more = RecipeSettings(fallback=share, fallback_format=formats)
             kept = None if ranker == result.chosen else fallback_per_part(whole, model, base.with_settings(
                 more.over(ranker)), held_out)
             return trials.judge(more.over(result.chosen), plan[trials.done - start + 1:], result.candidates,
                                 kept=kept)[0]
 
-        result.beyond = fewest_in_float(wider, result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s))
+        result.beyond = fewest_in_float(wider, result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s),
+                                        (lambda share: wider(share, auto.wider_formats[-1:]))
+                                        if len(auto.wider_formats) > 1 else None)
         result.note = " ".join(filter(None, [result.note, beyond_note(result.beyond, result.layers,
                                                                       auto.max_fallback)]))
         trials.report(f"recipe search {model} {base.name}: {result.note}")
