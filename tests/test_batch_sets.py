@@ -59,6 +59,12 @@ def test_planned_sets_calibrate_as_each_alone_in_fewer_passes(tmp_path, monkeypa
     assert together == alone
     # the first set alone (5 batches), then the four others in one pass over the 5 batches they hold
     assert FORWARD_PASSES[model.graph.name] - before == 2 * len(batches)
+    monkeypatch.setattr(calibration, "_HISTOGRAMS", {})
+    before = FORWARD_PASSES[model.graph.name]
+    with planned(sets):  # a graph every set is calibrated on (the unprepared graph): all of them in its first pass
+        shared = [calibrate(Cache(tmp_path / "shared"), model.SerializeToString(), tensors, found, Calibrator(method),
+                            shared=True) for found in sets]
+    assert shared == alone and FORWARD_PASSES[model.graph.name] - before == len(batches)
 
 
 def test_planned_sets_have_the_channel_ranges_each_has_alone(tmp_path):

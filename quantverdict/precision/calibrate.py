@@ -48,8 +48,11 @@ def calibrate(
     tensors: Sequence[str],
     batches: Sequence[Batch],
     calibrator: Calibrator | None = None,
+    shared: bool = False,
 ) -> dict[str, float]:
-    """Per-tensor amax of ``tensors`` over ``batches``; a cache hit runs no forward pass."""
+    """Per-tensor amax of ``tensors`` over ``batches``; a cache hit runs no forward pass. ``shared``: the graph is one
+    every set of a search is calibrated on (the unprepared graph), so its first pass measures them all
+    (:func:`~quantverdict.precision.batch_sets.siblings`)."""
     calibrator = calibrator or Calibrator()
     if not batches:
         raise CalibrationError("calibration set is empty")
@@ -60,7 +63,7 @@ def calibrate(
                        source_fingerprint("quantverdict.precision.calibrate", "quantverdict.precision.calibrators"))
 
     def produce() -> bytes:
-        histograms = _histograms(model_bytes, graph, list(tensors), batches)
+        histograms = _histograms(model_bytes, graph, list(tensors), batches, shared)
         ranges = {name: float(portable(calibrator.amax(hist))) for name, hist in histograms.items()}
         document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
                     "ranges": ranges}
@@ -70,7 +73,8 @@ def calibrate(
     return json.loads(path.read_text())["ranges"]
 
 
-def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Sequence[Batch]) -> dict[str, Histogram]:
+def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Sequence[Batch],
+                shared: bool = False) -> dict[str, Histogram]:
     """Each of ``tensors``' histogram over ``batches``: kept from an earlier graph where a tensor computed the same way
     (:func:`~quantverdict.precision.tensor_keys.computed_by`) met the same batches, the others measured in one pass
     with the sets :func:`siblings` plans beside ``batches`` (``graph``: the hash of the graph and tensors), all kept,
@@ -82,7 +86,7 @@ def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Seq
     keys = {name: known.get(name) or content_hash(graph, name) for name in tensors}  # one it lacks: its run says so
     data = batches_hash(batches)
     if any((keys[name], data) not in _HISTOGRAMS for name in tensors):
-        asked, *beside = siblings(batches, graph)
+        asked, *beside = siblings(batches, graph, shared)
         others = [(found, batches_hash(found)) for found in beside]
         others = [(found, each) for found, each in others if any((keys[name], each) not in _HISTOGRAMS
                                                                  for name in tensors)]

@@ -82,7 +82,7 @@ class PrecisionGraph:
         calibrating = recipe.calibration_recipe()
         tensors = calibrating.tensors_to_calibrate(prepared.graph)
         ranges = dict(calibrate(self.cache, prepared.graph.SerializeToString(), tensors, self.calibration(),
-                                recipe.calibrator))
+                                recipe.calibrator, shared=prepared.rescaling is None))
         if isinstance(recipe, QDQ):  # the layers inside an If's branches, each branch on its own batches
             ranges.update(branch_ranges(prepared.graph, calibrating.tensors_to_calibrate, self.calibration(),
                                         lambda graph, names, batches: calibrate(self.cache, graph, names, batches,
