@@ -58,12 +58,12 @@ def calibrate(
         raise CalibrationError("calibration set is empty")
     import onnxruntime
 
-    graph = content_hash(model_bytes, list(tensors))
-    key = content_hash("calibration", graph, batches_hash(batches), calibrator.params,
+    graph, data = content_hash(model_bytes, list(tensors)), batches_hash(batches)
+    key = content_hash("calibration", graph, data, calibrator.params,
                        source_fingerprint("quantverdict.precision.calibrate", "quantverdict.precision.calibrators"))
 
     def produce() -> bytes:
-        histograms = _histograms(model_bytes, graph, list(tensors), batches, shared)
+        histograms = _histograms(model_bytes, graph, list(tensors), batches, data, shared)
         ranges = {name: float(portable(calibrator.amax(hist))) for name, hist in histograms.items()}
         document = {**calibrator.params, "onnxruntime": onnxruntime.__version__, "batches": len(batches),
                     "ranges": ranges}
@@ -73,18 +73,17 @@ def calibrate(
     return json.loads(path.read_text())["ranges"]
 
 
-def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Sequence[Batch],
+def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Sequence[Batch], data: str,
                 shared: bool = False) -> dict[str, Histogram]:
     """Each of ``tensors``' histogram over ``batches``: kept from an earlier graph where a tensor computed the same way
     (:func:`~quantverdict.precision.tensor_keys.computed_by`) met the same batches, the others measured in one pass
-    with the sets :func:`siblings` plans beside ``batches`` (``graph``: the hash of the graph and tensors), all kept,
-    the oldest dropped beyond :data:`HISTOGRAMS_KEPT`. Histograms are kept for every calibrator (a search tries max,
-    percentile and MSE on the same graph and folds, and each forward pass is a pass over the model: MiniLM's search, a
-    fifth of its calibration time), and a graph prepared at a few layers (SmoothQuant on a CNN's classifier) measures
-    only the tensors those layers change."""
+    with the sets :func:`siblings` plans beside ``batches`` (``graph``: the hash of the graph and tensors, ``data``
+    of the batches), all kept, the oldest dropped beyond :data:`HISTOGRAMS_KEPT`. Histograms are kept for every
+    calibrator (a search tries max, percentile and MSE on the same graph and folds, and each forward pass is a pass
+    over the model: MiniLM's search, a fifth of its calibration time), and a graph prepared at a few layers (SmoothQuant
+    on a CNN's classifier) measures only the tensors those layers change."""
     known = computed_by(onnx.load_from_string(model_bytes), graph)
     keys = {name: known.get(name) or content_hash(graph, name) for name in tensors}  # one it lacks: its run says so
-    data = batches_hash(batches)
     if any((keys[name], data) not in _HISTOGRAMS for name in tensors):
         asked, *beside = siblings(batches, graph, shared)
         others = [(found, batches_hash(found)) for found in beside]
@@ -102,20 +101,22 @@ def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Seq
     return found
 
 
-def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch],
+def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch], data: str,
                    measure: Callable[[list[list[Batch]]], list[T]]) -> T:
-    """A statistic of ``graph`` (the hash of what it is measured on) over ``batches``, from ``kept`` or measured by
-    ``measure`` (each of several sets' in one pass) with the sets :func:`siblings` plans beside it that ``kept`` lacks,
-    all kept (the oldest dropped beyond :data:`HISTOGRAM_SETS`)."""
-    data = content_hash(graph, batches_hash(batches))
-    if data not in kept:
+    """A statistic of ``graph`` (the hash of what it is measured on) over ``batches`` (``data``: their hash), from
+    ``kept`` or measured by ``measure`` (each of several sets' in one pass) with the sets :func:`siblings` plans beside
+    it that ``kept`` lacks, all kept (the oldest dropped beyond :data:`HISTOGRAM_SETS`)."""
+    asked_key = content_hash(graph, data)
+    if asked_key not in kept:
         asked, *beside = siblings(batches, graph)
-        sets = [asked, *(found for found in beside if content_hash(graph, batches_hash(found)) not in kept)]
-        for found, value in zip(sets, measure(sets)):
+        others = [(found, content_hash(graph, batches_hash(found))) for found in beside]
+        sets, keys = [asked, *(found for found, key in others if key not in kept)], \
+            [asked_key, *(key for _, key in others if key not in kept)]
+        for key, value in zip(keys, measure(sets)):
             while len(kept) >= HISTOGRAM_SETS:
                 kept.pop(next(iter(kept)))
-            kept[content_hash(graph, batches_hash(found))] = value
-    return kept[data]
+            kept[key] = value
+    return kept[asked_key]
 
 
 def portable(values: float | np.ndarray) -> np.ndarray:
@@ -134,11 +135,12 @@ def channel_ranges(cache: Cache, model_bytes: bytes, tensors: Sequence[str], axi
     :func:`calibrate`."""
     if not batches:
         raise CalibrationError("calibration set is empty")
-    key = content_hash("channel-ranges", model_bytes, list(tensors), axis, batches_hash(batches),
+    data = batches_hash(batches)
+    key = content_hash("channel-ranges", model_bytes, list(tensors), axis, data,
                        source_fingerprint("quantverdict.precision.calibrate"))
 
     def produce() -> bytes:
-        amax = _with_siblings(_CHANNEL_RANGES, content_hash(model_bytes, list(tensors), axis), batches,
+        amax = _with_siblings(_CHANNEL_RANGES, content_hash(model_bytes, list(tensors), axis), batches, data,
                               lambda sets: _channel_amax(model_bytes, tensors, axis, sets))
         return json.dumps({name: portable(v).tolist() for name, v in amax.items()}).encode()
 
