@@ -10,7 +10,7 @@ from quantverdict.precision import calibrate as calibration, hessian
 from quantverdict.precision.batch_sets import planned, union
 from quantverdict.precision.calibrate import FORWARD_PASSES, calibrate, channel_ranges
 from quantverdict.precision.calibrators import Calibrator
-from quantverdict.precision.hessian import LayerInputs, measured
+from quantverdict.precision.hessian import LayerInputs, measured, second_moments
 from quantverdict.tune.folds import folds, split
 
 
@@ -90,9 +90,16 @@ def test_planned_sets_have_the_second_moments_each_has_alone(monkeypatch):
     with planned(sets):
         together = [measured(model, layers, found, lambda: layers)[1] for found in sets]
     assert FORWARD_PASSES[model.graph.name] - before == 2 * len(batches)
-    for mine, theirs in zip(together, alone):
-        for key, (product, vectors) in theirs.items():
-            assert np.array_equal(mine[key][0], product) and mine[key][1] == vectors
+    monkeypatch.setattr(hessian, "_MEASURED", type(hessian._MEASURED)(1 << 30, hessian._MEASURED.size))
+    before = FORWARD_PASSES[model.graph.name]
+    with planned(sets):  # a graph no preparation rescaled (every set's H is asked of it): all sets in its first pass
+        unprepared = [dict(zip((layer.key for layer in layers), second_moments(model, layers, found, lambda _: layers)[1]))
+                      for found in sets]
+    assert FORWARD_PASSES[model.graph.name] - before == len(batches)
+    for measured_sets in (together, unprepared):
+        for mine, theirs in zip(measured_sets, alone):
+            for key, (product, vectors) in theirs.items():
+                assert np.array_equal(mine[key][0], product) and mine[key][1] == vectors
 
 
 @pytest.mark.parametrize("method", ["max", "percentile"])

@@ -92,10 +92,11 @@ def second_moments(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches:
                    ) -> tuple[str, list[Moments]]:
     """H and vector count of each layer ``asked`` for: :func:`derived` from the graph before ``fp32``'s preparation
     where ``rescaling`` says how it was prepared, else :func:`measured` on ``fp32`` (``every``: a graph's layers to
-    measure in the same pass); first, the content hash of what they are of."""
+    measure in the same pass; with a search's other sets where ``fp32`` is unprepared, as every set's H is asked of
+    it); first, the content hash of what they are of."""
     found = None if rescaling is None else derived(rescaling, asked, batches, every)
     if found is None:
-        graph, sums = measured(fp32, asked, batches, lambda: every(fp32))
+        graph, sums = measured(fp32, asked, batches, lambda: every(fp32), shared=rescaling is None)
         found = graph, [sums[inputs.key] for inputs in asked]
     return found
 
