@@ -87,8 +87,8 @@ def _counts(values: np.ndarray, bins: int, limit: float) -> np.ndarray:
     (38M values of an activation binned with fresh temporaries took 1.2 s, in these buffers 0.11 s)."""
     per_unit = bins / limit
     wide = per_unit >= float(np.finfo(np.float32).max)  # a range of subnormals: the factor would overflow float32
-    counts = np.zeros(bins, np.intp)
-    magnitude, index = np.empty(min(CHUNK, values.size), np.float32), np.empty(min(CHUNK, values.size), np.intp)
+    counts = np.zeros(bins, np.intp)  # each bin's index fits int32, which halves the bytes bincount reads
+    magnitude, index = np.empty(min(CHUNK, values.size), np.float32), np.empty(min(CHUNK, values.size), np.int32)
     for start in range(0, values.size, CHUNK):
         part = values[start:start + CHUNK]
         held, at = magnitude[:part.size], index[:part.size]
