@@ -5,7 +5,9 @@ H depends only on the FP32 graph and the calibration batches, not on what else a
 measured once for every layer GPTQ can round (within ``MEASURED_BYTES``) and kept for the process: ranking layers
 one at a time for fallback, each rounded by GPTQ alone, then costs one forward pass, not one per layer. Sums are in
 float64: float32 sums move with the BLAS kernel (a last-bit change moved 3084 of EfficientNet-Lite0's 4.67M rounded
-weights; 4 in float64).
+weights; 4 in float64). Float64 sums still move in their last bits with the CPU's BLAS code path (most of
+MobileNetV2's H between an EPYC and QEMU's Haswell, as do GPTQ's factorizations), which its rounding almost always
+absorbs (the same MobileNetV2 graph on both), not always.
 """
 from __future__ import annotations
 
