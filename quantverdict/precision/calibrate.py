@@ -109,10 +109,9 @@ def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch], dat
     asked_key = content_hash(graph, data)
     if asked_key not in kept:
         asked, *beside = siblings(batches, graph)
-        others = [(found, content_hash(graph, batches_hash(found))) for found in beside]
-        sets, keys = [asked, *(found for found, key in others if key not in kept)], \
-            [asked_key, *(key for _, key in others if key not in kept)]
-        for key, value in zip(keys, measure(sets)):
+        others = [(content_hash(graph, batches_hash(found)), found) for found in beside]
+        missing = [(asked_key, asked), *((key, found) for key, found in others if key not in kept)]
+        for (key, _), value in zip(missing, measure([found for _, found in missing])):
             while len(kept) >= HISTOGRAM_SETS:
                 kept.pop(next(iter(kept)))
             kept[key] = value

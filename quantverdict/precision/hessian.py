@@ -78,12 +78,13 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
             missing = {**others, **missing}
         layers = list(missing.values())
         asked_of, *beside = siblings(batches, graph, shared)  # a search's folds, where all fit too
-        sets = [asked_of, *(found for found in beside if not all(
-            layer.key in (_MEASURED.get(content_hash(graph, batches_hash(found))) or {}) for layer in layers))]
+        others = [(content_hash(graph, batches_hash(found)), found) for found in beside]
+        sets = [(key, asked_of), *((each, found) for each, found in others
+                                   if not all(layer.key in (_MEASURED.get(each) or {}) for layer in layers))]
         if len(sets) > 1 and len(sets) * sum(layer.hessian_bytes for layer in layers) > MEASURED_BYTES:
             sets = sets[:1]
-        for found, sums in zip(sets, _second_moment_sums(model, layers, sets)):
-            (kept if found is sets[0] else _kept(content_hash(graph, batches_hash(found)))).update(sums)
+        for (each, _), sums in zip(sets, _second_moment_sums(model, layers, [found for _, found in sets])):
+            _kept(each).update(sums)
     out = {inputs.key: kept[inputs.key] for inputs in asked}
     _MEASURED.trim()  # the least recently used pairs' go
     return key, out
