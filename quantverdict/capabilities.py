@@ -248,13 +248,6 @@ def cpus_per_worker() -> int:
     return max(1, cpus // max(1, int(peers) if peers.isdigit() else 1))
 
 
-# ONNX Runtime's threads busy-wait for their next kernel (its default), burning the CPU between a session's runs and
-# after them, which the harness's own CPU work (histograms, GPTQ) and its workers then share: off for sessions whose
-# runs are not timed (a graph's semantics, its calibration values), as fast on a 2-core EPYC (MobileNetV2 at batch 8,
-# 99-139 ms a run either way) for 10-20% less CPU, and none left spinning when the run returns.
-NO_SPINNING = {"session.intra_op.allow_spinning": "0"}
-
-
 def intra_op_threads() -> int:
     """The threads a library's own pool may take in this process: under pytest-xdist its share of the CPUs
     (:func:`cpus_per_worker`), else 0, the library's default (one per core)."""

@@ -190,7 +190,7 @@ def test_sessions_whose_runs_are_not_timed_leave_no_thread_spinning_and_timed_on
     """A graph's semantics and its calibration values are read by sessions whose threads sleep between kernels (their
     busy-wait burned 10-20% more CPU for no time saved); a session a latency is timed on keeps ONNX Runtime's own."""
     from quantverdict.backends.onnxrt import OnnxRuntimeRunner
-    from quantverdict.capabilities import NO_SPINNING
+    from quantverdict.precision.exposing import NO_SPINNING
 
     graph = helper.make_model(helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],

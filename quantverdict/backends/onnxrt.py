@@ -25,10 +25,11 @@ import onnx
 from onnx import TensorProto
 
 from quantverdict.backends.base import Artifacts, Backend, Diagnosis, Runner
-from quantverdict.capabilities import NO_SPINNING, Capabilities, detect, intra_op_threads, package_version
+from quantverdict.capabilities import Capabilities, detect, intra_op_threads, package_version
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.heartbeat import told
 from quantverdict.models.spec import Batch, ModelSpec
+from quantverdict.precision.exposing import as_written_options
 
 NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 8-bit products in 16-bit "
                 "intermediates, which saturate; TensorRT accumulates in INT32")
@@ -59,11 +60,8 @@ class OnnxRuntimeRunner(Runner):
     def activate_impl(self) -> None:
         import onnxruntime
 
-        options = onnxruntime.SessionOptions()
-        if not self.optimize:  # a graph's own semantics: errors only, its notes on unused initializers are noise
-            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-            options.log_severity_level = 3
-        for key, value in {**(NO_SPINNING if not self.optimize else {}), **self.config}.items():
+        options = onnxruntime.SessionOptions() if self.optimize else as_written_options()  # else a graph's semantics
+        for key, value in self.config.items():
             options.add_session_config_entry(key, value)
         options.intra_op_num_threads = self.threads or intra_op_threads()
         options.enable_cpu_mem_arena = options.enable_mem_pattern = self.pooled
