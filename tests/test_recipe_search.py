@@ -150,6 +150,25 @@ def test_racing_chooses_what_judging_every_candidate_on_every_fold_chooses(repo,
             assert candidate.settings != raced.chosen
 
 
+@pytest.mark.int8
+def test_where_no_candidate_can_meet_the_bounds_they_race_on_the_snr_and_choose_as_judged_in_full(repo, tmp_path,
+                                                                                                  monkeypatch):
+    """Every INT8 graph misses ``max_norm_err: 0`` on its first held-out sample: the bounds cannot decide, the SNR
+    does, and candidates race on it as they do where the best so far meets the bounds."""
+    (repo / "models.yaml").write_text(MANIFEST.replace(
+        "    task: classification\n", "    task: classification\n    tolerances: {int8: {max_norm_err: 0.0}}\n", 1))
+    raced = Pipeline(tmp_path / "raced", manifest=repo / "models.yaml").recipes.search("dw", "int8")
+    monkeypatch.setattr(rules, "REACH_SE", math.inf)
+    full = Pipeline(tmp_path / "full", manifest=repo / "models.yaml").recipes.search("dw", "int8")
+    assert raced is not None and full is not None and raced.chosen == full.chosen and raced.kept == full.kept
+    assert not any(candidate.passed for candidate in full.candidates)
+    stopped = [candidate for candidate in raced.candidates if candidate.folds is not None]
+    assert stopped and all(candidate.settings != raced.chosen and candidate.passed is None for candidate in stopped)
+    judged = {candidate.settings: candidate.score_db for candidate in full.candidates}
+    assert all(candidate.score_db == judged[candidate.settings] for candidate in raced.candidates
+               if candidate.folds is None)
+
+
 def test_the_wall_time_stop_keeps_the_first_candidate_lists_the_rest_and_marks_the_search_incomplete(repo, qv_pipeline):
     pipeline = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml")
     store, search = pipeline.store, pipeline.recipes.search("block", "int8")
@@ -308,7 +327,8 @@ def test_a_search_ranks_the_layers_once_for_each_preparation_not_again_for_gptq_
 def test_the_search_judges_the_cases_task_metric_bounds_a_worst_samples_among_them(repo):
     """A bound on a task metric (here the worst held-out sample's cosine, as an embedding's worst sentence) is one of
     the case's bounds the search judges each candidate by, with no labels (the calibration set has none): a bound no
-    candidate meets leaves each one failed, and the search then says what more layers in FP32 would take."""
+    candidate meets leaves each one judged to the end failed (the others raced on their SNR and stopped), and the
+    search then says what more layers in FP32 would take."""
     (repo / "worst.py").write_text(textwrap.dedent("""\
         import numpy as np
 
@@ -327,7 +347,8 @@ def test_the_search_judges_the_cases_task_metric_bounds_a_worst_samples_among_th
     import worst
 
     search = Pipeline(repo / "cache", manifest=repo / "models.yaml").recipes.search("dw", "int8")
-    assert search is not None and search.candidates and all(c.passed is False for c in search.candidates)
+    assert search is not None and search.candidates
+    assert all(c.passed is False if c.folds is None else c.passed is None for c in search.candidates)
     assert worst.CALLS and all(labels is None for labels in worst.CALLS)
     assert search.note.startswith("the choice misses the case's bounds on held-out calibration samples")
 

@@ -12,8 +12,9 @@ search's own paired test); an alternative that is better is proposed in its plac
 bounds it met when locked, the full search runs, the locked recipe judged beside its candidates as before. Where it
 missed them when locked too (no candidate of that search met them), missing them again is no news: the alternatives
 are judged as where it holds, and a search of every candidate is the user's call (``lock --update``). An alternative
-races the best judged before it as a search's candidates do: where that one meets the case's bounds, the alternative
-stops after the first fold that puts it :func:`~quantverdict.tune.rules.out_of_reach` (it could not be better).
+races the best judged before it as a search's candidates do: where that one meets the case's bounds, or neither can
+(a lock that missed them when locked), the alternative stops after the first fold that puts it
+:func:`~quantverdict.tune.rules.out_of_reach` (it could not be better).
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from quantverdict.errors import CalibrationError, HarnessError, ResourceError
+from quantverdict.errors import CalibrationError, HarnessError, ResourceError, UserCodeError
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.compare import judge_task_metrics
 from quantverdict.judge.layers_alone import worker_count
@@ -120,13 +120,26 @@ class Trials:
         (:class:`ByKind`), its lower bounds by the evaluation's margin (:mod:`quantverdict.tune.margin`), and those on
         its task metrics (an embedding's worst sentence, a detector's worst image), with no labels (the calibration set
         has none)."""
+        met, self.passed_if = self._bounds(pooled)
+        return met
+
+    def cannot_meet_bounds(self, pooled: dict[str, np.ndarray]) -> bool:
+        """Whether the outputs of the held-out samples judged so far (``pooled``, the first of every fold's) miss the
+        case's bounds whatever the samples not yet judged give: they miss them with each of those reproduced exactly
+        (its FP32 outputs), the most a sample can add to a metric of fidelity."""
+        completed = {name: np.concatenate([values, self.references[name][len(values):]])
+                     for name, values in pooled.items()}
+        return not self._bounds(completed)[0]
+
+    def _bounds(self, pooled: dict[str, np.ndarray]) -> tuple[bool, list[str]]:
+        """:meth:`meets_bounds`'s answer, and the bounds as its comparison checked them."""
         spec, tolerance = self.spec, self.tolerance
         judged = self.judging.compare(self.references, pooled)
         if spec.task_metric() is not None and (tolerance.task_min or tolerance.task_max):
             judge_task_metrics(spec.call("metric", self.references, pooled, None), tolerance, judged,
                                spec.describe("metric"))
-        self.passed_if = [check.requirement() for check in judged.checks]
-        return judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation)
+        return (judged.passed and not short_of_margin(judged.metrics, tolerance, self.evaluation),
+                [check.requirement() for check in judged.checks])
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
               kept: Sequence[Mapping[str, str]] | None = None, rival: tuple[Candidate, np.ndarray] | None = None,
@@ -136,14 +149,15 @@ class Trials:
         candidates ``among`` and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its
         fallback keeps wider on each fold, as a lock names them or another candidate's ranking chose them (else
         ranked on each fold). ``rival``: the candidate it must be :func:`better` than, and its samples' error energies;
-        where that one meets the case's bounds, the candidate stops after the first fold that puts it
-        :func:`out_of_reach` (its bounds need every fold, and only the SNR can still make it better). ``decide``:
+        the candidate stops after the first fold that puts it :func:`out_of_reach` where that one meets the case's
+        bounds, or where neither can meet them (:meth:`cannot_meet_bounds`): only the SNR can then make it better
+        (a candidate that may still meet bounds its rival misses is judged on every fold). ``decide``:
         whether it is taken over ``rival`` (or is the first) is decided, and its line says why."""
         begun, candidate = time.perf_counter(), Candidate(settings=settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
-        racing = rival[1] if rival is not None and rival[0].passed else None
         with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
-            candidate, samples, pooled = self._judged(candidate, kept, racing)
+            candidate, samples, pooled = self._judged(candidate, kept, rival[1] if rival else None,
+                                                      bool(rival and rival[0].passed))
         if candidate.folds is not None:
             samples = None
         elif samples is not None:  # the user's metric is the user's code: its failure is not the technique's
@@ -168,11 +182,13 @@ class Trials:
         return candidate, samples
 
     def _judged(self, candidate: Candidate, kept: Sequence[Mapping[str, str]] | None = None,
-                rival: np.ndarray | None = None) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
+                rival: np.ndarray | None = None, rival_met: bool = False
+                ) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
         """``candidate``'s settings calibrated on each fold and judged on its held-out part: the SNR of those samples
         pooled (its score), each sample's error energy, and the outputs pooled; its error where the technique does not
         apply to this graph. With ``rival`` (samples' error energies), it stops after a fold where it is
-        :func:`out_of_reach` (``candidate.folds``)."""
+        :func:`out_of_reach` (``candidate.folds``), where that rival met the case's bounds (``rival_met``) or the
+        candidate can no longer meet them."""
         samples, pooled, output = None, {}, self.spec.outputs[0]
         settings = candidate.settings
         try:
@@ -189,15 +205,16 @@ class Trials:
                 outputs.append(fold.recipe_semantics(self.model, fold_recipe, "evaluation"))
                 pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
                 samples = sample_noise(self.references[output][:len(pooled[output])], pooled[output])
-                if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival):
+                if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival) and (
+                        rival_met or self.cannot_meet_bounds(pooled)):
                     candidate.folds = len(outputs)
                     candidate.why = (f"not taken: stopped after {len(outputs)} of {len(self.folds)} folds, its mean "
                                      f"paired gain over the best before it plus {REACH_SE:g} standard errors short of "
                                      f"{MIN_GAIN_DB:g} dB")
                     break
             candidate.score_db = round(pooled_snr_db(self.references[output], samples), 4)
-        except ResourceError:  # the machine's, not the technique's: no runner chooses among fewer candidates
-            raise
+        except (ResourceError, UserCodeError):  # the machine's or the user's metric's, not the technique's: no runner
+            raise  # chooses among fewer candidates
         except HarnessError as exc:  # a technique that does not apply to this graph
             candidate.error = str(exc).splitlines()[0]
         return candidate, samples, pooled
