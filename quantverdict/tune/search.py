@@ -156,8 +156,7 @@ class Trials:
         begun, candidate = time.perf_counter(), Candidate(settings=settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
-            candidate, samples, pooled = self._judged(candidate, kept, rival[1] if rival else None,
-                                                      bool(rival and rival[0].passed))
+            candidate, samples, pooled = self._judged(candidate, kept, rival)
         if candidate.folds is not None:
             samples = None
         elif samples is not None:  # the user's metric is the user's code: its failure is not the technique's
@@ -182,13 +181,13 @@ class Trials:
         return candidate, samples
 
     def _judged(self, candidate: Candidate, kept: Sequence[Mapping[str, str]] | None = None,
-                rival: np.ndarray | None = None, rival_met: bool = False
+                rival: tuple[Candidate, np.ndarray] | None = None
                 ) -> tuple[Candidate, np.ndarray | None, dict[str, np.ndarray]]:
         """``candidate``'s settings calibrated on each fold and judged on its held-out part: the SNR of those samples
         pooled (its score), each sample's error energy, and the outputs pooled; its error where the technique does not
-        apply to this graph. With ``rival`` (samples' error energies), it stops after a fold where it is
-        :func:`out_of_reach` (``candidate.folds``), where that rival met the case's bounds (``rival_met``) or the
-        candidate can no longer meet them."""
+        apply to this graph. With ``rival`` (a candidate and its samples' error energies), it stops after a fold where
+        it is :func:`out_of_reach` (``candidate.folds``), where that rival met the case's bounds or the candidate can
+        no longer meet them."""
         samples, pooled, output = None, {}, self.spec.outputs[0]
         settings = candidate.settings
         try:
@@ -205,8 +204,8 @@ class Trials:
                 outputs.append(fold.recipe_semantics(self.model, fold_recipe, "evaluation"))
                 pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
                 samples = sample_noise(self.references[output][:len(pooled[output])], pooled[output])
-                if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival) and (
-                        rival_met or self.cannot_meet_bounds(pooled)):
+                if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival[1]) and (
+                        rival[0].passed or self.cannot_meet_bounds(pooled)):
                     candidate.folds = len(outputs)
                     candidate.why = (f"not taken: stopped after {len(outputs)} of {len(self.folds)} folds, its mean "
                                      f"paired gain over the best before it plus {REACH_SE:g} standard errors short of "
