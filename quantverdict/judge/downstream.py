@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.models.spec import Batch
-from quantverdict.precision.exposing import with_outputs
+from quantverdict.precision.exposing import cut_to, with_outputs
 
 Outputs = dict[str, np.ndarray]
 
@@ -83,8 +83,10 @@ class Reference:
         return Downstream(model.SerializeToString(), reads, made, outputs)
 
     def runner(self, names: list[str]) -> OnnxRuntimeRunner:
-        """A runner of the reference whose outputs are its tensors ``names`` (none of them a graph input)."""
-        return _as_written(with_outputs(self.model, names).SerializeToString())
+        """A runner of the reference whose outputs are its tensors ``names`` (none of them a graph input), cut to the
+        nodes they need: ONNX Runtime runs every node of a graph whichever outputs are fetched, and a group of early
+        layers' cuts needs only the start of the network."""
+        return _as_written(cut_to(self.model, names).SerializeToString())
 
 
 @dataclass
@@ -111,8 +113,8 @@ class Group:
                         _as_written(part.graph))))
                 except Exception:  # noqa: BLE001 - ONNX Runtime's load errors share no base class but Exception
                     whole(index)
-            names = list(dict.fromkeys(name for _, part, _ in loaded for name in (*part.reads, *part.outputs)
-                                       if name not in reference.inputs))
+            names = list(dict.fromkeys(name for _, part, _ in loaded for name in (*part.reads, *(
+                output for output in part.outputs if output not in part.made)) if name not in reference.inputs))
             found: list[list[dict[str, np.ndarray]]] = [[] for _ in loaded]
             theirs = stack.enter_context(reference.runner(names)) if names else None
             for batch in batches:
