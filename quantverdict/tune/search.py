@@ -96,9 +96,8 @@ class Trials:
         self.whole, self.folds, self.held_out, self.model, self.base = whole, folds, held_out, model, base
         self.judging, self.tolerance, self.report = judging, judging.tolerance, report
         self.spec = folds[0].spec(model)
-        parts = [fold.fp32_outputs(model, "evaluation") for fold in folds]
-        self.references = {name: np.concatenate([part[name] for part in parts]) for name in self.spec.outputs}
-        self.fold_ends = {name: np.cumsum([len(part[name]) for part in parts]) for name in self.spec.outputs}
+        self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
+                           for name in self.spec.outputs}
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
         self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
         self.layers = len(weighted_layers(folds[0], model, base))  # those a fallback share is counted of
@@ -124,12 +123,12 @@ class Trials:
         met, self.passed_if = self._bounds(pooled)
         return met
 
-    def cannot_meet_bounds(self, pooled: dict[str, np.ndarray], folds: int) -> bool:
-        """Whether the outputs of the first ``folds`` folds' held-out samples (``pooled``) miss the case's bounds
-        whatever the folds not yet judged give: they miss them with those folds' outputs reproduced exactly (their FP32
-        outputs, placed by fold: an output's length may be the graph's own), the most a sample can add to a metric of
-        fidelity."""
-        completed = {name: np.concatenate([values, self.references[name][self.fold_ends[name][folds - 1]:]])
+    def cannot_meet_bounds(self, pooled: dict[str, np.ndarray]) -> bool:
+        """Whether the outputs of the held-out samples judged so far (``pooled``, the first of every output's, as
+        :meth:`_judged` pairs them with the references) miss the case's bounds whatever the samples not yet judged
+        give: they miss them with each of those reproduced exactly (its FP32 outputs), the most a sample can add to a
+        metric of fidelity."""
+        completed = {name: np.concatenate([values, self.references[name][len(values):]])
                      for name, values in pooled.items()}
         return not self._bounds(completed)[0]
 
@@ -207,7 +206,7 @@ class Trials:
                 pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
                 samples = sample_noise(self.references[output][:len(pooled[output])], pooled[output])
                 if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival[1]) and (
-                        rival[0].passed or self.cannot_meet_bounds(pooled, len(outputs))):
+                        rival[0].passed or self.cannot_meet_bounds(pooled)):
                     candidate.folds = len(outputs)
                     candidate.why = (f"not taken: stopped after {len(outputs)} of {len(self.folds)} folds, its mean "
                                      f"paired gain over the best before it plus {REACH_SE:g} standard errors short of "
