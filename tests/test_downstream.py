@@ -1,7 +1,7 @@
-"""Each layer quantized alone is evaluated from where its graph differs from the prepared graph: the outputs are the
-whole graph's bit for bit, on the built-in networks and on graphs torch's exporters wrote (a torchvision network, a
-transformer encoder layer through the dynamo exporter), in groups of any size, and the part evaluated is smaller
-than the graph."""
+"""Each layer quantized alone is evaluated from where its graph differs from the prepared graph, its float nodes
+optimised: the outputs are the whole graph's as written up to the float kernels' rounding, on the built-in networks and
+on graphs torch's exporters wrote (a torchvision network, a transformer encoder layer through the dynamo exporter), in
+groups of any size, and the part evaluated is smaller than the graph."""
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +9,11 @@ import onnx
 import pytest
 
 from exporters import torch_export
+from float_kernels import FLOAT_FLOOR_DB, assert_errors_agree
+from quantverdict.export.compat import serialized
 from quantverdict.judge import layers_alone
 from quantverdict.judge.downstream import Reference
+from quantverdict.judge.layer_errors import Errors
 from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.precision import get_recipe
@@ -62,6 +65,7 @@ def test_each_layer_from_its_cut_gives_the_whole_graphs_outputs(tmp_path, model,
     whole = len(graphs.prepared.graph.node)
     sizes = [len(onnx.load_from_string(part.graph).graph.node) for part in parts]
     assert sizes[-1] < whole and sum(sizes) < whole * len(layers), (sizes, whole)
+    fp32 = unkept_semantics(serialized(graphs.prepared), batches, threads=1)
     for budget in (1, 1 << 30):  # a group per layer; one group for all
         found: dict[int, dict[str, np.ndarray]] = {}
         layers_alone.evaluate(graphs, layers, range(len(layers)), batches, budget, found.__setitem__)
@@ -69,7 +73,44 @@ def test_each_layer_from_its_cut_gives_the_whole_graphs_outputs(tmp_path, model,
         for number, layer in enumerate(layers):
             expected = unkept_semantics(graphs.graph(layer), batches, threads=1)
             assert found[number].keys() == expected.keys()
-            assert all(np.array_equal(found[number][name], expected[name]) for name in expected), (layer, budget)
+            assert_errors_agree(Errors.of(fp32, found[number]), Errors.of(fp32, expected), fp32, (layer, budget))
+
+
+def test_float_nodes_are_optimised_and_quantizers_run_as_written(tmp_path):
+    """A Q/DQ convolution ONNX Runtime fuses into an integer kernel with every optimisation on keeps its quantizers
+    as written under the options layers alone are evaluated with (its float convolution in the CPU's blocked layout):
+    what the graph means, up to the float kernels' rounding."""
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    from quantverdict.precision.exposing import as_written_options, quantizers_as_written_options
+
+    rng = np.random.default_rng(0)
+    codes = numpy_helper.from_array(rng.integers(-127, 128, (16, 8, 3, 3)).astype(np.int8), "w")
+    scalars = [numpy_helper.from_array(np.array(value, dtype), name) for name, value, dtype in [
+        ("sx", 0.02, np.float32), ("zx", 0, np.int8), ("sw", 0.004, np.float32), ("sy", 0.05, np.float32)]]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zx"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "sy", "zx"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "sy", "zx"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16, 16, 16])],
+                              [codes, *scalars])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    feed = {"x": rng.normal(0, 1, (4, 8, 16, 16)).astype(np.float32)}
+    outputs, kinds = {}, {}
+    for name, options in [("written", as_written_options()), ("ours", quantizers_as_written_options()),
+                          ("fused", onnxruntime.SessionOptions())]:
+        options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        outputs[name] = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"]).run(
+            None, feed)[0]
+        kinds[name] = {node.op_type for node in onnx.load(str(tmp_path / f"{name}.onnx")).graph.node}
+    assert "QLinearConv" in kinds["fused"] and "QLinearConv" not in kinds["ours"], kinds
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= kinds["ours"]
+    apart = np.linalg.norm((outputs["ours"] - outputs["written"]).astype(np.float64))
+    assert apart <= np.linalg.norm(outputs["written"].astype(np.float64)) * 10 ** (-FLOAT_FLOOR_DB / 20)
 
 
 def test_a_part_onnx_runtime_does_not_load_is_evaluated_whole(tmp_path):
@@ -91,8 +132,9 @@ def test_a_part_onnx_runtime_does_not_load_is_evaluated_whole(tmp_path):
     Group([(0, good), (1, dataclasses.replace(bad, graph=b"no graph"))]).evaluate(reference, batches,
                                                                                 found.__setitem__, whole.append)
     assert whole == [1] and list(found) == [0]
+    fp32 = unkept_semantics(serialized(graphs.prepared), batches, threads=1)
     expected = unkept_semantics(graphs.graph(layers[0]), batches, threads=1)
-    assert all(np.array_equal(found[0][name], expected[name]) for name in expected)
+    assert_errors_agree(Errors.of(fp32, found[0]), Errors.of(fp32, expected), fp32, layers[0])
 
 
 MANY_PARTS = '''
@@ -105,8 +147,8 @@ from quantverdict.judge.downstream import Group, Reference
 from quantverdict.resources import peak_memory_mb
 
 if sys.argv[1] == "kept":  # the baseline: each session keeps its buffers in its arena between runs
-    downstream._as_written = lambda graph: OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=False,
-                                                             threads=1, pooled=True)
+    downstream._floats_optimised = lambda graph: OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=True,
+                                                                   threads=1, pooled=True, quantizers_as_written=True)
 
 rng = np.random.default_rng(0)
 nodes, weights, previous, channels = [], [], "x", 3

@@ -29,7 +29,7 @@ from quantverdict.capabilities import Capabilities, detect, intra_op_threads, pa
 from quantverdict.hashing import file_sha256, source_fingerprint
 from quantverdict.heartbeat import told
 from quantverdict.models.spec import Batch, ModelSpec
-from quantverdict.precision.exposing import as_written_options
+from quantverdict.precision.exposing import as_written_options, quantizers_as_written_options
 
 NO_VNNI_HINT = ("without VNNI, ONNX Runtime's U8S8 integer kernels sum pairs of 8-bit products in 16-bit "
                 "intermediates, which saturate; TensorRT accumulates in INT32")
@@ -50,8 +50,10 @@ class OnnxRuntimeRunner(Runner):
     name = "onnxruntime"
 
     def __init__(self, path: Path | bytes, providers: list[str], optimize: bool, config: dict[str, str] | None = None,
-                 threads: int = 0, pooled: bool = True):
+                 threads: int = 0, pooled: bool = True, quantizers_as_written: bool = False):
         self.path, self.providers, self.optimize, self.config = path, providers, optimize, config or {}
+        # with ``optimize``: the float nodes' optimisations only, no Q/DQ fused (exposing.quantizers_as_written_options)
+        self.quantizers_as_written = quantizers_as_written
         self.threads = threads  # intra-op threads; 0: the process's share (capabilities.intra_op_threads)
         # False: a run's buffers are freed when it ends, not kept in the session's arena for its next run (many
         # sessions held at once each kept their activations: 12 at 256×512 held 6.4 GB, 0.4 GB without; same values)
@@ -60,7 +62,8 @@ class OnnxRuntimeRunner(Runner):
     def activate_impl(self) -> None:
         import onnxruntime
 
-        options = onnxruntime.SessionOptions() if self.optimize else as_written_options()  # else a graph's semantics
+        options = (as_written_options() if not self.optimize  # a graph's semantics
+                   else quantizers_as_written_options() if self.quantizers_as_written else onnxruntime.SessionOptions())
         for key, value in self.config.items():
             options.add_session_config_entry(key, value)
         options.intra_op_num_threads = self.threads or intra_op_threads()
@@ -72,8 +75,9 @@ class OnnxRuntimeRunner(Runner):
     def label(self) -> str:
         import onnxruntime
 
-        mode = "graph optimisations on (Q/DQ fused into integer kernels)" if self.optimize else \
-            "graph optimisations off (Q/DQ as written)"
+        mode = ("graph optimisations off (Q/DQ as written)" if not self.optimize
+                else "float nodes' graph optimisations on (Q/DQ as written)" if self.quantizers_as_written
+                else "graph optimisations on (Q/DQ fused into integer kernels)")
         providers = "/".join(p if isinstance(p, str) else p[0] for p in self.providers)
         config = "".join(f", {key}={value}" for key, value in self.config.items())
         return f"onnxruntime {onnxruntime.__version__} {providers}, {mode}{config}"

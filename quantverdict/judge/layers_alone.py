@@ -1,4 +1,4 @@
-"""Each layer quantized alone, evaluated as written, in worker processes, kept as its errors against FP32's outputs.
+"""Each layer quantized alone, its Q/DQ as written, in worker processes, kept as its errors against FP32's outputs.
 
 Ranking layers (fallback, sensitivity) evaluates one graph per weighted layer, each a copy of the model: 48 for
 MiniLM, once for every candidate recipe of a search that keeps layers in FP32. The graphs are independent, so they
@@ -9,8 +9,8 @@ worker or in this process, so that a 2-core and a 64-core runner compute the sam
 work by its threads) and choose the same layers. Workers are fresh interpreters (``python -m``), not forks: a fork of
 a process holding ONNX Runtime's and PyTorch's thread pools can hang, and a spawned multiprocessing pool imports the
 user's main script again.
-Each layer's graph is evaluated from where it differs from the prepared graph (:mod:`quantverdict.judge.downstream`),
-in groups that share one pass of the prepared graph per batch.
+Each layer's graph is evaluated from where it differs from the prepared graph, its float nodes optimised
+(:mod:`quantverdict.judge.downstream`), in groups that share one pass of the prepared graph per batch.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
 from quantverdict.models.spec import Batch
 from quantverdict.precision.single_layer import LayerGraphs
 
+CODE = ("quantverdict.judge.layers_alone", "quantverdict.judge.downstream")  # what moves their errors' last bits
 LAYERS_PER_WORKER = 2  # a worker started beside this process (an interpreter, the graphs read) pays off over this many
 GROUP_BYTES = 1 << 30  # the downstream graphs a worker holds sessions of at once, sharing one prepared graph's pass
 Outputs = dict[str, np.ndarray]
@@ -81,7 +82,7 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
              done: Callable[[int, Outputs], object], output_bytes: int = 0,
              going: Callable[[], bool] = lambda: True) -> None:
     """The ``numbers``-th of ``layers``, each quantized alone and evaluated on one thread, ``done(number, outputs)``
-    for each: from the cut where the prepared graph is evaluated as written, in groups of ``budget`` bytes (their
+    for each: from the cut where the prepared graph's Q/DQ run as written, in groups of ``budget`` bytes (their
     graphs and the ``output_bytes`` each one's outputs hold until the group ends); whole where it is evaluated in exact
     integer arithmetic (its integer operators) or the cut does not apply."""
     evaluated_by = evaluator(graphs.prepared)  # Q/DQ pairs add no integer operator: each layer's graph is read alike
@@ -89,7 +90,7 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
     group = Group()
 
     def whole(number: int) -> None:
-        done(number, unkept_semantics(graphs.graph(layers[number]), batches, 1, evaluated_by))
+        done(number, unkept_semantics(graphs.graph(layers[number]), batches, 1, evaluated_by, floats_optimised=True))
 
     for number in numbers:
         if not going():
@@ -97,7 +98,7 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
         model = graphs.model(layers[number])
         part = reference.part(model) if reference is not None else None
         if part is None:
-            done(number, unkept_semantics(serialized(model), batches, 1, evaluated_by))
+            done(number, unkept_semantics(serialized(model), batches, 1, evaluated_by, floats_optimised=True))
             continue
         group.parts.append((number, part))
         if reference is not None and group.size + output_bytes * len(group.parts) >= budget:

@@ -53,16 +53,18 @@ def evaluate_semantics(path: Path, batches: Sequence[Batch], threads: int = 0) -
 
 
 def unkept_semantics(graph: bytes, batches: Sequence[Batch], threads: int = 0,
-                     evaluated_by: str | None = None) -> dict[str, np.ndarray]:
+                     evaluated_by: str | None = None, floats_optimised: bool = False) -> dict[str, np.ndarray]:
     """:func:`evaluate_semantics` of a graph made only to be evaluated, from its bytes (no file). ``evaluated_by``
     (:func:`evaluator`'s answer) where the caller knows it without parsing the graph: each layer quantized alone is
     evaluated as the prepared graph it came from would be, and parsing a transformer's copy per layer cost a tenth
-    of the evaluation."""
+    of the evaluation. ``floats_optimised``: its float nodes optimised by ONNX Runtime, its Q/DQ as written (up to the
+    float kernels' last bits: :func:`~quantverdict.precision.exposing.quantizers_as_written_options`)."""
     if evaluated_by is None:
         evaluated_by = evaluator(onnx.load_from_string(graph))
     if evaluated_by == EXACT:
         return evaluate_exact(onnx.load_from_string(graph), batches)
-    with OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=False, threads=threads) as runner:
+    with OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=floats_optimised, threads=threads,
+                           quantizers_as_written=True) as runner:
         return infer_all(runner, batches)
 
 

@@ -26,7 +26,7 @@ from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
 from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
 from quantverdict.judge.layer_errors import Errors
-from quantverdict.judge.layers_alone import each_alone
+from quantverdict.judge.layers_alone import CODE as LAYERS_ALONE_CODE, each_alone
 from quantverdict.judge.output_kinds import output_kinds
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
 from quantverdict.judge.semantics import unkept_semantics
@@ -218,7 +218,7 @@ class ArtifactStore:
         reference = self.fp32_outputs(model, data)
         if not derivable(recipe):
             return [Errors.of(reference, self.recipe_semantics(model, each, data)) for each in alone]
-        cpu = self.onnxruntime_cpu_parts(*SEMANTICS_CODE, "quantverdict.judge.layers_alone")
+        cpu = self.onnxruntime_cpu_parts(*SEMANTICS_CODE, *LAYERS_ALONE_CODE)
         against = content_hash(reference)  # the evaluation set's reference may be torch's: its version is not a part
         parts = {layer: [self.precision_graph(model, each).key(), self.data_key(model, data), against, *cpu]
                  for layer, each in zip(layers, alone)}
