@@ -14,7 +14,7 @@ import yaml
 from quantverdict.capabilities import GPU, Capabilities
 from quantverdict.errors import CalibrationError, HarnessError
 from quantverdict.tune.auto import AutoSettings, auto_settings
-from quantverdict.tune.search import stages
+from quantverdict.tune.stages import stages
 from quantverdict.judge.sensitivity import evaluate_recipe, layer_sensitivity
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe

@@ -15,7 +15,7 @@ from quantverdict.tune.auto import AutoSettings, auto_settings
 from quantverdict.tune import rules
 from quantverdict.tune.rules import (MAX_DB, MIN_GAIN_DB, better, out_of_reach, paired_gains, pooled_snr_db,
                                      sample_noise)
-from quantverdict.tune.search import CALIBRATORS, stages
+from quantverdict.tune.stages import CALIBRATORS, stages
 from quantverdict.judge.sensitivity import evaluate_recipe, weighted_layers
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import get_recipe

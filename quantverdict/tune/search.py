@@ -10,7 +10,7 @@ fallback of the most sensitive layers to a wider format up to the declared share
 Optimizer's ``auto_quantize`` spends its budget), each layer in the narrowest of ``wider_formats`` that holds it (FP16,
 as Model Optimizer keeps its unquantized layers, since TensorRT runs them faster than FP32 and their rounding is ~8 bits
 finer than INT8's, FP32 where FP16 does not hold; FP8 too where the user offers it:
-:mod:`quantverdict.precision.wider_layers`), and weight rounding (GPTQ); see :func:`stages`.
+:mod:`quantverdict.precision.wider_layers`), and weight rounding (GPTQ); see :func:`quantverdict.tune.stages.stages`.
 
 Every candidate is judged by cross-validation over the calibration set: calibrated on three quarters,
 judged on the quarter left out (its graph's exact semantics against FP32), once per quarter, so every
@@ -30,9 +30,6 @@ The search's work is fixed: every candidate of every stage, each on every fold, 
 choose among the same candidates. Wall time (``budget_s``) only stops a search that runs away; one so stopped is
 recorded as incomplete (:attr:`SearchResult.complete`), and a lock file never takes it. Each candidate is reported as
 it ends (``progress``): a first search takes minutes.
-
-The search space was chosen on EfficientNet-Lite0 and -Lite1: bias correction is not in it, since on Lite0's
-held-out quarters it gained 0.5 dB where GPTQ gained 3.6 dB, at three times GPTQ's time, and lost on top of it.
 """
 from __future__ import annotations
 
@@ -54,35 +51,17 @@ from quantverdict.precision.settings import Formats, RecipeSettings
 from quantverdict.resources import available_memory
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_note, beyond_plan, fewest_in_float
-from quantverdict.tune.fallback import choose_fallback, fallback_per_part, layers_kept
+from quantverdict.tune.fallback import choose_fallback, fallback_per_part
 from quantverdict.tune.margin import short_of_margin
 from quantverdict.heartbeat import heartbeat
 from quantverdict.tune.progress import ranking_factor, time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
 from quantverdict.tune.rules import (MIN_GAIN_DB, REACH_SE, better, out_of_reach, pooled_snr_db, sample_noise,
                                      weighed)
+from quantverdict.tune.stages import CALIBRATORS, stages
 
 LOG = logging.getLogger(__name__)
 Progress = Callable[[str], None]  # told one line as a search starts and as each candidate ends
-CALIBRATORS = [RecipeSettings(calibration="max"), RecipeSettings(calibration="percentile"),
-               RecipeSettings(calibration="mse")]
-MIGRATION = [RecipeSettings(smoothquant=0.5), RecipeSettings(smoothquant=0.8), RecipeSettings(equalize=True)]
-ROUNDING = [RecipeSettings(gptq=True)]
-
-
-def stages(auto: AutoSettings, layers: int) -> list[list[RecipeSettings]]:
-    """Each stage's alternatives, each tried on top of the best of the stages before it. Fallback comes before
-    weight rounding: a technique is judged by its gain in output SNR, and the few layers fallback keeps in FP16
-    carry most of the noise, and while they do, rounding the other layers better moves the output's SNR little
-    (noise powers add: halving a third of it gains 0.8 dB; the same, once the rest is gone, 3 dB). The calibrators
-    are tried once more at the end, with the other choices made: which range is best (clipping noise against
-    rounding noise) depends on which layers stay quantized and how much their weights' rounding adds. Fallback keeps
-    each layer in the narrowest of ``wider_formats`` that holds it
-    (:func:`quantverdict.tune.fallback.fallback_per_part`): FP16, and FP32 where FP16 flushes magnitudes below 6e-8
-    to zero or overflows past 65504 (an untrained MobileNetV3-small's logits, ~1e-9: 0 dB in FP16)."""
-    fallback = [[RecipeSettings(fallback=auto.max_fallback, fallback_format=auto.wider_formats)]]
-    return [CALIBRATORS, MIGRATION, *(fallback if layers_kept(auto.max_fallback, layers) > 0 else []), ROUNDING,
-            CALIBRATORS]
 
 
 class Trials:
