@@ -513,6 +513,12 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
         "about 0 s left, and 1 candidate of a kind not timed yet"  # nothing plain timed to price it by: said so
     prepared = [*first, Candidate(settings=migrations[0], seconds=5.0)]
     assert time_left(migrations[1:], prepared) == "about 5 s left"  # one timed: its time
+    # the search past max_fallback: its first try is sure, the bisection after it only where that one meets the bounds
+    ranked, beyond = [*first, Candidate(settings=RecipeSettings(fallback=0.1), seconds=40.0)], \
+        [RecipeSettings(fallback=0.5)] * 4  # at the choice's ranking: plain ones
+    assert time_left([RecipeSettings(calibration="mse", fallback=0.1), *beyond], ranked, maybe=3) == (
+        "about 6 s left, up to 9 s more if more layers kept wider meet the case's bounds")
+    assert time_left(beyond[1:], ranked) == "about 9 s left"  # it did: the rest are sure
 
 
 def test_the_trade_off_it_found_is_in_the_record_and_on_the_page(repo, monkeypatch, tmp_path):

@@ -78,12 +78,15 @@ def kinds(settings: Sequence[RecipeSettings]) -> list[Kind]:
     return found
 
 
-def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None) -> str:
+def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None,
+              maybe: int = 0) -> str:
     """About how long the candidates ``plan`` take, each timed as the median of those ``timed`` of its kind
     (:func:`kinds`; the median, since one slow technique should not price the rest). A kind not timed yet is priced as
     a plain candidate and the new work it does (:data:`PASSES`), but for one that ranks layers: it costs several
     others (:func:`quantverdict.tune.fallback.fallback_per_part`) and is priced as a plain candidate and ``ranking``
-    (:func:`ranking_factor`) times one, and said so."""
+    (:func:`ranking_factor`) times one, and said so. The last ``maybe`` of ``plan`` run only where the first share of
+    layers tried wider past ``max_fallback`` meets the case's bounds (:func:`~quantverdict.tune.beyond.fewest_in_float`,
+    which stops where it misses them): said apart, as the most they add."""
     of_kind = kinds([*(c.settings for c in timed), *plan])
     means = {kind: float(np.median(seconds)) for kind in get_args(Kind)
              if (seconds := [c.seconds for c, each in zip(timed, of_kind) if each == kind])}
@@ -95,7 +98,11 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: f
     if guessed:
         means["ranks"] = means["plain"] * (1 + ranking)  # type: ignore[operator]
     ahead = of_kind[len(timed):]
-    said = f"about {sum(means[kind] for kind in ahead if kind in means):.0f} s left"
+    sure, unsure = ahead[:len(ahead) - maybe], ahead[len(ahead) - maybe:]
+    said = f"about {sum(means[kind] for kind in sure if kind in means):.0f} s left"
+    if unsure:
+        said += (f", up to {sum(means[kind] for kind in unsure if kind in means):.0f} s more if more layers kept wider "
+                 "meet the case's bounds")
     untimed = ahead.count("ranks") if "ranks" not in means or guessed else 0
     if untimed:
         many = untimed > 1

@@ -123,7 +123,7 @@ class Trials:
 
     def judge(self, settings: RecipeSettings, ahead: list[RecipeSettings], among: Sequence[Candidate] = (),
               kept: Sequence[Mapping[str, str]] | None = None, rival: tuple[Candidate, np.ndarray] | None = None,
-              decide: bool = False) -> tuple[Candidate, np.ndarray | None]:
+              decide: bool = False, maybe: int = 0) -> tuple[Candidate, np.ndarray | None]:
         """``settings`` judged (a fold's graph is not kept): its held-out samples' error energies (None where the
         technique does not apply to this graph, or it stopped short), reported beside the best of the search's
         candidates ``among`` and the time the candidates ``ahead`` take, priced by those. ``kept``: the layers its
@@ -132,7 +132,8 @@ class Trials:
         the candidate stops after the first fold that puts it :func:`out_of_reach` where that one meets the case's
         bounds, or where neither can meet them (:meth:`cannot_meet_bounds`): only the SNR can then make it better
         (a candidate that may still meet bounds its rival misses is judged on every fold). ``decide``:
-        whether it is taken over ``rival`` (or is the first) is decided, and its line says why."""
+        whether it is taken over ``rival`` (or is the first) is decided, and its line says why. ``maybe``: how many of
+        ``ahead``, the last, are tried only where the first of the search past ``max_fallback`` meets the bounds."""
         begun, candidate = time.perf_counter(), Candidate(settings=settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
@@ -156,7 +157,7 @@ class Trials:
         score = candidate.error or f"{candidate.score_db:.2f} dB"
         self.report(f"{title}: {score}{stopped} in {candidate.seconds:.0f} s; "
                     f"best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
-                    f"{time_left(ahead, [*among, candidate], self.ranking)}"
+                    f"{time_left(ahead, [*among, candidate], self.ranking, maybe)}"
                     + (f"; {candidate.why}" if decide and candidate.why else ""))
         return candidate, samples
 
@@ -237,7 +238,8 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             beyond = beyond_plan(settings, result.layers, auto) if leader and leader[0].passed is False else []
             candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
                 each for after in planned[number + 1:] for each in after), *beyond]), result.candidates,
-                kept=trials.per_fold[best[0].settings] if at_layers else None, rival=stage_best, decide=True)
+                kept=trials.per_fold[best[0].settings] if at_layers else None, rival=stage_best, decide=True,
+                maybe=len(beyond[1:]))
             result.candidates.append(candidate)
             if samples is not None and candidate.taken:
                 stage_best = candidate, samples
@@ -263,7 +265,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             kept = None if ranker == result.chosen else fallback_per_part(whole, model, base.with_settings(
                 more.over(ranker)), held_out)
             return trials.judge(more.over(result.chosen), plan[trials.done - start + 1:], result.candidates,
-                                kept=kept)[0]
+                                kept=kept, maybe=len(plan) - 1 if trials.done == start else 0)[0]
 
         result.beyond = fewest_in_float(wider, result.layers, auto.max_fallback, lambda: trials.in_time(auto.budget_s),
                                         (lambda share: wider(share, auto.wider_formats[-1:]))
