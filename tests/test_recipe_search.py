@@ -635,3 +635,32 @@ def test_a_long_candidate_says_it_is_still_working_until_it_ends():
     assert said == sorted(said) and said[0] > 0
     threading.Event().wait(0.2)
     assert len(said) == heard  # the work ended: silence
+
+
+def test_a_search_runs_gptq_with_small_thread_pools_and_gives_them_back(repo, tmp_path, monkeypatch):
+    """numpy's BLAS and the OpenMP pools (torch's) at one thread inside the search's GPTQ (the limit made smaller than
+    this machine's cores, so that it shows), torch's own count too, and as before once the search ends."""
+    import torch
+    from threadpoolctl import threadpool_info
+
+    from quantverdict import pools
+    from quantverdict.precision import gptq
+
+    def sizes() -> dict[str, int]:
+        return {info["internal_api"]: info["num_threads"] for info in threadpool_info()}
+
+    monkeypatch.setattr(pools, "SEARCH_THREADS", 1)
+    before, torch_before = sizes(), torch.get_num_threads()
+    seen: list[tuple[dict[str, int], int]] = []
+    rounding = gptq.round_weights
+
+    def watched(*args, **kwargs):
+        seen.append((sizes(), torch.get_num_threads()))
+        return rounding(*args, **kwargs)
+
+    monkeypatch.setattr(gptq, "round_weights", watched)
+    found = Pipeline(tmp_path / "cache", manifest=repo / "models.yaml").recipes.search("dw", "int8")
+    assert found is not None and seen, "no GPTQ candidate ran"
+    assert {"openblas", "openmp"} <= set(before)  # numpy's BLAS and torch's OpenMP are there to limit
+    assert all(set(inside.values()) == {1} and threads == 1 for inside, threads in seen), seen
+    assert sizes() == before and torch.get_num_threads() == torch_before

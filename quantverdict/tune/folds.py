@@ -12,6 +12,7 @@ from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
+from quantverdict.pools import small_pools
 from quantverdict.precision import get_recipe
 from quantverdict.precision.batch_sets import planned
 from quantverdict.precision.qdq import QDQ
@@ -103,7 +104,7 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
         report = progress or (lambda line: LOG.info("%s", line))
         sets = [whole[model], *(split(whole[model], model, fold)[0] for fold in numbers)]
-        with costed() as cost, freed_memory.kept(), planned(sets):
+        with costed() as cost, freed_memory.kept(), planned(sets), small_pools():
             judging = ByKind.of(spec, store.output_kinds(model), store.tolerances, precision, tolerance)
             checked = check_lock(store, views, held_out, model, base, judging, incumbent, report) \
                 if incumbent else None
