@@ -12,7 +12,7 @@ from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
-from quantverdict.pools import small_pools
+from quantverdict.tune.pools import small_pools
 from quantverdict.precision import get_recipe
 from quantverdict.precision.batch_sets import planned
 from quantverdict.precision.qdq import QDQ
