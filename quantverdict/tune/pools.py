@@ -16,9 +16,8 @@ SEARCH_THREADS = 2
 @contextmanager
 def small_pools(threads: int | None = None) -> Iterator[None]:
     """numpy's BLAS and the OpenMP pools at ``threads`` (:data:`SEARCH_THREADS`) while inside, as they were after
-    (``threadpoolctl``). torch is
-    loaded first where it is installed and not yet loaded: a library loaded inside is past the limits' reach, and a
-    search's GPTQ loads it."""
+    (``threadpoolctl``). torch is loaded first where it is installed and not yet loaded: a library loaded inside is
+    past the limits' reach, and a search's GPTQ loads it."""
     from threadpoolctl import threadpool_limits
 
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
