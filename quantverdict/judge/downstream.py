@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.models.spec import Batch
-from quantverdict.precision.exposing import cut_to, with_outputs
+from quantverdict.precision.exposing import as_written_session, cut_to, with_outputs
 
 Outputs = dict[str, np.ndarray]
 
@@ -139,18 +139,12 @@ def _floats_optimised(graph: bytes) -> OnnxRuntimeRunner:
                              quantizers_as_written=True)
 
 
-def _as_written(graph: bytes) -> OnnxRuntimeRunner:
-    """A runner of ``graph`` as written, on one thread, its buffers freed after each run."""
-    return OnnxRuntimeRunner(graph, ["CPUExecutionProvider"], optimize=False, threads=1, pooled=False)
-
-
 def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """Each tensor's element type as ONNX Runtime infers it (every node output marked an output: no pass is run)."""
     types = {item.name: item.type.tensor_type.elem_type for item in model.graph.input}
     names = list(dict.fromkeys(name for node in model.graph.node for name in node.output if name))
     try:
-        with _as_written(with_outputs(model, names).SerializeToString()) as runner:
-            outputs = runner.session.get_outputs()
+        outputs = as_written_session(with_outputs(model, names), pooled=False).get_outputs()
     except Exception:  # noqa: BLE001 - no type known past the inputs: every part is evaluated whole (Reference.part)
         return types
     for item in outputs:

@@ -14,13 +14,13 @@ SEARCH_THREADS = 2
 
 
 @contextmanager
-def small_pools(threads: int | None = None) -> Iterator[None]:
-    """numpy's BLAS and the OpenMP pools at ``threads`` (:data:`SEARCH_THREADS`) while inside, as they were after
+def small_pools() -> Iterator[None]:
+    """numpy's BLAS and the OpenMP pools at :data:`SEARCH_THREADS` threads while inside, as they were after
     (``threadpoolctl``). torch is loaded first where it is installed and not yet loaded: a library loaded inside is
     past the limits' reach, and a search's GPTQ loads it."""
     from threadpoolctl import threadpool_limits
 
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
         importlib.import_module("torch")  # its OpenMP pool, to be limited with the rest
-    with threadpool_limits(limits=threads or SEARCH_THREADS):
+    with threadpool_limits(limits=SEARCH_THREADS):
         yield
