@@ -119,7 +119,8 @@ def test_a_graph_rewritten_at_its_last_layer_measures_only_the_tensors_it_change
     asked: list[list[str]] = []
     collect = calibration.collect_histograms
     monkeypatch.setattr(calibration, "collect_histograms",
-                        lambda model_bytes, names, sets: asked.append(list(names)) or collect(model_bytes, names, sets))
+                        lambda model_bytes, names, sets, **more: asked.append(list(names))
+                        or collect(model_bytes, names, sets, **more))
     calibrate(Cache(tmp_path / "first"), model.SerializeToString(), tensors, batches, Calibrator(method))
     shared = calibrate(Cache(tmp_path / "second"), rewritten.SerializeToString(), tensors, batches, Calibrator(method))
     assert asked == [tensors, ["y"]] and shared == alone

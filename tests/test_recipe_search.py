@@ -506,6 +506,9 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     # rounding of a preparation: one and a half such passes, 3 + 1.5 × 9
     migrations = [RecipeSettings(smoothquant=0.5), RecipeSettings(equalize=True)]
     assert time_left(migrations, first) == "about 24 s left"
+    # where the first's calibration pass measured 6 s of what later candidates ask (their channel ranges, GPTQ's H),
+    # those seconds are not its one-time work: the pass is 3, each preparation 3 + 3
+    assert time_left(migrations, first, ridden=6.0) == "about 12 s left"
     assert time_left([RecipeSettings(gptq=True), RecipeSettings(calibration="mse", gptq=True)], first) == \
         "about 20 s left"  # the second rounds alike: priced as a plain one (16.5 + 3)
     locked = [Candidate(settings=RecipeSettings(fallback=0.1, gptq=True), seconds=12.0)]  # a check's first: the lock's

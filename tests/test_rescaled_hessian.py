@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantverdict.cache import Cache
 from quantverdict.precision import hessian
 from quantverdict.precision.calibrate import FORWARD_PASSES, channel_ranges
-from quantverdict.precision.gptq import _roundable
+from quantverdict.precision.gptq import roundable
 from quantverdict.precision.hessian import derived, measured
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.grids import INT8
@@ -69,10 +69,10 @@ def test_derived_second_moments_are_those_measured_on_the_prepared_graph(net, se
     prepared = recipe.prepare(model, _channel_ranges(Cache(tmp_path), batches))
     assert prepared.rescaling is not None and prepared.rescaling.tensors  # something was rescaled
     assert all(np.ptp(rescale.factor) > 0 for rescale in prepared.rescaling.tensors.values())
-    layers = _roundable(prepared.graph)
+    layers = roundable(prepared.graph)
     monkeypatch.setattr(hessian, "_MEASURED", type(hessian._MEASURED)(1 << 30, hessian._MEASURED.size))
     _, sums = measured(prepared.graph, layers, batches, lambda: layers)
-    found = derived(prepared.rescaling, layers, batches, _roundable)
+    found = derived(prepared.rescaling, layers, batches, roundable)
     assert found is not None
     rescaled = {prepared.rescaling.tensors.get(layer.node.input[0]) is not None for layer in layers}
     assert rescaled == ({True, False} if settings.get("equalize") else {True})  # the inputs' kinds, each checked
@@ -96,10 +96,10 @@ def test_one_measurement_serves_every_preparation(monkeypatch, tmp_path):
         copy.CopyFrom(model)
         preparations.append(recipe.prepare(copy, _channel_ranges(Cache(tmp_path), _batches(model, 2, seed))))
     passes = FORWARD_PASSES[model.graph.name]
-    found = [derived(p.rescaling, _roundable(p.graph), batches, _roundable) for p in preparations]
+    found = [derived(p.rescaling, roundable(p.graph), batches, roundable) for p in preparations]
     assert FORWARD_PASSES[model.graph.name] - passes == len(batches)  # one pass, not one per preparation
     assert found[0][0] != found[1][0]  # kept apart: their rounding is not shared
-    depthwise = [index for index, layer in enumerate(_roundable(preparations[0].graph))
+    depthwise = [index for index, layer in enumerate(roundable(preparations[0].graph))
                  if layer.node.name == "depthwise"][0]
     assert not np.allclose(found[0][1][depthwise][0], found[1][1][depthwise][0])
 
@@ -123,5 +123,56 @@ def test_a_search_measures_the_graph_before_preparation_for_every_set_in_one_pas
     passes = FORWARD_PASSES[model.graph.name]
     with planned(sets):
         for prepared, found in preparations:
-            assert derived(prepared.rescaling, _roundable(prepared.graph), found, _roundable) is not None
+            assert derived(prepared.rescaling, roundable(prepared.graph), found, roundable) is not None
     assert FORWARD_PASSES[model.graph.name] - passes == len(batches)  # each batch once, for the four folds
+
+
+@pytest.mark.parametrize("net,settings", [(_depthwise_net, {"equalize": True, "gptq": True}),
+                                          (_linear_net, {"smoothquant": 0.5, "gptq": True})])
+def test_a_searchs_first_calibration_pass_measures_what_its_candidates_ask_of_the_graph(net, settings, monkeypatch,
+                                                                                         tmp_path):
+    """Within a search, the pass that calibrates the unprepared graph for every set also measures, for every set, the
+    channel ranges its preparation asks for (equalization's, SmoothQuant's) and GPTQ's H: asked afterwards for each
+    set, they cost no pass, and they are what a pass of their own measures outside any search, bit for bit (the same
+    prepared graph, the same H)."""
+    from quantverdict.precision import calibrate as calibration
+    from quantverdict.precision import first_pass
+    from quantverdict.precision.batch_sets import planned
+    from quantverdict.precision.riders import riding
+    from quantverdict.precision.settings import RecipeSettings
+    from quantverdict.tune.folds import folds, split
+
+    model = net()
+    batches = _batches(model, 4, 1)
+    sets = [batches, *(split(batches, "m", fold)[0] for fold in range(folds(batches)))]
+    recipe = QDQ(INT8).configured(settings)
+
+    def fresh_tables() -> None:
+        monkeypatch.setattr(hessian, "_MEASURED", type(hessian._MEASURED)(1 << 30, hessian._MEASURED.size))
+        monkeypatch.setattr(calibration, "_CHANNEL_RANGES", {})
+        monkeypatch.setattr(calibration, "_HISTOGRAMS", {})
+
+    def asked(cache: Cache) -> list[tuple[bytes, list[np.ndarray]]]:
+        """Each set's prepared graph and its layers' H derived from the unprepared graph's, as a candidate asks."""
+        found = []
+        for each in sets:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            prepared = recipe.prepare(copy, _channel_ranges(cache, each))
+            _, moments = derived(prepared.rescaling, roundable(prepared.graph), each, roundable)
+            found.append((prepared.graph.SerializeToString(), [product for product, _ in moments]))
+        return found
+
+    fresh_tables()
+    passes = FORWARD_PASSES[model.graph.name]
+    with planned(sets), riding(first_pass.planned([RecipeSettings(**settings)])):
+        calibration.calibrate(Cache(tmp_path / "search"), model.SerializeToString(),
+                              recipe.calibration_recipe().tensors_to_calibrate(model), sets[1], shared=True)
+        assert FORWARD_PASSES[model.graph.name] - passes == len(batches)  # every set's histograms, each batch once
+        ridden = asked(Cache(tmp_path / "search"))
+    assert FORWARD_PASSES[model.graph.name] - passes == len(batches)  # and nothing more for the candidates
+    fresh_tables()
+    alone = asked(Cache(tmp_path / "alone"))
+    assert FORWARD_PASSES[model.graph.name] - passes > len(batches)  # measured alone: passes of their own
+    for (graph, moments), (theirs, their_moments) in zip(ridden, alone):
+        assert graph == theirs and all(np.array_equal(mine, other) for mine, other in zip(moments, their_moments))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -30,6 +30,7 @@ from quantverdict.models.spec import Batch
 from quantverdict.precision.batch_sets import batches_hash, siblings, union
 from quantverdict.precision.calibrators import BINS, Calibrator, Histogram, add_to
 from quantverdict.precision.exposing import exposed
+from quantverdict.precision.riders import Rider, ride, riders
 from quantverdict.precision.tensor_keys import computed_by
 
 RANGE_BITS = 10  # relative step 0.1–0.2%
@@ -78,10 +79,11 @@ def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Seq
     """Each of ``tensors``' histogram over ``batches``: kept from an earlier graph where a tensor computed the same way
     (:func:`~quantverdict.precision.tensor_keys.computed_by`) met the same batches, the others measured in one pass
     with the sets :func:`siblings` plans beside ``batches`` (``graph``: the hash of the graph and tensors, ``data``
-    of the batches), all kept, the oldest dropped beyond :data:`HISTOGRAMS_KEPT`. Histograms are kept for every
-    calibrator (a search tries max, percentile and MSE on the same graph and folds, and each forward pass is a pass
-    over the model: MiniLM's search, a fifth of its calibration time), and a graph prepared at a few layers (SmoothQuant
-    on a CNN's classifier) measures only the tensors those layers change."""
+    of the batches), and where the graph is ``shared``, the statistics planned to ride that pass
+    (:mod:`quantverdict.precision.riders`), all kept, the oldest dropped beyond :data:`HISTOGRAMS_KEPT`. Histograms
+    are kept for every calibrator (a search tries max, percentile and MSE on the same graph and folds, and each forward
+    pass is a pass over the model: MiniLM's search, a fifth of its calibration time), and a graph prepared at a few
+    layers (SmoothQuant on a CNN's classifier) measures only the tensors those layers change."""
     known = computed_by(onnx.load_from_string(model_bytes), graph)
     keys = {name: known.get(name) or content_hash(graph, name) for name in tensors}  # one it lacks: its run says so
     if any((keys[name], data) not in _HISTOGRAMS for name in tensors):
@@ -91,7 +93,8 @@ def _histograms(model_bytes: bytes, graph: str, tensors: list[str], batches: Seq
                                                                  for name in tensors)]
         sets, held = [asked, *(found for found, _ in others)], [data, *(each for _, each in others)]
         needed = [name for name in tensors if any((keys[name], each) not in _HISTOGRAMS for each in held)]
-        for each, measured in zip(held, collect_histograms(model_bytes, needed, sets)):
+        riding = riders(model_bytes, len(sets)) if shared else []
+        for each, measured in zip(held, collect_histograms(model_bytes, needed, sets, riding=riding)):
             for name, histogram in measured.items():
                 _HISTOGRAMS.pop((keys[name], each), None)
                 _HISTOGRAMS[keys[name], each] = histogram
@@ -112,10 +115,15 @@ def _with_siblings(kept: dict[str, T], graph: str, batches: Sequence[Batch], dat
         others = [(content_hash(graph, batches_hash(found)), found) for found in beside]
         missing = [(asked_key, asked), *((key, found) for key, found in others if key not in kept)]
         for (key, _), value in zip(missing, measure([found for _, found in missing])):
-            while len(kept) >= HISTOGRAM_SETS:
-                kept.pop(next(iter(kept)))
-            kept[key] = value
+            _keep(kept, key, value)
     return kept[asked_key]
+
+
+def _keep(kept: dict[str, T], key: str, value: T) -> None:
+    """``value`` kept under ``key``, the oldest dropped beyond :data:`HISTOGRAM_SETS`."""
+    while len(kept) >= HISTOGRAM_SETS:
+        kept.pop(next(iter(kept)))
+    kept[key] = value
 
 
 def portable(values: float | np.ndarray) -> np.ndarray:
@@ -151,27 +159,53 @@ def _channel_amax(model_bytes: bytes, tensors: Sequence[str], axis: int,
                   sets: Sequence[Sequence[Batch]]) -> list[dict[str, np.ndarray]]:
     """Each set's per-channel amax of ``tensors`` along ``axis``, in one pass over the batches the sets hold."""
     order, holders = union(sets)
-    amax: list[dict[str, np.ndarray]] = [{} for _ in sets]
+    found = ChannelAmax(model_bytes, tensors, axis, len(sets))
     for index, values in tensor_values(model_bytes, tensors, order):
-        holding = holders[index]
-        for name, value in values.items():
-            others = tuple(at for at in range(value.ndim) if at != axis % value.ndim)  # max |x| in no temporary
+        found.add(holders[index], values)
+    return found.amax
+
+
+class ChannelAmax:
+    """Each of several sets' per-channel amax of a graph's ``tensors`` along ``axis``, a batch at a time; a
+    :class:`~quantverdict.precision.riders.Rider` of the graph's calibration pass, which keeps them where
+    :func:`channel_ranges` looks first."""
+
+    def __init__(self, model_bytes: bytes, tensors: Sequence[str], axis: int, sets: int):
+        self.graph, self.tensors, self.axis = content_hash(model_bytes, list(tensors), axis), list(tensors), axis
+        self.amax: list[dict[str, np.ndarray]] = [{} for _ in range(sets)]
+
+    def add(self, holding: Sequence[int], values: Mapping[str, np.ndarray]) -> None:
+        for name in self.tensors:
+            value = values.get(name)
+            if value is None:
+                continue  # in another part of the tensors
+            others = tuple(at for at in range(value.ndim) if at != self.axis % value.ndim)  # max |x|, no temporary
             batch_amax = np.maximum(value.max(axis=others), -value.min(axis=others)) + 0.0  # -0.0 as |x| has it
             for number in holding:
-                found = amax[number]
+                found = self.amax[number]
                 found[name] = np.maximum(found[name], batch_amax) if name in found else batch_amax
-    return amax
+
+    def keep(self, sets: Sequence[Sequence[Batch]]) -> None:
+        for batches, amax in zip(sets, self.amax):
+            _keep(_CHANNEL_RANGES, content_hash(self.graph, batches_hash(batches)), amax)
 
 
 def collect_histograms(model_bytes: bytes, tensors: Sequence[str], sets: Sequence[Sequence[Batch]],
-                       bins: int = BINS) -> list[dict[str, Histogram]]:
+                       bins: int = BINS, riding: Sequence[Rider] = ()) -> list[dict[str, Histogram]]:
     """Each set's histograms of ``tensors``, in one forward pass per batch the sets hold: every requested tensor's
-    |x| is binned into the histograms of the sets holding its batch, and then dropped."""
+    |x| is binned into the histograms of the sets holding its batch, and then dropped; the riders ``riding`` measure
+    their own statistics of the same sets from the same values, and keep them once every batch has passed."""
     order, holders = union(sets)
     histograms = [{name: Histogram(bins) for name in tensors} for _ in sets]
-    for index, values in tensor_values(model_bytes, tensors, order):
+    wanted = set(tensors)
+    exposing = list(dict.fromkeys([*tensors, *(name for rider in riding for name in rider.tensors)]))
+    for index, values in tensor_values(model_bytes, exposing, order):
+        ride(riding, holders[index], values)
         for name, value in values.items():
-            add_to([histograms[number][name] for number in holders[index]], value)
+            if name in wanted:
+                add_to([histograms[number][name] for number in holders[index]], value)
+    for rider in riding:
+        rider.keep(sets)
     return histograms
 
 

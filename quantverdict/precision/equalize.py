@@ -46,12 +46,12 @@ def equalize(model: onnx.ModelProto, channel_amax: ChannelRanges, rescaling: Res
              ) -> onnx.ModelProto:
     """``model`` with the activation of every equalizable convolution pair balanced (see above); each activation
     rescaled recorded in ``rescaling``."""
-    graph = model.graph
+    graph, unsplit = model.graph, model.SerializeToString()
     _split_relu6(graph)
     pairs = _pairs(graph)
     if not pairs:
         return model
-    ranges = channel_amax(model.SerializeToString(), sorted({p.second.input[0] for p in pairs}), 1)
+    ranges = channel_amax(unsplit, _activations(pairs), 1)  # Min(Relu(x), M) is Clip(x, 0, M): the same values
     tensors = {init.name: init for init in graph.initializer}
     arrays = {name: numpy_helper.to_array(tensors[name]).astype(np.float32) for name in _touched(pairs)}
     for pair in pairs:  # each pair changes only its own activation: ranges of the original graph hold
@@ -61,6 +61,18 @@ def equalize(model: onnx.ModelProto, channel_amax: ChannelRanges, rescaling: Res
     for name, values in arrays.items():
         tensors[name].CopyFrom(numpy_helper.from_array(values, name))
     return model
+
+
+def equalized_activations(model: onnx.ModelProto) -> list[str]:
+    """The activations :func:`equalize` balances in ``model`` (left as it is), whose channel ranges it asks of it."""
+    graph = onnx.GraphProto()
+    graph.CopyFrom(model.graph)
+    _split_relu6(graph)
+    return _activations(_pairs(graph))
+
+
+def _activations(pairs: list[_Pair]) -> list[str]:
+    return sorted({pair.second.input[0] for pair in pairs})
 
 
 def _touched(pairs: list[_Pair]) -> set[str]:

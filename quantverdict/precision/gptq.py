@@ -113,7 +113,7 @@ def _round(layers: list[_Layer], fp32: onnx.ModelProto, batches: Sequence[Batch]
     arithmetic per layer as rounding each alone."""
     if not layers:
         return
-    graph, moments = second_moments(fp32, [layer.inputs for layer in layers], batches, _roundable, rescaling)
+    graph, moments = second_moments(fp32, [layer.inputs for layer in layers], batches, roundable, rescaling)
     for layer, (hessian, vectors) in zip(layers, moments):
         layer.hessian, layer.vectors = hessian, vectors
     by_shape: dict[tuple[Hashable, ...], list[tuple[_Layer, np.ndarray]]] = {}
@@ -252,7 +252,7 @@ def _auto_pad(node: onnx.NodeProto) -> str:
     return next((a.s.decode() for a in node.attribute if a.name == "auto_pad"), "NOTSET")
 
 
-def _roundable(fp32: onnx.ModelProto) -> list[LayerInputs]:
+def roundable(fp32: onnx.ModelProto) -> list[LayerInputs]:
     """Every layer of ``fp32`` whose weight GPTQ can round, as the inputs its H is measured on."""
     out = []
     for _, node, weight in _twins(fp32, fp32):

@@ -12,7 +12,7 @@ absorbs (the same MobileNetV2 graph on both), not always.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -154,19 +154,38 @@ def _second_moment_sums(model: bytes, layers: list[LayerInputs],
     """For each set of batches, Σ x xᵀ over every input column vector (a Conv's unfolded patches) of each layer, and
     their number, in one pass over the batches the sets hold (each batch's added to every set holding it, in that
     set's order: the same sums as its own pass)."""
-    names = list(dict.fromkeys(layer.node.input[0] for layer in layers))
     order, holders = union(sets)
-    sums: list[dict[tuple, Moments]] = [{} for _ in sets]
-    columns = _Columns()
-    for index, values in tensor_values(model, names, order):
-        for layer in layers:
+    sums = MomentSums(model, layers, len(sets))
+    for index, values in tensor_values(model, sums.tensors, order):
+        sums.add(holders[index], values)
+    return sums.sums
+
+
+class MomentSums:
+    """Each of several sets' H and vector count of ``layers`` (of the graph ``model``), a batch at a time; a
+    :class:`~quantverdict.precision.riders.Rider` of the graph's calibration pass, which keeps them where
+    :func:`measured` looks first."""
+
+    def __init__(self, model: bytes, layers: Sequence[LayerInputs], sets: int):
+        self.graph, self.layers = content_hash(model), list(layers)
+        self.tensors = list(dict.fromkeys(layer.node.input[0] for layer in layers))
+        self.sums: list[dict[tuple, Moments]] = [{} for _ in range(sets)]
+        self._columns = _Columns()
+
+    def add(self, holding: Sequence[int], values: Mapping[str, np.ndarray]) -> None:
+        for layer in self.layers:
             if layer.node.input[0] not in values:
                 continue  # in another part of the tensors (each layer meets the batches in their order all the same)
-            product, vectors = _second_moments(layer, values[layer.node.input[0]], columns)
-            for number in holders[index]:
-                total, count = sums[number].get(layer.key, (0.0, 0))
-                sums[number][layer.key] = (total + product, count + vectors)
-    return sums
+            product, vectors = _second_moments(layer, values[layer.node.input[0]], self._columns)
+            for number in holding:
+                total, count = self.sums[number].get(layer.key, (0.0, 0))
+                self.sums[number][layer.key] = (total + product, count + vectors)
+
+    def keep(self, sets: Sequence[Sequence[Batch]]) -> None:
+        for batches, sums in zip(sets, self.sums):
+            _kept(content_hash(self.graph, batches_hash(batches))).update(sums)
+        self._columns = _Columns()  # its buffer, the size of the largest layer's unfolded input
+        _MEASURED.trim()
 
 
 def _second_moments(layer: LayerInputs, value: np.ndarray, columns: "_Columns") -> Moments:

@@ -12,8 +12,9 @@ from quantverdict import freed_memory
 from quantverdict.errors import CalibrationError
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
-from quantverdict.precision import get_recipe
+from quantverdict.precision import first_pass, get_recipe
 from quantverdict.precision.batch_sets import planned
+from quantverdict.precision.riders import riding
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings
@@ -21,6 +22,7 @@ from quantverdict.tune.check import check_lock
 from quantverdict.tune.pools import small_pools
 from quantverdict.tune.result import Incumbent, SearchResult, costed
 from quantverdict.tune.search import LOG, Progress, search
+from quantverdict.tune.stages import MIGRATION, ROUNDING
 
 if TYPE_CHECKING:
     from quantverdict.tune.resolve import TuningBench
@@ -104,7 +106,8 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         held_out = [held_out_samples(whole[model], fold) for fold in numbers]
         report = progress or (lambda line: LOG.info("%s", line))
         sets = [whole[model], *(split(whole[model], model, fold)[0] for fold in numbers)]
-        with costed() as cost, freed_memory.kept(), planned(sets), small_pools():
+        asked = [incumbent.settings, *incumbent.nearest] if incumbent else [*MIGRATION, *ROUNDING]
+        with costed() as cost, freed_memory.kept(), planned(sets), riding(first_pass.planned(asked)), small_pools():
             judging = ByKind.of(spec, store.output_kinds(model), store.tolerances, precision, tolerance)
             checked = check_lock(store, views, held_out, model, base, judging, incumbent, report) \
                 if incumbent else None

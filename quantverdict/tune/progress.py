@@ -47,7 +47,8 @@ NOT_PREPARATION = ("calibration", "fallback", "fallback_format", "gptq")  # the 
 # beyond one (its FP32 references and the first histograms: about one forward pass over the calibration set): a new
 # preparation measures its channel ranges and calibrates its graph afresh; GPTQ's first rounding of a preparation
 # measures H (a pass exposing every layer's input, and its products) and rounds every layer on every fold, which took
-# 1.7-2.5 such passes on a 2-core runner and 1-1.3 on a 16-core one (the products and the rounding use every core).
+# 1.7-2.5 such passes on a 2-core runner and 1-1.3 on a 16-core one (the products and the rounding use every core), and
+# 0.7 where H and the channel ranges rode the first pass (quantverdict.precision.first_pass: its rounding alone).
 PASSES: dict[Kind, float] = {"prepares": 1.0, "rounds": 1.5}
 
 
@@ -79,19 +80,22 @@ def kinds(settings: Sequence[RecipeSettings]) -> list[Kind]:
 
 
 def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None,
-              maybe: int = 0) -> str:
+              maybe: int = 0, ridden: float = 0.0) -> str:
     """About how long the candidates ``plan`` take, each timed as the median of those ``timed`` of its kind
     (:func:`kinds`; the median, since one slow technique should not price the rest). A kind not timed yet is priced as
     a plain candidate and the new work it does (:data:`PASSES`), but for one that ranks layers: it costs several
     others (:func:`quantverdict.tune.fallback.fallback_per_part`) and is priced as a plain candidate and ``ranking``
     (:func:`ranking_factor`) times one, and said so. The last ``maybe`` of ``plan`` run only where the first share of
     layers tried wider past ``max_fallback`` meets the case's bounds (:func:`~quantverdict.tune.beyond.fewest_in_float`,
-    which stops where it misses them): said apart, as the most they add."""
+    which stops where it misses them): said apart, as the most they add. ``ridden``: the seconds the first candidate's
+    calibration pass spent measuring what later ones ask of the graph (:mod:`quantverdict.precision.first_pass`):
+    their work, not its own one-time work."""
     of_kind = kinds([*(c.settings for c in timed), *plan])
+    took = [c.seconds - (ridden if index == 0 else 0.0) for index, c in enumerate(timed)]
     means = {kind: float(np.median(seconds)) for kind in get_args(Kind)
-             if (seconds := [c.seconds for c, each in zip(timed, of_kind) if each == kind])}
+             if (seconds := [each for each, its in zip(took, of_kind) if its == kind])}
     if "plain" in means:
-        one_pass = max(timed[0].seconds - means["plain"], 0.0)
+        one_pass = max(took[0] - means["plain"], 0.0)
         for kind, passes in PASSES.items():
             means.setdefault(kind, means["plain"] + passes * one_pass)
     guessed = "ranks" not in means and "plain" in means and ranking is not None

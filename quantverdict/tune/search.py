@@ -47,6 +47,7 @@ from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
 from quantverdict.precision.qdq import QDQ
+from quantverdict.precision.riders import spent
 from quantverdict.precision.settings import Formats, RecipeSettings
 from quantverdict.resources import available_memory
 from quantverdict.tune.auto import AutoSettings
@@ -82,7 +83,7 @@ class Trials:
         self.layers = len(weighted_layers(folds[0], model, base))  # those a fallback share is counted of
         graph_bytes = folds[0].fp32_onnx(model).stat().st_size  # about the prepared graph's: what workers hold
         self.ranking = ranking_factor(self.layers, worker_count(graph_bytes, self.layers))
-        self.started, self.slowest = time.monotonic(), 0.0
+        self.started, self.slowest, self.ridden = time.monotonic(), 0.0, 0.0  # ridden: the first's riders' seconds
         self.per_fold: dict[RecipeSettings, list[Mapping[str, str]]] = {}  # each fallback candidate's layers by fold
         self.passed_if: list[str] = []  # the bounds a candidate that ``passed`` met, as its comparison checked them
 
@@ -134,7 +135,7 @@ class Trials:
         (a candidate that may still meet bounds its rival misses is judged on every fold). ``decide``:
         whether it is taken over ``rival`` (or is the first) is decided, and its line says why. ``maybe``: how many of
         ``ahead``, the last, are tried only where the first of the search past ``max_fallback`` meets the bounds."""
-        begun, candidate = time.perf_counter(), Candidate(settings=settings)
+        begun, riding, candidate = time.perf_counter(), spent(), Candidate(settings=settings)
         title = f"recipe search {self.model} {self.base.name}: {self.done + 1}/{self.planned} {settings.words()}"
         with heartbeat(lambda seconds: self.report(f"{title}: still judging after {seconds:.0f} s")):
             candidate, samples, pooled = self._judged(candidate, kept, rival)
@@ -144,6 +145,8 @@ class Trials:
             candidate.passed = self.meets_bounds(pooled)
         candidate.seconds = round(time.perf_counter() - begun, 3)
         self.slowest = max(self.slowest, candidate.seconds)
+        if not self.done:  # what its calibration pass measured for the others (first_pass)
+            self.ridden = spent() - riding
         self.done += 1
         stopped = f" on {candidate.folds} of {len(self.folds)} folds, out of reach" if candidate.folds else ""
         if decide and samples is not None:
@@ -157,7 +160,7 @@ class Trials:
         score = candidate.error or f"{candidate.score_db:.2f} dB"
         self.report(f"{title}: {score}{stopped} in {candidate.seconds:.0f} s; "
                     f"best so far {'-' if leader is None else f'{leader:.2f} dB'}; "
-                    f"{time_left(ahead, [*among, candidate], self.ranking, maybe)}"
+                    f"{time_left(ahead, [*among, candidate], self.ranking, maybe, self.ridden)}"
                     + (f"; {candidate.why}" if decide and candidate.why else ""))
         return candidate, samples
 
