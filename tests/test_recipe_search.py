@@ -490,6 +490,10 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
     later = upcoming(RecipeSettings(calibration="mse"), [RecipeSettings(smoothquant=0.8), RecipeSettings(fallback=0.1),
                                                          RecipeSettings(gptq=True), RecipeSettings(calibration="max")])
     assert [bool(each.fallback) for each in later] == [False, True, True, True]
+    assert upcoming(RecipeSettings(calibration="mse"), [RecipeSettings(fallback=0.1), RecipeSettings(calibration="max"),
+                                                        RecipeSettings(calibration="mse")],
+                    seen=[RecipeSettings(calibration="mse", fallback=0.1)]) == \
+        [RecipeSettings(calibration="max", fallback=0.1)]  # tried already: a search does not judge it again
     assert time_left(later, timed[:2]) == "about 15 s left, and 1 candidate that ranks layers, not timed yet"
     from quantverdict.tune.progress import ranking_factor
 

@@ -17,14 +17,18 @@ class Timed(Protocol):
     seconds: float
 
 
-def upcoming(settings: RecipeSettings, options: Sequence[RecipeSettings]) -> list[RecipeSettings]:
+def upcoming(settings: RecipeSettings, options: Sequence[RecipeSettings],
+             seen: Sequence[RecipeSettings] = ()) -> list[RecipeSettings]:
     """The candidates ``options`` would make after ``settings``, as far as their cost goes: a share kept wider once
-    tried is assumed kept by the stages after it (it usually wins: it removes the most noise)."""
+    tried is assumed kept by the stages after it (it usually wins: it removes the most noise); one of ``seen`` (tried
+    already: a search does not judge it again) is left out."""
     carried, out = settings, []
     for option in options:
-        out.append(option.over(carried))
+        made = option.over(carried)
+        if made not in seen:
+            out.append(made)
         if option.fallback:
-            carried = option.over(carried)
+            carried = made
     return out
 
 

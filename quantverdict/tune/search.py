@@ -240,7 +240,7 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
             leader = stage_best or best  # where it misses the case's bounds, so may the choice: count the tries past it
             beyond = beyond_plan(settings, result.layers, auto) if leader and leader[0].passed is False else []
             candidate, samples = trials.judge(settings, upcoming(settings, [*stage[index + 1:], *(
-                each for after in planned[number + 1:] for each in after), *beyond]), result.candidates,
+                each for after in planned[number + 1:] for each in after), *beyond], seen), result.candidates,
                 kept=trials.per_fold[best[0].settings] if at_layers else None, rival=stage_best, decide=True,
                 maybe=len(beyond[1:]))
             result.candidates.append(candidate)
