@@ -495,13 +495,20 @@ def test_time_left_counts_each_candidate_as_those_of_its_kind_took():
                     seen=[RecipeSettings(calibration="mse", fallback=0.1)]) == \
         [RecipeSettings(calibration="max", fallback=0.1)]  # tried already: a search does not judge it again
     assert time_left(later, timed[:2]) == "about 15 s left, and 1 candidate that ranks layers, not timed yet"
-    from quantverdict.tune.progress import ranking_factor
+    from quantverdict.tune.progress import ranking_seconds
 
-    factor = ranking_factor(layers=52, workers=2)  # MobileNetV2's 52 layers on a 2-core runner: 13 plain candidates
-    assert factor == 13.0
-    assert time_left(plan, timed[:2], factor) == ("about 80 s left, with 1 candidate that ranks layers, estimated "
-                                                  "from the layers' count")  # 5 + 5 × (1 + 13) + 5
-    assert time_left(plan, timed, factor) == "about 15 s left"  # timed once: the measured time, not the estimate
+    # MobileNetV2's 52 layers on a 2-core runner, a pass of its graph 5 s: each layer's from its cut, half of one
+    assert ranking_seconds(layers=52, workers=2, pass_s=5.0) == 65.0
+    asked: list[bool] = []
+
+    def ranking() -> float:
+        asked.append(True)
+        return 65.0
+
+    assert time_left(plan, timed[:2], ranking) == ("about 80 s left, with 1 candidate that ranks layers, estimated "
+                                                   "from one pass of the graph")  # 5 + (5 + 65) + 5
+    assert time_left(plan, timed, ranking) == "about 15 s left"  # timed once: the measured time, not the estimate
+    assert time_left(plan[:1], timed[:2], ranking) == "about 5 s left" and len(asked) == 1  # none ranks: not asked
     first = [Candidate(settings=RecipeSettings(calibration="max"), seconds=12.0),  # the search's one-time work
              *(Candidate(settings=RecipeSettings(calibration=name), seconds=2.0 + index) for index, name in
                enumerate(["percentile", "mse"]))]

@@ -7,12 +7,14 @@ semantics, so a runtime's kernel artefact never moves a layer to FP32.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 import onnx
 
+from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.judge.sensitivity import alone_in_formats, layers_alone
 from quantverdict.judge.workbench import Workbench
 from quantverdict.precision.grids import FP8_E4M3
@@ -34,6 +36,18 @@ def choose_fallback(store: Workbench, model: str, recipe: QDQ) -> dict[str, str]
     fitted to says too little to stop earlier (EfficientNet-Lite0's fully INT8 graph agrees on all 64 of its
     calibration crops, on 95.9% of 512 held-out ones)."""
     return fallback_per_part(store, model, recipe, [np.zeros(0, np.int64)])[0]
+
+
+def ranking_pass_s(store: Workbench, model: str) -> float:
+    """About how long a pass of ``model``'s FP32 graph over its calibration set takes on one thread with ONNX Runtime's
+    float optimisations, as each layer quantized alone is ranked (:mod:`quantverdict.judge.layers_alone`): its first
+    batch timed (a session made and run once), times the batches."""
+    batches = store.batches(model, "calibration")
+    started = time.perf_counter()
+    with OnnxRuntimeRunner(store.fp32_onnx(model), ["CPUExecutionProvider"], optimize=True, threads=1,
+                           quantizers_as_written=True) as runner:
+        runner.infer(batches[0])
+    return (time.perf_counter() - started) * len(batches)
 
 
 def layers_kept(share: float | None, layers: int) -> int:

@@ -2,7 +2,7 @@
 settings in a line are :meth:`RecipeSettings.words`)."""
 from __future__ import annotations
 
-from typing import Literal, Protocol, Sequence, get_args
+from typing import Callable, Literal, Protocol, Sequence, get_args
 
 import numpy as np
 
@@ -38,11 +38,13 @@ ONE_RANKING_ACROSS = (*RANKED_AS.given(), *RecipeSettings(calibration="max").giv
 RANKED_SHARE = 0.5  # a layer quantized alone is evaluated from the cut before it: about half the graph, on average
 
 
-def ranking_factor(layers: int, workers: int) -> float:
-    """How many plain candidates' time ranking ``layers`` layers quantized alone takes on ``workers`` workers, before
-    one was timed: each layer's graph is evaluated on the whole calibration set (what a plain candidate evaluates
-    over its folds) from its cut (:data:`RANKED_SHARE` of the graph), the workers sharing them."""
-    return RANKED_SHARE * layers / max(workers, 1)
+def ranking_seconds(layers: int, workers: int, pass_s: float) -> float:
+    """About how long ranking ``layers`` layers quantized alone takes on ``workers`` workers, before one was timed: each
+    layer's graph is evaluated on the calibration set from its cut (:data:`RANKED_SHARE` of the graph), on one thread
+    with ONNX Runtime's float optimisations, as one pass of the whole graph over it took (``pass_s``). Priced in plain
+    candidates, as it was first, it said 19 s for MobileNetV2's 8 s: a plain candidate builds and evaluates as written a
+    graph per fold, a ranking's evaluation of a layer costs its pass alone."""
+    return RANKED_SHARE * layers * pass_s / max(workers, 1)
 
 
 Kind = Literal["plain", "ranks", "rounds", "prepares"]  # a candidate's, by the work it is the first to do (kinds)
@@ -83,15 +85,16 @@ def kinds(settings: Sequence[RecipeSettings]) -> list[Kind]:
     return found
 
 
-def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: float | None = None,
+def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: Callable[[], float] | None = None,
               maybe: int = 0, ridden: float = 0.0) -> str:
     """About how long the candidates ``plan`` take, each timed as the median of those ``timed`` of its kind
     (:func:`kinds`; the median, since one slow technique should not price the rest). A kind not timed yet is priced as
     a plain candidate and the new work it does (:data:`PASSES`), but for one that ranks layers: it costs several
-    others (:func:`quantverdict.tune.fallback.fallback_per_part`) and is priced as a plain candidate and ``ranking``
-    (:func:`ranking_factor`) times one, and said so. The last ``maybe`` of ``plan`` run only where the first share of
-    layers tried wider past ``max_fallback`` meets the case's bounds (:func:`~quantverdict.tune.beyond.fewest_in_float`,
-    which stops where it misses them): said apart, as the most they add. ``ridden``: the seconds the first candidate's
+    others (:func:`quantverdict.tune.fallback.fallback_per_part`) and is priced as a plain candidate and the seconds
+    ``ranking()`` says (:func:`ranking_seconds`; asked only then), and said so. The last ``maybe`` of ``plan`` run only
+    where the first share of layers tried wider past ``max_fallback`` meets the case's bounds
+    (:func:`~quantverdict.tune.beyond.fewest_in_float`, which stops where it misses them): said apart, as the most they
+    add. ``ridden``: the seconds the first candidate's
     calibration pass spent measuring what later ones ask of the graph (:mod:`quantverdict.precision.first_pass`):
     their work, not its own one-time work."""
     of_kind = kinds([*(c.settings for c in timed), *plan])
@@ -102,10 +105,10 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: f
         one_pass = max(took[0] - means["plain"], 0.0)
         for kind, passes in PASSES.items():
             means.setdefault(kind, means["plain"] + passes * one_pass)
-    guessed = "ranks" not in means and "plain" in means and ranking is not None
-    if guessed:
-        means["ranks"] = means["plain"] * (1 + ranking)  # type: ignore[operator]
     ahead = of_kind[len(timed):]
+    guessed = "ranks" in ahead and "ranks" not in means and "plain" in means and ranking is not None
+    if guessed:
+        means["ranks"] = means["plain"] + ranking()  # type: ignore[misc]
     sure, unsure = ahead[:len(ahead) - maybe], ahead[len(ahead) - maybe:]
     said = f"about {sum(means[kind] for kind in sure if kind in means):.0f} s left"
     if unsure:
@@ -115,7 +118,8 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: f
     if untimed:
         many = untimed > 1
         said += f", {'with ' if guessed else 'and '}{untimed} candidate{'s' if many else ''} that rank" \
-                f"{'' if many else 's'} layers, " + ("estimated from the layers' count" if guessed else "not timed yet")
+                f"{'' if many else 's'} layers, " + ("estimated from one pass of the graph" if guessed else
+                                                     "not timed yet")
     unpriced = sum(kind not in means and kind != "ranks" for kind in ahead)  # where no plain one is timed yet
     if unpriced:
         said += f", and {unpriced} candidate{'s' if unpriced > 1 else ''} of a kind not timed yet"

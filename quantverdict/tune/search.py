@@ -52,10 +52,10 @@ from quantverdict.precision.settings import Formats, RecipeSettings
 from quantverdict.resources import available_memory
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.beyond import beyond_note, beyond_plan, fewest_in_float
-from quantverdict.tune.fallback import choose_fallback, fallback_per_part
+from quantverdict.tune.fallback import choose_fallback, fallback_per_part, ranking_pass_s
 from quantverdict.tune.margin import short_of_margin
 from quantverdict.heartbeat import heartbeat
-from quantverdict.tune.progress import ranking_factor, time_left, upcoming
+from quantverdict.tune.progress import ranking_seconds, time_left, upcoming
 from quantverdict.tune.result import Candidate, SearchResult
 from quantverdict.tune.rules import (MIN_GAIN_DB, REACH_SE, better, out_of_reach, pooled_snr_db, sample_noise,
                                      weighed)
@@ -82,10 +82,17 @@ class Trials:
         self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
         self.layers = len(weighted_layers(folds[0], model, base))  # those a fallback share is counted of
         graph_bytes = folds[0].fp32_onnx(model).stat().st_size  # about the prepared graph's: what workers hold
-        self.ranking = ranking_factor(self.layers, worker_count(graph_bytes, self.layers))
+        self.workers = worker_count(graph_bytes, self.layers)
+        self._ranking: float | None = None  # a ranking's seconds, once asked
         self.started, self.slowest, self.ridden = time.monotonic(), 0.0, 0.0  # ridden: the first's riders' seconds
         self.per_fold: dict[RecipeSettings, list[Mapping[str, str]]] = {}  # each fallback candidate's layers by fold
         self.passed_if: list[str] = []  # the bounds a candidate that ``passed`` met, as its comparison checked them
+
+    def ranking(self) -> float:
+        """About how long ranking the layers alone takes (:func:`ranking_seconds`), one batch's pass timed once."""
+        if self._ranking is None:
+            self._ranking = ranking_seconds(self.layers, self.workers, ranking_pass_s(self.whole, self.model))
+        return self._ranking
 
     @property
     def samples(self) -> int:
