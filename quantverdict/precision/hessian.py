@@ -177,9 +177,10 @@ class MomentSums:
             if layer.node.input[0] not in values:
                 continue  # in another part of the tensors (each layer meets the batches in their order all the same)
             product, vectors = _second_moments(layer, values[layer.node.input[0]], self._columns)
-            for number in holding:
-                total, count = self.sums[number].get(layer.key, (0.0, 0))
-                self.sums[number][layer.key] = (total + product, count + vectors)
+            for number in holding:  # summed in place: a new sum per set and batch was 3.8 GB written for the 35M encoder
+                total, count = self.sums[number].get(layer.key, (None, 0))
+                total = 0.0 + product if total is None else np.add(total, product, out=total)  # 0.0 +: as it began
+                self.sums[number][layer.key] = (total, count + vectors)
 
     def keep(self, sets: Sequence[Sequence[Batch]]) -> None:
         for batches, sums in zip(sets, self.sums):
