@@ -51,10 +51,10 @@ def riders(model_bytes: bytes, sets: int) -> list[Rider]:
     return [rider for plan in _PLANS for rider in plan(model_bytes, sets)]
 
 
-def ride(riding: Sequence[Rider], holding: Sequence[int], values: Mapping[str, np.ndarray]) -> None:
-    """A batch's values handed to each of ``riding``, the time they take counted (:func:`spent`)."""
+def ride(carried: Sequence[Rider], holding: Sequence[int], values: Mapping[str, np.ndarray]) -> None:
+    """A batch's values handed to each rider ``carried``, the time they take counted (:func:`spent`)."""
     started = time.perf_counter()
-    for rider in riding:
+    for rider in carried:
         rider.add(holding, values)
     _SPENT[0] += time.perf_counter() - started
 
