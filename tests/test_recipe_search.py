@@ -658,7 +658,7 @@ def test_a_search_runs_gptq_with_small_thread_pools_and_gives_them_back(repo, tm
     import torch
     from threadpoolctl import threadpool_info
 
-    from quantverdict.tune import pools
+    from quantverdict.precision import pools
     from quantverdict.precision import gptq
 
     def sizes() -> dict[str, int]:
@@ -681,3 +681,39 @@ def test_a_search_runs_gptq_with_small_thread_pools_and_gives_them_back(repo, tm
     assert all(all(inside[pool] == 1 for pool in before) and threads == 1 for inside, threads in seen), seen
     after = sizes()
     assert {pool: after[pool] for pool in before} == before and torch.get_num_threads() == torch_before
+
+
+def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(repo, tmp_path):
+    """A model declared by its ONNX file: nothing loads torch before the search, whose GPTQ loads it inside the limits
+    it set (one thread here, where this machine has more: it shows), so torch's own are held there too, and after
+    the search its threads are torch's default. A process of its own: this one has torch loaded."""
+    import subprocess
+    import sys
+
+    exported = Pipeline(tmp_path / "export", manifest=repo / "models.yaml").store.fp32_onnx("dw")
+    (tmp_path / "dw.onnx").write_bytes(exported.read_bytes())
+    (tmp_path / "onnx.yaml").write_text(MANIFEST.split("  - name: block")[0].replace(
+        "build: searchnets:dw", "onnx: dw.onnx").replace("        build_files: []\n", ""))
+    script = textwrap.dedent(f"""\
+        import json, sys
+        from pathlib import Path
+        from quantverdict.precision import gptq, pools
+        from quantverdict.run.pipeline import Pipeline
+        pools.SEARCH_THREADS = 1
+        seen, rounding = [], gptq.round_weights
+        def watched(*args, **kwargs):
+            seen.append(sys.modules["torch"].get_num_threads())
+            return rounding(*args, **kwargs)
+        gptq.round_weights = watched
+        before = "torch" in sys.modules
+        Pipeline(Path({str(tmp_path / "cache")!r}), manifest=Path({str(tmp_path / "onnx.yaml")!r})).recipes.search(
+            "dw", "int8")
+        print(json.dumps({{"before": before, "inside": seen, "after": sys.modules["torch"].get_num_threads()}}))
+        """)
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr[-2000:]
+    threads = json.loads(found.stdout.splitlines()[-1])
+    default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert threads["before"] is False and threads["inside"] and set(threads["inside"]) == {1}, threads
+    assert threads["after"] == int(default), (threads, default)

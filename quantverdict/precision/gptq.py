@@ -42,6 +42,7 @@ from quantverdict.precision.graph import int_attribute
 from quantverdict.precision.grids import stored_format
 from quantverdict.precision.hessian import LayerInputs, second_moments
 from quantverdict.precision.kept_bytes import KeptBytes
+from quantverdict.precision.pools import loaded_torch
 from quantverdict.precision.rescaling import Rescaling
 
 DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
@@ -163,7 +164,7 @@ def _stacks(same: list[tuple[_Layer, np.ndarray]]) -> list[list[tuple[_Layer, np
 def _round_stack(stack: list[tuple[_Layer, np.ndarray]]) -> None:
     """GPTQ over ``stack``'s layers at once (one shape, one grid); where one's H is unusable, each alone, so that one
     is named."""
-    import torch
+    torch = loaded_torch()
 
     try:
         grids = np.split(_gptq(np.concatenate([scaled for _, scaled in stack]),
@@ -266,7 +267,7 @@ def roundable(fp32: onnx.ModelProto) -> list[LayerInputs]:
 def _gptq(weight: np.ndarray, hessian: np.ndarray, quantize: Quantize) -> np.ndarray:
     """Grid values for ``weight`` ([groups, rows, columns], in units of its scales) that keep
     ``weight @ x`` close over inputs of second moment ``hessian`` ([groups, columns, columns])."""
-    import torch
+    torch = loaded_torch()
 
     w = torch.from_numpy(np.array(weight, np.float64))
     h = torch.from_numpy(np.array(hessian, np.float64))

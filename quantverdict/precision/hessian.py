@@ -24,6 +24,7 @@ from quantverdict.precision.batch_sets import batches_hash, siblings, union
 from quantverdict.precision.calibrate import tensor_values
 from quantverdict.precision.graph import ints_attribute
 from quantverdict.precision.kept_bytes import KeptBytes
+from quantverdict.precision.pools import loaded_torch
 from quantverdict.precision.rescaling import Rescaling
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ class _Columns:
         self._buffer: "torch.Tensor | None" = None
 
     def of(self, layer: LayerInputs, value: np.ndarray) -> "torch.Tensor":
-        import torch
+        torch = loaded_torch()
 
         windows = _windows(layer, torch.from_numpy(np.ascontiguousarray(value, np.float32))).permute(
             0, 4, 5, 6, 1, 2, 3)  # [groups, channels of a group, kernel height, kernel width, samples, rows, columns]
@@ -231,7 +232,7 @@ def _windows(layer: LayerInputs, x: "torch.Tensor") -> "torch.Tensor":
     """A view of the layer's input ``x`` as [groups, samples, rows, columns, channels of a group, kernel height,
     kernel width]: the column vectors, by position, of a Conv (a 1-D one as a 2-D one of height 1; a Gemm or MatMul
     as a 1 × 1 convolution of one group over its rows), laid out as unfold lays them out."""
-    import torch
+    torch = loaded_torch()
 
     node = layer.node
     if node.op_type != "Conv":

@@ -14,12 +14,12 @@ from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import first_pass, get_recipe
 from quantverdict.precision.batch_sets import planned
+from quantverdict.precision.pools import small_pools
 from quantverdict.precision.riders import riding
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AutoSettings
 from quantverdict.tune.check import check_lock
-from quantverdict.tune.pools import small_pools
 from quantverdict.tune.result import Incumbent, SearchResult, costed
 from quantverdict.tune.search import LOG, Progress, search
 from quantverdict.tune.stages import MIGRATION, ROUNDING
