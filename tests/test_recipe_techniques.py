@@ -597,7 +597,7 @@ def test_smoothing_scales_do_not_move_with_a_powers_last_bits():
 def test_gptq_rounds_layers_of_one_shape_together_as_it_rounds_each_alone(rows, columns, groups):
     """Layers of one shape are rounded in one pass over their columns (a transformer repeats a few shapes dozens of
     times): the grid values are those of each layer rounded alone, bit for bit, in INT8 and in E4M3."""
-    from quantverdict.precision.gptq import _gptq
+    from quantverdict.precision.gptq_columns import rounded_columns
     from quantverdict.precision.grids import FP8_E4M3
 
     rng = np.random.default_rng(0)
@@ -605,9 +605,43 @@ def test_gptq_rounds_layers_of_one_shape_together_as_it_rounds_each_alone(rows, 
     inputs = [rng.normal(size=(groups, 2 * columns, columns)) * rng.uniform(0.01, 3, columns) for _ in range(4)]
     hessians = [np.einsum("gni,gnj->gij", x, x) for x in inputs]
     for quantize in (INT8.quantize, FP8_E4M3.quantize):
-        together = np.split(_gptq(np.concatenate(weights), np.concatenate(hessians), quantize), len(weights))
+        together = np.split(rounded_columns(np.concatenate(weights), np.concatenate(hessians), quantize), len(weights))
         for weight, hessian, grid in zip(weights, hessians, together):
-            assert np.array_equal(grid, _gptq(weight, hessian, quantize))
+            assert np.array_equal(grid, rounded_columns(weight, hessian, quantize))
+
+
+def _textbook_gptq(weight: np.ndarray, hessian: np.ndarray, quantize) -> np.ndarray:
+    """GPTQ as its paper states it (Frantar et al. 2023, algorithm 1 without lazy blocks), for one group: act order,
+    1% damping, U from H's explicit inverse, each column's error spread over every later column at once."""
+    diagonal = np.diag(hessian).copy()
+    order = np.argsort(-diagonal, kind="stable")
+    w, h = weight[:, order].copy(), hessian[np.ix_(order, order)].copy()
+    h[np.diag_indices_from(h)] += 0.01 * diagonal.mean() + (diagonal[order] == 0)
+    upper = np.linalg.cholesky(np.linalg.inv(h)).T  # H⁻¹ = Uᵀ U
+    grid = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        grid[:, i] = quantize(w[:, i])
+        w[:, i + 1:] -= np.outer((w[:, i] - grid[:, i]) / upper[i, i], upper[i, i + 1:])
+    return grid[:, np.argsort(order)]
+
+
+@pytest.mark.parametrize("rows, columns, groups", [(24, 300, 2), (1, 9, 16), (40, 17, 1)])  # 300: 128 + 128 + 44
+def test_gptq_gives_the_grid_values_of_its_textbook_statement(rows, columns, groups):
+    """The rounding's blocks and sub-blocks, and its factor of H⁻¹ from H's own in reverse order, are arithmetic
+    reordered, not another method: on layers spanning several blocks and partial ones, every grid value is the one
+    the paper's statement gives (an explicit inverse, one column at a time), in INT8 and in E4M3."""
+    from quantverdict.precision.gptq_columns import rounded_columns
+    from quantverdict.precision.grids import FP8_E4M3
+
+    rng = np.random.default_rng(1)
+    weight = rng.normal(size=(groups, rows, columns)) * 30
+    inputs = rng.normal(size=(groups, columns, 2 * columns + 8)) * rng.uniform(0.05, 3, (groups, columns, 1))
+    hessian = inputs @ inputs.transpose(0, 2, 1)
+    for quantize in (INT8.quantize, FP8_E4M3.quantize):
+        grid = rounded_columns(weight, hessian, quantize)
+        textbook = np.stack([_textbook_gptq(w, h, quantize) for w, h in zip(weight, hessian)])
+        assert np.array_equal(grid, textbook)
+        assert not np.array_equal(grid, quantize(weight))  # not nearest rounding
 
 
 @pytest.mark.int8
@@ -618,7 +652,8 @@ def test_recipes_that_differ_only_in_their_calibrator_round_each_weight_once(tok
 
     gptq._ROUNDED.clear()
     calls = []
-    monkeypatch.setattr(gptq, "_gptq", lambda *args, rounding=gptq._gptq: calls.append(1) or rounding(*args))
+    rounding = gptq.rounded_columns
+    monkeypatch.setattr(gptq, "rounded_columns", lambda *args: calls.append(1) or rounding(*args))
     store, base = token_model.store, get_recipe("int8").for_target("emulated")
 
     def weights(calibration: str) -> dict[str, np.ndarray]:

@@ -39,19 +39,17 @@ from onnx import numpy_helper
 
 from quantverdict.models.spec import Batch
 from quantverdict.precision.graph import int_attribute
+from quantverdict.precision.gptq_columns import Quantize, rounded_columns
 from quantverdict.precision.grids import stored_format
 from quantverdict.precision.hessian import LayerInputs, second_moments
 from quantverdict.precision.kept_bytes import KeptBytes
 from quantverdict.precision.pools import loaded_torch
 from quantverdict.precision.rescaling import Rescaling
 
-DAMPING = 0.01  # of the mean H diagonal, as GPTQ's reference implementation
-BLOCK = 128  # columns rounded before the rest of the matrix is updated (lazy batch updates)
 MAX_COLUMNS = 16384  # inputs per output of a layer GPTQ rounds (H in float64: 2 GiB)
 STACK_BYTES = 1 << 28  # H of the layers of one shape rounded in one pass (256 MiB; a larger one alone)
 ROUNDED_BYTES = 1 << 30  # grid values kept, by FP32 graph and calibration set, layer, scales and grid (float32: exact)
 _ROUNDED: KeptBytes[np.ndarray] = KeptBytes(ROUNDED_BYTES, lambda grid: grid.nbytes)
-Quantize = Callable[[np.ndarray], np.ndarray]  # values already divided by their scale → the format's grid
 
 
 @dataclass
@@ -167,8 +165,8 @@ def _round_stack(stack: list[tuple[_Layer, np.ndarray]]) -> None:
     torch = loaded_torch()
 
     try:
-        grids = np.split(_gptq(np.concatenate([scaled for _, scaled in stack]),
-                               np.concatenate([layer.hessian for layer, _ in stack]), stack[0][0].quantize),
+        grids = np.split(rounded_columns(np.concatenate([scaled for _, scaled in stack]),
+                                         np.concatenate([layer.hessian for layer, _ in stack]), stack[0][0].quantize),
                          np.cumsum([scaled.shape[0] for _, scaled in stack])[:-1])
     except torch.linalg.LinAlgError as error:
         if len(stack) == 1:
@@ -262,37 +260,3 @@ def roundable(fp32: onnx.ModelProto) -> list[LayerInputs]:
         if columns is not None and columns <= MAX_COLUMNS:
             out.append(LayerInputs(node, weight.shape, shapes[2], columns))
     return out
-
-
-def _gptq(weight: np.ndarray, hessian: np.ndarray, quantize: Quantize) -> np.ndarray:
-    """Grid values for ``weight`` ([groups, rows, columns], in units of its scales) that keep
-    ``weight @ x`` close over inputs of second moment ``hessian`` ([groups, columns, columns])."""
-    torch = loaded_torch()
-
-    w = torch.from_numpy(np.array(weight, np.float64))
-    h = torch.from_numpy(np.array(hessian, np.float64))
-    columns = w.shape[-1]
-    diagonal = torch.diagonal(h, dim1=1, dim2=2)
-    dead = diagonal == 0  # an input that is always zero: its weight is rounded to nearest
-    order = torch.argsort(diagonal, dim=1, descending=True)
-    w = torch.gather(w, 2, order[:, None, :].expand_as(w))
-    h = torch.gather(torch.gather(h, 1, order[:, :, None].expand_as(h)), 2, order[:, None, :].expand_as(h))
-    index = torch.arange(columns)
-    h[:, index, index] += DAMPING * diagonal.mean(1, keepdim=True) + torch.gather(dead, 1, order).double()
-    upper = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    grid = torch.zeros_like(w)
-    for start in range(0, columns, BLOCK):
-        end = min(start + BLOCK, columns)
-        # a block's columns one after another ([column, group, row]) in numpy: the loop over them is Python's, and
-        # numpy's small operations cost a few µs where torch's cost tens (the same IEEE operations, the same bits)
-        block = w[:, :, start:end].permute(2, 0, 1).contiguous().numpy()
-        inverse = upper[:, start:end, start:end].permute(1, 2, 0).contiguous().numpy()  # [row, column, group]
-        errors, rounded = np.empty_like(block), np.empty_like(block)
-        for i in range(end - start):
-            rounded[i] = quantize(block[i])
-            errors[i] = (block[i] - rounded[i]) / inverse[i, i][:, None]
-            block[i:] -= errors[i][None] * inverse[i, i:][:, :, None]
-        grid[:, :, start:end] = torch.from_numpy(rounded).permute(1, 2, 0)
-        w[:, :, end:] -= torch.from_numpy(errors).permute(1, 2, 0).contiguous() @ upper[:, start:end, end:]
-    restore = torch.argsort(order, dim=1)
-    return torch.gather(grid, 2, restore[:, None, :].expand_as(grid)).numpy()
