@@ -216,7 +216,7 @@ def test_compare_timings_needs_both_a_ratio_and_significance(tmp_path):
 
 def _enter_slot(gpu: str, mark: Path) -> subprocess.Popen:
     """Another process (a second xdist worker) that takes ``gpu``'s timing slot and then writes ``mark``."""
-    code = ("import sys; from pathlib import Path; from quantverdict.perf.gpu_slot import timing_slot\n"
+    code = ("import sys; from pathlib import Path; from quantverdict.gpu_slot import timing_slot\n"
             "with timing_slot(sys.argv[1]):\n    Path(sys.argv[2]).write_text('in')\n")
     return subprocess.Popen([sys.executable, "-c", code, gpu, str(mark)])
 
@@ -225,7 +225,7 @@ def test_one_timing_loop_at_a_time_per_gpu_across_processes(tmp_path, monkeypatc
     """While this process times on a GPU, another process's loop on that GPU waits; one on another GPU does not."""
     import tempfile
 
-    from quantverdict.perf.gpu_slot import timing_slot
+    from quantverdict.gpu_slot import timing_slot
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the slots' lock files: here, and in the other processes
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -8,7 +8,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "quantverdict"
 SHARED = {"__init__", "__main__", "cache", "capabilities", "cpuid", "documents", "driver", "errors", "freed_memory",
-          "hashing", "heartbeat", "memo", "registry", "resources", "scratch"}
+          "gpu_slot", "hashing", "heartbeat", "memo", "registry", "resources", "scratch"}
 # Stages from the bottom up; a module may import its own stage and the ones below it only.
 LAYERS = {"shared": 0, "models": 1, "export": 2, "precision": 3, "backends": 4, "judge": 5, "tune": 6,
           "perf": 7, "generate": 7, "report": 8, "run": 9}

@@ -11,7 +11,7 @@ from quantverdict.documents import load
 from quantverdict.errors import HarnessError
 from quantverdict.judge.workbench import Workbench
 from quantverdict.perf.bench import Ratio, Timing, interleaved_ratio, time_call
-from quantverdict.perf.gpu_slot import this_gpu, timing_slot
+from quantverdict.gpu_slot import this_gpu, timing_slot
 from quantverdict.precision import known_precisions
 
 PrecisionName = Literal[tuple(known_precisions())]  # type: ignore[valid-type]

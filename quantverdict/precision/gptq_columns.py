@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from quantverdict.precision.matrix_device import held, torch_device
 from quantverdict.precision.pools import loaded_torch
 
 if TYPE_CHECKING:
@@ -29,18 +30,27 @@ Quantize = Callable[[np.ndarray], np.ndarray]  # values already divided by their
 
 def rounded_columns(weight: np.ndarray, hessian: np.ndarray, quantize: Quantize) -> np.ndarray:
     """Grid values for ``weight`` ([groups, rows, columns], in units of its scales) that keep
-    ``weight @ x`` close over inputs of second moment ``hessian`` ([groups, columns, columns])."""
+    ``weight @ x`` close over inputs of second moment ``hessian`` ([groups, columns, columns]); the factorization and
+    the updates beyond a block on the matrix device (:mod:`quantverdict.precision.matrix_device`), a block's columns on
+    the CPU."""
+    device = torch_device()
+    with held(device):
+        return _rounded_columns(weight, hessian, quantize, device)
+
+
+def _rounded_columns(weight: np.ndarray, hessian: np.ndarray, quantize: Quantize,
+                     device: "torch.device") -> np.ndarray:
     torch = loaded_torch()
 
-    w = torch.from_numpy(np.array(weight, np.float64))
-    h = torch.from_numpy(np.array(hessian, np.float64))
+    w = torch.from_numpy(np.array(weight, np.float64)).to(device)
+    h = torch.from_numpy(np.array(hessian, np.float64)).to(device)
     columns = w.shape[-1]
     diagonal = torch.diagonal(h, dim1=1, dim2=2)
     dead = diagonal == 0  # an input that is always zero: its weight is rounded to nearest
     order = torch.argsort(diagonal, dim=1, descending=True)
     w = torch.gather(w, 2, order[:, None, :].expand_as(w))
     h = torch.gather(torch.gather(h, 1, order[:, :, None].expand_as(h)), 2, order[:, None, :].expand_as(h))
-    index = torch.arange(columns)
+    index = torch.arange(columns, device=device)
     h[:, index, index] += DAMPING * diagonal.mean(1, keepdim=True) + torch.gather(dead, 1, order).double()
     upper = _inverse_factor(h)
     grid = torch.zeros_like(w)
@@ -48,8 +58,8 @@ def rounded_columns(weight: np.ndarray, hessian: np.ndarray, quantize: Quantize)
         end = min(start + BLOCK, columns)
         # a block's columns one after another ([column, group, row]) in numpy: the loop over them is Python's, and
         # numpy's small operations cost a few µs where torch's cost tens
-        block = w[:, :, start:end].permute(2, 0, 1).contiguous().numpy()
-        factor = upper[:, start:end, start:end].contiguous().numpy()  # [group, row, column]
+        block = w[:, :, start:end].permute(2, 0, 1).contiguous().cpu().numpy()
+        factor = upper[:, start:end, start:end].contiguous().cpu().numpy()  # [group, row, column]
         errors, rounded = np.empty_like(block), np.empty_like(block)
         for first in range(0, end - start, SUB_BLOCK):
             last = min(first + SUB_BLOCK, end - start)
@@ -60,10 +70,10 @@ def rounded_columns(weight: np.ndarray, hessian: np.ndarray, quantize: Quantize)
             if last < end - start:  # [group, row, these columns] @ [group, these columns, the block's others]
                 spread = errors[first:last].transpose(1, 2, 0) @ factor[:, first:last, last:]
                 block[last:] -= spread.transpose(2, 0, 1)
-        grid[:, :, start:end] = torch.from_numpy(rounded).permute(1, 2, 0)
-        w[:, :, end:] -= torch.from_numpy(errors).permute(1, 2, 0).contiguous() @ upper[:, start:end, end:]
+        grid[:, :, start:end] = torch.from_numpy(rounded).permute(1, 2, 0).to(device)
+        w[:, :, end:] -= torch.from_numpy(errors).permute(1, 2, 0).contiguous().to(device) @ upper[:, start:end, end:]
     restore = torch.argsort(order, dim=1)
-    return torch.gather(grid, 2, restore[:, None, :].expand_as(grid)).numpy()
+    return torch.gather(grid, 2, restore[:, None, :].expand_as(grid)).cpu().numpy()
 
 
 def _inverse_factor(h: "torch.Tensor") -> "torch.Tensor":
@@ -82,7 +92,8 @@ def _triangular_inverse(upper: "torch.Tensor") -> "torch.Tensor":
 
     size = upper.shape[-1]
     if size <= LEAF:
-        return torch.linalg.solve_triangular(upper, torch.eye(size, dtype=upper.dtype).expand_as(upper), upper=True)
+        identity = torch.eye(size, dtype=upper.dtype, device=upper.device).expand_as(upper)
+        return torch.linalg.solve_triangular(upper, identity, upper=True)
     half = size // 2
     first, second = _triangular_inverse(upper[:, :half, :half]), _triangular_inverse(upper[:, half:, half:])
     out = torch.zeros_like(upper)

@@ -24,6 +24,7 @@ from quantverdict.precision.batch_sets import batches_hash, siblings, union
 from quantverdict.precision.calibrate import tensor_values
 from quantverdict.precision.graph import ints_attribute
 from quantverdict.precision.kept_bytes import KeptBytes
+from quantverdict.precision.matrix_device import held, matrix_key, torch_device
 from quantverdict.precision.pools import loaded_torch
 from quantverdict.precision.rescaling import Rescaling
 
@@ -70,7 +71,7 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
     (:func:`~quantverdict.precision.batch_sets.siblings`). First, the content hash of ``fp32`` and ``batches``."""
     model = fp32.SerializeToString()
     graph = content_hash(model)
-    key = content_hash(graph, batches_hash(batches))
+    key = _pair_key(graph, batches)
     kept = _kept(key)
     missing = {inputs.key: inputs for inputs in asked if inputs.key not in kept}
     if missing:
@@ -79,7 +80,7 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
             missing = {**others, **missing}
         layers = list(missing.values())
         asked_of, *beside = siblings(batches, graph, shared)  # a search's folds, where all fit too
-        others = [(content_hash(graph, batches_hash(found)), found) for found in beside]
+        others = [(_pair_key(graph, found), found) for found in beside]
         sets = [(key, asked_of), *((each, found) for each, found in others
                                    if not all(layer.key in (_MEASURED.get(each) or {}) for layer in layers))]
         if len(sets) > 1 and len(sets) * sum(layer.hessian_bytes for layer in layers) > MEASURED_BYTES:
@@ -141,6 +142,11 @@ def _column_factors(inputs: LayerInputs, factor: np.ndarray) -> np.ndarray | Non
     return np.repeat(factor.reshape(inputs.groups, -1), taps, axis=1)
 
 
+def _pair_key(graph: str, batches: Sequence[Batch]) -> str:
+    """The key of a (graph, batches) pair's H: the device's too, whose float64 sums move in their last bits."""
+    return content_hash(graph, batches_hash(batches), matrix_key())
+
+
 def _kept(key: str) -> dict[tuple, Moments]:
     """The H kept for the (graph, batches) pair ``key``: a new, empty entry where there is none."""
     kept = _MEASURED.get(key)
@@ -185,7 +191,7 @@ class MomentSums:
 
     def keep(self, sets: Sequence[Sequence[Batch]]) -> None:
         for batches, sums in zip(sets, self.sums):
-            _kept(content_hash(self.graph, batches_hash(batches))).update(sums)
+            _kept(_pair_key(self.graph, batches)).update(sums)
         self._columns = _Columns()  # its buffer, the size of the largest layer's unfolded input
         _MEASURED.trim()
 
@@ -196,10 +202,11 @@ def _second_moments(layer: LayerInputs, value: np.ndarray, columns: "_Columns") 
     taps = int(np.prod(layer.shape[2:])) if layer.node.op_type == "Conv" else 1
     step = max(1, UNFOLDED_VALUES // max(1, value[0].size * taps))
     total, vectors = np.zeros(()), 0
-    for start in range(0, len(value), step):
-        held = columns.of(layer, value[start:start + step])
-        total = total + (held @ held.transpose(1, 2)).numpy()
-        vectors += held.shape[2]
+    with held(columns.device):
+        for start in range(0, len(value), step):
+            unfolded = columns.of(layer, value[start:start + step])
+            total = total + (unfolded @ unfolded.transpose(1, 2)).cpu().numpy()
+            vectors += unfolded.shape[2]
     return total, vectors
 
 
@@ -213,19 +220,28 @@ class _Columns:
 
     def __init__(self) -> None:
         self._buffer: "torch.Tensor | None" = None
+        self._device: "torch.device | None" = None
+
+    @property
+    def device(self) -> "torch.device":
+        """Where the columns and their products are (:mod:`quantverdict.precision.matrix_device`), asked once."""
+        if self._device is None:
+            self._device = torch_device()
+        return self._device
 
     def of(self, layer: LayerInputs, value: np.ndarray) -> "torch.Tensor":
         torch = loaded_torch()
 
-        windows = _windows(layer, torch.from_numpy(np.ascontiguousarray(value, np.float32))).permute(
+        x = torch.from_numpy(np.ascontiguousarray(value, np.float32)).to(self.device)
+        windows = _windows(layer, x).permute(
             0, 4, 5, 6, 1, 2, 3)  # [groups, channels of a group, kernel height, kernel width, samples, rows, columns]
         groups, width, vectors = windows.shape[0], int(np.prod(windows.shape[1:4])), int(np.prod(windows.shape[4:]))
         size = groups * vectors * width
         if self._buffer is None or self._buffer.numel() < size:
-            self._buffer = torch.empty(size, dtype=torch.float64)
-        held = self._buffer[:size]
-        held.view(windows.shape).copy_(windows)
-        return held.view(groups, width, vectors)
+            self._buffer = torch.empty(size, dtype=torch.float64, device=self.device)
+        columns = self._buffer[:size]
+        columns.view(windows.shape).copy_(windows)
+        return columns.view(groups, width, vectors)
 
 
 def _windows(layer: LayerInputs, x: "torch.Tensor") -> "torch.Tensor":

@@ -21,6 +21,7 @@ from quantverdict.models.spec import Batch
 from quantverdict.precision.base import Recipe
 from quantverdict.precision.bodies import branch_ranges
 from quantverdict.precision.calibrate import calibrate, channel_ranges, held_values
+from quantverdict.precision.matrix_device import matrix_key
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.rescaling import Prepared
 from quantverdict.precision.single_layer import LayerGraphs, derivable
@@ -44,8 +45,9 @@ class PrecisionGraph:
         recipe = self.recipe
         calibrated = recipe.calibrated or recipe.calibration_data
         calibration = [self.calibration_key(), package_version("onnxruntime")] if calibrated else None
+        rounding = matrix_key() if recipe.params().get("gptq") else None  # GPTQ's H moves with the device
         return content_hash("precision", file_sha256(self.source()), recipe.params(), calibration,
-                            source_fingerprint("quantverdict.precision"))
+                            source_fingerprint("quantverdict.precision"), rounding)
 
     def make(self) -> bytes:
         """The graph's bytes, made now (not cached: :meth:`__call__` caches them)."""

@@ -36,7 +36,7 @@ from quantverdict.models import ModelSpec
 from quantverdict.models.data import batches_key
 from quantverdict.models.spec import Batch, sample_count
 from quantverdict.perf.bench import time_call
-from quantverdict.perf.gpu_slot import this_gpu, timing_slot
+from quantverdict.gpu_slot import this_gpu, timing_slot
 from quantverdict.run.artifacts import ArtifactStore
 from quantverdict.run.cases import Case, CaseResult, Status
 from quantverdict.tune.decide import decided_before_calibration

@@ -14,6 +14,7 @@ from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import first_pass, get_recipe
 from quantverdict.precision.batch_sets import planned
+from quantverdict.precision.matrix_device import matrix_key
 from quantverdict.precision.pools import small_pools
 from quantverdict.precision.riders import riding
 from quantverdict.precision.qdq import QDQ
@@ -93,7 +94,7 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     base = base.with_settings(auto.fixed())
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [store.fp32_sha256(model), precision, asdict(auto), tolerance.to_dict(),
-             store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.key(),
+             store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.key(), matrix_key(),
              *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune")]
 
     def searched() -> dict[str, Any]:

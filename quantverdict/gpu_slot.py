@@ -2,7 +2,8 @@
 otherwise time their cases at once and each measure the others' kernels too: on an H100 shared by two workers a
 ResNet-50 at batch 64 timed slower in FP16 than in FP32 (34.6 against 29.4 ms median). Each loop takes the GPU's
 lock, a file lock in the temporary folder named by the device's UUID, which every process on the host sees alike;
-workers on other GPUs, and the work of workers between their timing loops, go on meanwhile."""
+workers on other GPUs, and the work of workers between their timing loops, go on meanwhile. A recipe's matrix work on
+the GPU (:mod:`quantverdict.precision.matrix_device`) takes the slot too."""
 from __future__ import annotations
 
 import contextlib
