@@ -707,12 +707,12 @@ def test_gptqs_input_columns_are_unfolds_bit_for_bit_in_one_buffer():
             stride=[1, *attributes.get("strides", [1])] if flat else attributes.get("strides", 1))
         width = unfolded.shape[1] // groups
         expected = unfolded.reshape(3, groups, width, -1).permute(1, 2, 0, 3).reshape(groups, width, -1).double()
-        held = columns.of(layer, value)
+        held = columns.of(layer, value).cpu()  # copied exactly, on whichever device it is
         assert held.shape == expected.shape and torch.equal(held, expected), name
         assert torch.equal(held @ held.transpose(1, 2), expected @ expected.transpose(1, 2)), name
     rows = rng.normal(size=(2, 5, 8)).astype(np.float32)
     matmul = LayerInputs(helper.make_node("MatMul", ["x", "w"], ["y"]), (8, 4), 1, 8)
-    assert torch.equal(columns.of(matmul, rows), torch.from_numpy(rows.reshape(1, 10, 8).transpose(0, 2, 1)).double())
+    assert torch.equal(columns.of(matmul, rows).cpu(), torch.from_numpy(rows.reshape(1, 10, 8).transpose(0, 2, 1)).double())
 
 
 @pytest.mark.parametrize("settings", [RecipeSettings(), RecipeSettings(calibration="mse", gptq=True),
