@@ -457,6 +457,28 @@ def test_a_lock_whose_precision_graph_this_runner_builds_otherwise_says_so(repo)
     lock = result.metrics["recipe"]["lock"]
     assert lock["same_qdq_graph"] is False and "this runner built a precision graph other than the lock's" in \
         lock["note"] and "locked ffffffffffff" in result.message, result.message
+    assert "matrix work" not in lock["note"]  # no GPTQ: the device moves nothing
+
+
+def test_a_gptq_lock_made_on_another_matrix_device_says_so_where_this_runner_builds_otherwise(repo, monkeypatch):
+    """GPTQ's H and rounding move in their last bits with the device they ran on: a lock whose GPTQ ran on a GPU,
+    built on a runner whose runs on its CPU, names both where the graphs differ (a lock before the device was recorded:
+    the CPU)."""
+    assert _lock(repo) == 0
+    path = repo / "quantverdict.lock"
+    text = re.sub(r"qdq_sha256: [0-9a-f]{64}", "qdq_sha256: " + "f" * 64, path.read_text())
+    text = text.replace("settings: {", "settings: {gptq: true, ", 1)
+    monkeypatch.setenv("QUANTVERDICT_MATRIX_DEVICE", "cpu")
+    messages = {}
+    for device in (None, "cuda NVIDIA H100 80GB HBM3"):
+        edited = text if device is None else text.replace("chosen_by: {", f"chosen_by: {{matrix_device: {device}, ")
+        path.write_text(edited)
+        result = Pipeline(repo / "cache", manifest=repo / "models.yaml", lock=path).run(
+            Case("dw", "int8", "onnxruntime"))
+        messages[device] = result.metrics["recipe"]["lock"]["note"]
+    assert "matrix work" not in messages[None]
+    assert "GPTQ's matrix work on cuda NVIDIA H100 80GB HBM3 then and on cpu here (QUANTVERDICT_MATRIX_DEVICE)" in \
+        messages["cuda NVIDIA H100 80GB HBM3"], messages
 
 
 def test_explain_names_the_recipe_when_the_baselines_recipe_restores_the_verdict(repo, capsys):

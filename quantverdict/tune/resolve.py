@@ -23,6 +23,7 @@ from quantverdict.memo import Memo
 from quantverdict.models.data import BatchSource
 from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision import Recipe, get_recipe
+from quantverdict.precision.matrix_device import VARIABLE, matrix_key
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.tune.auto import AUTO_KEYS, BESIDE_AUTO, AutoSettings, auto_settings
@@ -208,9 +209,12 @@ class Resolver:
             built = file_sha256(self.bench.precision_onnx(model, self.recipe(model, precision, "emulated")))
             same = built == locked.qdq_sha256
             if not same:  # it was recorded and said nowhere: an edited hash passed silently
+                then, here = locked.chosen_by.get("matrix_device", "cpu"), matrix_key()  # locks before it: the CPU's
+                device = f", GPTQ's matrix work on {then} then and on {here} here ({VARIABLE})" \
+                    if locked.settings.gptq and then != here else ""
                 note = (f"this runner built a precision graph other than the lock's from the same graph and "
                         f"calibration data (sha256 {built[:12]}, locked {locked.qdq_sha256[:12]}): the recipe rounds "
-                        f"differently here (another package version, or an edited lock); re-lock on purpose: "
+                        f"differently here (another package version{device}, or an edited lock); re-lock on purpose: "
                         f"quantverdict lock --update {model}")
         return LockState(str(self.options.lock.path), locked.graph_sha256, graph == locked.graph_sha256,
                          data == locked.calibration_data, same, note, locked.search.note)
@@ -231,7 +235,8 @@ class Resolver:
             graph_sha256=bench.fp32_sha256(model), calibration_data=bench.data_key(model, "calibration"),
             qdq_sha256=file_sha256(bench.precision_onnx(model, recipe)),
             chosen_by={**{name: package_version(name) or "absent" for name in LOCKED_PACKAGES},
-                       "runner_class": bench.caps.runner_class},
+                       "runner_class": bench.caps.runner_class,
+                       **({"matrix_device": matrix_key()} if searched.chosen.gptq else {})},  # where GPTQ rounded
             search=SearchEvidence.of(searched))
 
     def with_fallback(self, model: str, recipe: Recipe) -> Recipe:
