@@ -45,8 +45,9 @@ class PrecisionGraph:
         recipe = self.recipe
         calibrated = recipe.calibrated or recipe.calibration_data
         calibration = [self.calibration_key(), package_version("onnxruntime")] if calibrated else None
-        rounding = matrix_key() if recipe.params().get("gptq") else None  # GPTQ's H moves with the device
-        return content_hash("precision", file_sha256(self.source()), recipe.params(), calibration,
+        params = recipe.params()
+        rounding = matrix_key() if params.get("gptq") else None  # GPTQ's H moves with the device
+        return content_hash("precision", file_sha256(self.source()), params, calibration,
                             source_fingerprint("quantverdict.precision"), rounding)
 
     def make(self) -> bytes:

@@ -49,6 +49,7 @@ def matrix_key() -> str:
 
 
 def torch_device() -> "torch.device":
+    """:func:`matrix_gpu`'s answer as torch's device (torch loaded: only the work itself asks)."""
     return loaded_torch().device("cpu" if matrix_gpu() is None else "cuda")
 
 
