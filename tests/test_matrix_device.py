@@ -103,3 +103,15 @@ def test_on_the_gpu_h_and_the_grid_values_are_the_cpus(monkeypatch):
         monkeypatch.setenv(VARIABLE, device)
         grids[device] = rounded_columns(weight, moments, INT8.quantize)
     assert np.array_equal(grids["cpu"], grids["cuda"])
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_the_gpus_memory_running_out_is_one_line_that_names_the_way_out():
+    """A search stops on it (:class:`ResourceError`), as on a worker killed for memory: no traceback, and no work moved
+    to the CPU behind a key that names the GPU."""
+    from quantverdict.errors import ResourceError
+
+    with pytest.raises(ResourceError, match=f"^GPTQ's matrix work ran out of memory on the GPU .*: {VARIABLE}=cpu"):
+        with matrix_device.held(torch.device("cuda")):
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # a pebibyte

@@ -17,7 +17,7 @@ import os
 from typing import TYPE_CHECKING, Iterator
 
 from quantverdict.capabilities import GPU, detect
-from quantverdict.errors import HarnessError
+from quantverdict.errors import HarnessError, ResourceError
 from quantverdict.gpu_slot import this_gpu, timing_slot
 from quantverdict.precision.pools import loaded_torch
 
@@ -55,9 +55,17 @@ def torch_device() -> "torch.device":
 
 @contextlib.contextmanager
 def held(device: "torch.device") -> Iterator[None]:
-    """The GPU's timing slot while inside, where ``device`` is one (nothing to hold on the CPU)."""
+    """The GPU's timing slot while inside, where ``device`` is one (nothing to hold on the CPU); the GPU's memory
+    running out inside is one line (:class:`~quantverdict.errors.ResourceError`: a search stops on it), not a
+    traceback, nor the work moved to the CPU behind a key that names the GPU."""
     if device.type != "cuda":
         yield
         return
+    torch = loaded_torch()
     with timing_slot(this_gpu()):
-        yield
+        try:
+            yield
+        except torch.cuda.OutOfMemoryError as error:
+            free, total = torch.cuda.mem_get_info()
+            raise ResourceError(f"GPTQ's matrix work ran out of memory on the GPU ({free / 2**30:.1f} of "
+                                f"{total / 2**30:.1f} GiB free): {VARIABLE}=cpu keeps it on the CPU") from error
