@@ -4,6 +4,7 @@ smallest built-in models, and a walk over README and the test modules finds a mo
 subcommand with each of its documented options."""
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,11 @@ def test_env_reports_the_packages_and_the_precision_matrix(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert "onnxruntime" in json.dumps(report) and "int8" in json.dumps(report)
+    assert report["matrix_device"] == ("cpu" if report["gpu"] is None else f"cuda {report['gpu']['name']}")
+    proc = subprocess.run([sys.executable, "-m", "quantverdict", "env"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "QUANTVERDICT_MATRIX_DEVICE": "tpu"})
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "error: QUANTVERDICT_MATRIX_DEVICE='tpu': expected one of auto, cpu, cuda", proc.stderr
 
 
 def test_sensitivity_ranks_every_layer_and_says_whether_the_bound_is_met(tmp_path):

@@ -1,4 +1,5 @@
-"""``quantverdict env``: the GPU, the CPU's instruction sets, packages and the precision support matrix."""
+"""``quantverdict env``: the GPU, the CPU's instruction sets, packages, the precision support matrix and where GPTQ's
+matrix work runs (:mod:`quantverdict.precision.matrix_device`)."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from quantverdict.capabilities import detect
+    from quantverdict.precision.matrix_device import matrix_key
 
     caps = detect()
-    print(json.dumps({**caps.to_dict(), "precisions": caps.precision_matrix()}, indent=1))
+    found = {**caps.to_dict(), "precisions": caps.precision_matrix(), "matrix_device": matrix_key()}
+    print(json.dumps(found, indent=1))
     return 0
