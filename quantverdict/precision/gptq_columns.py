@@ -6,8 +6,8 @@ H⁻¹ (H = Σ x xᵀ, damped). GPTQ's reference implementation factorizes H, in
 inverse; here U is the inverse of H's factor in the reversed order (:func:`_inverse_factor`): the same U, half the
 arithmetic. A transformer's 2048-column layers spent most of their rounding there (six of them: 2.3 → 1.2 s on 2
 cores). The errors of a block's columns reach the rest of the block a few columns at a time (:data:`SUB_BLOCK`): one
-column at a time, the updates were numpy operations over the whole block per column (MobileNetV2's 160-column layer:
-116 → 15 ms).
+column at a time, the updates were numpy operations over the whole block per column (with the factor above, a
+1280 × 320 weight's rounding 47 → 17 ms).
 """
 from __future__ import annotations
 
