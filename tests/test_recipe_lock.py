@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from quantverdict.errors import HarnessError
+from quantverdict.precision.matrix_device import matrix_key
 from quantverdict.run.cli import main
 from quantverdict.run.pipeline import Case, Pipeline
 from quantverdict.tune import rules
@@ -53,6 +54,7 @@ def test_lock_writes_the_searched_recipe_with_its_evidence_and_shows_progress_as
     lines = [line for line in err.splitlines()  # each candidate as it ends (not one still working on a slow runner)
              if line.startswith("recipe search dw int8:") and "still judging after" not in line]
     assert lines[0].startswith("recipe search dw int8: at most ") and "folds of 16 calibration samples" in lines[0]
+    assert lines[0].endswith(f"; GPTQ's matrix work on {matrix_key()}")  # GPTQ is among its stages
     assert len(lines) >= 10 and all("best so far" in line and "s left" in line for line in lines[1:-1])
     assert all("taken: " in line for line in lines[1:-1] if " dB in " in line)  # and why it is taken, or not
     assert "CPU-s, peak memory" in lines[-1]  # and, at its end, what it took

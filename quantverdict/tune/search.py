@@ -46,6 +46,7 @@ from quantverdict.judge.layers_alone import worker_count
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
+from quantverdict.precision.matrix_device import matrix_key
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.riders import spent
 from quantverdict.precision.settings import Formats, RecipeSettings
@@ -225,7 +226,9 @@ def search(whole: Workbench, folds: Sequence[Workbench], held_out: Sequence[np.n
     memory = available_memory()
     trials.report(f"recipe search {model} {base.name}: at most {trials.planned} candidates, each calibrated and "
                   f"judged on {len(folds)} folds of {result.held_out_samples} calibration samples"
-                  + ("" if memory is None else f"; {memory / 2 ** 30:.1f} GiB of memory available"))
+                  + ("" if memory is None else f"; {memory / 2 ** 30:.1f} GiB of memory available")
+                  + (f"; GPTQ's matrix work on {matrix_key()}" if any(each.gptq for stage in planned for each in stage)
+                     else ""))
     kept = None
     if incumbent is not None:
         result.incumbent, kept = trials.judge(incumbent, [option for stage in planned for option in stage])
