@@ -712,7 +712,8 @@ def test_gptqs_input_columns_are_unfolds_bit_for_bit_in_one_buffer():
         assert torch.equal(held @ held.transpose(1, 2), expected @ expected.transpose(1, 2)), name
     rows = rng.normal(size=(2, 5, 8)).astype(np.float32)
     matmul = LayerInputs(helper.make_node("MatMul", ["x", "w"], ["y"]), (8, 4), 1, 8)
-    assert torch.equal(columns.of(matmul, rows).cpu(), torch.from_numpy(rows.reshape(1, 10, 8).transpose(0, 2, 1)).double())
+    expected = torch.from_numpy(rows.reshape(1, 10, 8).transpose(0, 2, 1)).double()
+    assert torch.equal(columns.of(matmul, rows).cpu(), expected)
 
 
 @pytest.mark.parametrize("settings", [RecipeSettings(), RecipeSettings(calibration="mse", gptq=True),
