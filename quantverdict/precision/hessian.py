@@ -180,14 +180,17 @@ class MomentSums:
         self._columns = _Columns()
 
     def add(self, holding: Sequence[int], values: Mapping[str, np.ndarray]) -> None:
-        for layer in self.layers:
-            if layer.node.input[0] not in values:
-                continue  # in another part of the tensors (each layer meets the batches in their order all the same)
-            product, vectors = _second_moments(layer, values[layer.node.input[0]], self._columns)
-            for number in holding:  # summed in place: a new sum per set and batch was 3.8 GB written for the 35M encoder
-                total, count = self.sums[number].get(layer.key, (None, 0))
-                total = 0.0 + product if total is None else np.add(total, product, out=total)  # 0.0 +: as it began
-                self.sums[number][layer.key] = (total, count + vectors)
+        present = [layer for layer in self.layers if layer.node.input[0] in values]  # the others: in another part of
+        # the tensors (each layer meets the batches in their order all the same)
+        if not present:
+            return
+        with held(self._columns.device):  # the GPU's timing slot once for the batch, not once per layer
+            for layer in present:
+                product, vectors = _second_moments(layer, values[layer.node.input[0]], self._columns)
+                for number in holding:  # in place: a new sum per set and batch was 3.8 GB written for the 35M encoder
+                    total, count = self.sums[number].get(layer.key, (None, 0))
+                    total = 0.0 + product if total is None else np.add(total, product, out=total)  # 0.0 +: as begun
+                    self.sums[number][layer.key] = (total, count + vectors)
 
     def keep(self, sets: Sequence[Sequence[Batch]]) -> None:
         for batches, sums in zip(sets, self.sums):
@@ -202,11 +205,10 @@ def _second_moments(layer: LayerInputs, value: np.ndarray, columns: "_Columns") 
     taps = int(np.prod(layer.shape[2:])) if layer.node.op_type == "Conv" else 1
     step = max(1, UNFOLDED_VALUES // max(1, value[0].size * taps))
     total, vectors = np.zeros(()), 0
-    with held(columns.device):
-        for start in range(0, len(value), step):
-            unfolded = columns.of(layer, value[start:start + step])
-            total = total + (unfolded @ unfolded.transpose(1, 2)).cpu().numpy()
-            vectors += unfolded.shape[2]
+    for start in range(0, len(value), step):
+        unfolded = columns.of(layer, value[start:start + step])
+        total = total + (unfolded @ unfolded.transpose(1, 2)).cpu().numpy()
+        vectors += unfolded.shape[2]
     return total, vectors
 
 
