@@ -94,9 +94,8 @@ def time_left(plan: Sequence[RecipeSettings], timed: Sequence[Timed], ranking: C
     ``ranking()`` says (:func:`ranking_seconds`; asked only then), and said so. The last ``maybe`` of ``plan`` run only
     where the first share of layers tried wider past ``max_fallback`` meets the case's bounds
     (:func:`~quantverdict.tune.beyond.fewest_in_float`, which stops where it misses them): said apart, as the most they
-    add. ``ridden``: the seconds the first candidate's
-    calibration pass spent measuring what later ones ask of the graph (:mod:`quantverdict.precision.first_pass`):
-    their work, not its own one-time work."""
+    add. ``ridden``: the seconds the first candidate's calibration pass spent measuring what later ones ask of the
+    graph (:mod:`quantverdict.precision.first_pass`): their work, not its own one-time work."""
     of_kind = kinds([*(c.settings for c in timed), *plan])
     took = [c.seconds - (ridden if index == 0 else 0.0) for index, c in enumerate(timed)]
     means = {kind: float(np.median(seconds)) for kind in get_args(Kind)
