@@ -4,6 +4,7 @@ the one read with all tensors at once, on torch's export of a torchvision networ
 case's first divergence, its overflow by consequence) are the same read in parts."""
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import onnx
@@ -64,6 +65,25 @@ def test_values_read_in_parts_are_those_read_at_once_each_tensor_meeting_the_bat
             assert np.array_equal(value, at_once[index, name]), name
             met.setdefault(name, []).append(index)
     assert met == {name: [0, 1] for name in names}
+
+
+def test_the_next_batch_is_read_while_the_caller_holds_this_ones_and_a_failed_run_is_the_callers_error(resnet):
+    """Read ahead where two batches' values fit as one part (the test above compares them with values read in parts,
+    which are read one batch at a time): the thread is there while the caller holds batch 0's values and gone after;
+    a batch that cannot run raises from the loop that asked for it, after the batches before it."""
+    def reading_ahead() -> bool:
+        return any(thread.name.startswith("quantverdict-read-ahead") for thread in threading.enumerate())
+
+    names, batches = _activations(resnet)[:4], _batches(3)
+    values = exposed(resnet, names, batches, EVERYTHING)
+    assert next(values)[0] == 0 and reading_ahead()
+    assert [index for index, _ in values] == [1, 2] and not reading_ahead()
+    wrong = {"image": np.zeros((2, 4, 64, 64), np.float32)}  # 4 channels into a 3-channel Conv
+    seen = []
+    with pytest.raises(Exception, match="(?i)channel|dimension|shape|invalid"):
+        for index, _ in exposed(resnet, names, [batches[0], wrong, batches[1]], EVERYTHING):
+            seen.append(index)
+    assert seen == [0] and not reading_ahead()
 
 
 def test_a_part_runs_only_the_nodes_it_needs(resnet):
@@ -149,6 +169,7 @@ MEMORY_PROBE = """
 import sys
 import subprocess
 import sys
+import threading
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper

@@ -88,15 +88,42 @@ def exposed(model: onnx.ModelProto, names: Sequence[str], batches: Sequence[Batc
     """``names``' values over ``batches``: (the batch's index, a part's values), part after part, each part over
     every batch in order, so each tensor meets the batches in their order. ``budget``: the bytes a part may hold
     (default :func:`exposure_budget`); a tensor larger than it is a part alone. The values are the caller's until it
-    asks for the next: then they are dropped (keep what is needed, not the dict)."""
-    split = parts(model, names, batches[0] if batches else {}, exposure_budget() if budget is None else budget)
+    asks for the next: then they are dropped (keep what is needed, not the dict).
+
+    Where two batches' values fit the budget as one part (every small network), the next batch runs while the caller
+    works on this one's (ONNX Runtime's run holds no interpreter lock, and a small network's kernels leave a core of
+    two idle): a calibration's binning and GPTQ's sums no longer wait for each pass, nor a pass for them."""
+    budget = exposure_budget() if budget is None else budget
+    first = batches[0] if batches else {}
+    ahead = parts(model, names, first, None if budget is None else budget // 2)
+    split = ahead if len(ahead) == 1 else parts(model, names, first, budget)
     for part in split:
         session = as_written_session(cut_to(model, part), pooled=len(split) == 1)
-        for index, batch in enumerate(batches):  # one session a part: a session's start is a graph's copy
-            values = dict(zip(part, session.run(part, dict(batch))))
+        runs = _runs(session, part, batches, read_ahead=len(ahead) == 1)  # one session a part: its start copies
+        for index in range(len(batches)):  # no name, nor enumerate's tuple, holds a batch's outputs past its turn
+            values = dict(zip(part, next(runs)))
             yield index, values
             values.clear()  # the caller's loop still holds this dict while the next values are read
-        del session  # its buffers, before the next part's session makes its own
+        del runs, session  # its buffers, before the next part's session makes its own
+
+
+def _runs(session: "onnxruntime.InferenceSession", names: list[str], batches: Sequence[Batch],
+          read_ahead: bool) -> Iterator[list[np.ndarray]]:
+    """``session``'s outputs ``names`` over each of ``batches`` in turn, the next batch's run on a thread of its own
+    while the caller holds this one's where ``read_ahead``."""
+    if not read_ahead or len(batches) < 2:
+        yield from (session.run(names, dict(batch)) for batch in batches)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="quantverdict-read-ahead") as pool:  # ends with its run, if left
+        pending = pool.submit(session.run, names, dict(batches[0]))
+        for index in range(len(batches)):
+            outputs = pending.result()  # a run's error, raised here
+            if index + 1 < len(batches):
+                pending = pool.submit(session.run, names, dict(batches[index + 1]))
+            yield outputs
+            del outputs
 
 
 def read(model: onnx.ModelProto, names: Sequence[str], batch: Batch) -> dict[str, np.ndarray]:
