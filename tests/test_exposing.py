@@ -167,9 +167,6 @@ def test_a_failed_cases_diagnoses_are_the_same_read_a_tensor_at_a_time(resnet, t
 
 MEMORY_PROBE = """
 import sys
-import subprocess
-import sys
-import threading
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
