@@ -93,10 +93,10 @@ def exposed(model: onnx.ModelProto, names: Sequence[str], batches: Sequence[Batc
     Where two batches' values fit the budget as one part (every small network), the next batch runs while the caller
     works on this one's (ONNX Runtime's run holds no interpreter lock, and a small network's kernels leave a core of
     two idle): a calibration's binning and GPTQ's sums no longer wait for each pass, nor a pass for them."""
-    budget = exposure_budget() if budget is None else budget
-    first = batches[0] if batches else {}
-    ahead = parts(model, names, first, None if budget is None else budget // 2)
-    split = ahead if len(ahead) == 1 else parts(model, names, first, budget)
+    budget, names = exposure_budget() if budget is None else budget, list(dict.fromkeys(names))
+    sizes = value_bytes(model, batches[0] if batches else {}) if budget is not None and names else {}  # inferred once
+    ahead = _cut(names, sizes, None if budget is None else budget // 2)
+    split = ahead if len(ahead) == 1 else _cut(names, sizes, budget)
     for part in split:
         session = as_written_session(cut_to(model, part), pooled=len(split) == 1)
         runs = _runs(session, part, batches, read_ahead=len(ahead) == 1)  # one session a part: its start copies
@@ -136,9 +136,13 @@ def parts(model: onnx.ModelProto, names: Sequence[str], batch: Batch, budget: in
     """``names`` in their order, cut where a part's values at ``batch``'s shapes would pass ``budget`` bytes (a value
     whose size shape inference does not know is counted as the largest known)."""
     names = list(dict.fromkeys(names))
+    return _cut(names, value_bytes(model, batch) if budget is not None and names else {}, budget)
+
+
+def _cut(names: list[str], sizes: dict[str, int], budget: int | None) -> list[list[str]]:
+    """:func:`parts` of ``names``, given each value's bytes (``sizes``, from :func:`value_bytes`)."""
     if budget is None or not names:
         return [names] if names else []
-    sizes = value_bytes(model, batch)
     largest = max(sizes.values(), default=0)
     out: list[list[str]] = [[]]
     held = 0
