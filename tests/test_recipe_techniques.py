@@ -2,6 +2,7 @@
 equalization, low-float saturation) and task metrics: each keeps what it must keep (the FP32
 function) and changes what it claims to, on real ONNX Runtime evaluations."""
 import functools
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -514,6 +515,29 @@ def test_gptq_needs_more_calibration_vectors_than_a_layers_inputs(tmp_path):
     the calibration set cannot see it; the layer keeps nearest rounding and the warning says why."""
     _assert_gptq_keeps_nearest(tmp_path, 64, np.random.default_rng(1).normal(0, 1, (32, 64)),
                                "32 calibration input vectors for 64 inputs")
+
+
+@pytest.mark.int8
+def test_gptq_names_every_layer_whose_h_is_singular_in_one_warning(tmp_path):
+    """Two MatMuls of 64 inputs calibrated on 32 rows: one warning names both, with their vectors and inputs (a
+    RegNet's lock printed a warning for each of 24 layers), and both keep nearest rounding."""
+    rng = np.random.default_rng(0)
+    first, second = rng.normal(0, 0.1, (64, 64)).astype(np.float32), rng.normal(0, 0.1, (64, 8)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+                               helper.make_node("MatMul", ["h", "w2"], ["y"], name="second")], "two",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+                              [numpy_helper.from_array(first, "w1"), numpy_helper.from_array(second, "w2")])
+    model, cache = make_model(graph, opset=19), Cache(tmp_path / "cache")
+    calibration = [{"x": rng.normal(0, 1, (32, 64)).astype(np.float32)}]
+    _, nearest = _quantized(model, calibration, cache)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, rounded = _quantized(model, calibration, cache, gptq=True)
+    said = [str(each.message) for each in caught if "GPTQ" in str(each.message)]
+    assert said == ["GPTQ: 2 layers keep nearest rounding: fewer calibration input vectors than inputs make their H "
+                    "singular (give them more calibration data): 'first' (32 for 64), 'second' (32 for 64)"]
+    assert rounded.SerializeToString() == nearest.SerializeToString()
 
 
 @pytest.mark.fp4
