@@ -189,6 +189,27 @@ def test_an_unwritable_report_folder_or_a_corrupt_history_is_found_before_the_ma
                  "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / "a-file" / "r")]) == 2
 
 
+def test_the_command_prints_each_warning_as_one_line_naming_another_packages_code_where_it_warned(tmp_path):
+    """Python's format prints a warning's source line under it: for the harness's own (GPTQ's, on each layer it
+    leaves at nearest rounding) a call inside the harness, half of a lock's output. The command prints one line per
+    warning, with the kind and place only where code outside the harness warned (a user's factory here)."""
+    from quantverdict.run.cli import PACKAGE, one_line
+
+    (tmp_path / "net.py").write_text("import warnings\nimport torch\n\n\ndef make():\n"
+                                     "    warnings.warn('weights are seeded')\n    return torch.nn.Linear(4, 2)\n")
+    (tmp_path / "models.yaml").write_text("models:\n  - name: net\n    build: net:make\n    inputs: [{name: x, "
+                                          "shape: [8, 4]}]\n    outputs: [y]\n    calibration: synthetic\n")
+    proc = subprocess.run([sys.executable, "-m", "quantverdict", "lock", "--manifest", str(tmp_path / "models.yaml"),
+                           "--precisions", "int8", "--cache-dir", str(tmp_path / "cache")], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: weights are seeded (UserWarning, {tmp_path / 'net.py'}:6)\n" in proc.stderr, proc.stderr
+    assert "warnings.warn(" not in proc.stderr, proc.stderr
+    assert one_line(UserWarning("GPTQ: layer 'a' keeps nearest rounding"), UserWarning,
+                    str(PACKAGE / "precision" / "qdq.py"), 222, "quantized = ...") == \
+        "warning: GPTQ: layer 'a' keeps nearest rounding\n"
+
+
 def test_a_history_that_breaks_after_the_run_keeps_the_record_and_the_summary(tmp_path, monkeypatch):
     import sqlite3
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
+from pathlib import Path
 from typing import NoReturn, Sequence
 
 from quantverdict.run.interrupt import STOPPING, exit_within, on_sigint, stop
@@ -28,6 +30,18 @@ def script() -> NoReturn:
     Python would die of the signal or print a traceback."""
     for signum in STOPPING:  # Ctrl-C, and CI's ``timeout`` (SIGTERM to the process alone)
         signal.signal(signum, on_sigint)
+    warnings.formatwarning = one_line
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             line: str | None = None) -> str:
+    """A warning as the command prints it: one line, ``warning: …``, with its kind and place only where another
+    package's code warned (Python's own format adds the source line: for the harness's warnings, a call inside it)."""
+    ours = Path(filename).resolve().is_relative_to(PACKAGE)
+    return f"warning: {message}" + ("" if ours else f" ({category.__name__}, {filename}:{lineno})") + "\n"
