@@ -147,10 +147,9 @@ def _keep_nearest_singular(layers: list[tuple[onnx.NodeProto, int, int]]) -> Non
         _keep_nearest(node, f"{vectors} calibration input vectors for {inputs} inputs make H singular (give it more "
                             "calibration data)", stacklevel=4)
     elif layers:
+        named = ", ".join(f"{node.name or node.output[0]!r} ({vectors} for {width})" for node, vectors, width in layers)
         warnings.warn(f"GPTQ: {len(layers)} layers keep nearest rounding: fewer calibration input vectors than inputs "
-                      "make their H singular (give them more calibration data): " + ", ".join(
-                          f"{node.name or node.output[0]!r} ({vectors} for {inputs})" for node, vectors, inputs in layers),
-                      stacklevel=4)
+                      f"make their H singular (give them more calibration data): {named}", stacklevel=4)
 
 
 def _kept(store: Callable[[np.ndarray], None], key: Hashable) -> Callable[[np.ndarray], None]:
