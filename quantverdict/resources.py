@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import resource
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 
 def available_memory() -> int | None:
@@ -25,7 +27,46 @@ def available_memory() -> int | None:
 
 def peak_memory_mb() -> float:
     """This process's peak resident memory (MB) since it started: Linux's VmHWM, which starts again at ``exec`` (the
-    ``ru_maxrss`` a process reads of itself keeps what it forked from: a worker started by a 2 GB parent reads 2 GB)."""
+    ``ru_maxrss`` a process reads of itself keeps what it forked from: a worker started by a 2 GB parent reads 2 GB),
+    and what it was before a block measured its own (:func:`peak_within`)."""
+    return max(_BEFORE_RESET[0], _high_water())
+
+
+_BEFORE_RESET = [0.0]  # the process's peak (MB) when its high-water mark was last set back
+_OPEN: list[list[float]] = []  # each open block's peak (MB) when the mark was last set back inside it
+
+
+@contextmanager
+def peak_within() -> Iterator[Callable[[], float]]:
+    """The block's own peak resident memory (MB), asked of the function it gives: the kernel's high-water mark set back
+    to the memory resident as it begins (Linux's ``clear_refs``), so that the second model a ``lock`` searches is not
+    reported at the first one's peak; where that cannot be done, the process's peak since it started (never lower)."""
+    block = [0.0]
+    own = _set_back()
+    _OPEN.append(block)
+    try:
+        yield lambda: max(block[0], _high_water()) if own else peak_memory_mb()
+    finally:
+        _OPEN.remove(block)
+
+
+def _set_back() -> bool:
+    """Set the high-water mark back to the memory resident now, what it was kept for the process and each open block;
+    whether the kernel did."""
+    before = _high_water()
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # "reset the peak resident set size to the process's current value" (proc(5))
+    except OSError:  # not Linux, or a kernel older than 4.0
+        return False
+    _BEFORE_RESET[0] = max(_BEFORE_RESET[0], before)
+    for block in _OPEN:
+        block[0] = max(block[0], before)
+    return True
+
+
+def _high_water() -> float:
+    """The kernel's high-water mark of this process's resident memory (MB): VmHWM, else ``ru_maxrss``."""
     try:
         with open("/proc/self/status") as status:
             for line in status:

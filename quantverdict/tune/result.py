@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, com
 
 from quantverdict.errors import HarnessError
 from quantverdict.precision.settings import RecipeSettings, formats_words
-from quantverdict.resources import cpu_seconds, peak_memory_mb, worker_peaks
+from quantverdict.resources import cpu_seconds, peak_within, worker_peaks
 from quantverdict.tune.fallback import layers_kept
 
 
@@ -33,7 +33,7 @@ LOCKED_OUT = {"seconds", "taken"}  # a candidate's fields a lock file leaves out
 
 class Cost(BaseModel):
     """What a stage took: wall seconds, CPU-seconds (this process's and the worker processes' it waited for) and the
-    peak memory (MB) of this process since it started (a peak is never lower than the stage's own) and of the largest
+    peak memory (MB) of this process while it ran (:func:`~quantverdict.resources.peak_within`) and of the largest
     worker the stage started."""
 
     model_config = ConfigDict(frozen=True)
@@ -52,13 +52,12 @@ class Cost(BaseModel):
 def costed() -> Iterator[Callable[[], Cost]]:
     """The block's cost so far, asked of the function it gives."""
     begun, cpu, workers = time.perf_counter(), cpu_seconds(), len(worker_peaks())
+    with peak_within() as peak:
+        def cost() -> Cost:
+            return Cost(wall_s=round(time.perf_counter() - begun, 3), cpu_s=round(cpu_seconds() - cpu, 3),
+                        peak_mb=round(peak(), 1), worker_peak_mb=round(max(worker_peaks()[workers:], default=0.0), 1))
 
-    def cost() -> Cost:
-        return Cost(wall_s=round(time.perf_counter() - begun, 3), cpu_s=round(cpu_seconds() - cpu, 3),
-                    peak_mb=round(peak_memory_mb(), 1),
-                    worker_peak_mb=round(max(worker_peaks()[workers:], default=0.0), 1))
-
-    yield cost
+        yield cost
 
 
 class Candidate(BaseModel):
