@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from quantverdict.errors import InputSpecError, ResolutionWarning
+from quantverdict.judge.input_dependence import constant_outputs
 from quantverdict.judge.intervals import (accuracy_drop_interval, bootstrap_cosine_snr, proportion_interval,
                                      resolve_agreement_bound, resolve_drop_bound)
 from quantverdict.judge.detections import detection_metrics
@@ -115,8 +116,8 @@ class Comparison:
             lines.append(f"{output}: worst elements {worst}")
         return "\n".join(lines)
 
-    def note(self, text: str) -> None:
-        """Keep ``text`` in the result and warn with it (pytest lists warnings in its summary)."""
+    def note(self, text: str | None) -> None:
+        """Keep ``text`` (if any) in the result and warn with it (pytest lists warnings in its summary)."""
         if text and text not in self.notes:
             self.notes.append(text)
             warnings.warn(text, ResolutionWarning, stacklevel=3)
@@ -180,6 +181,7 @@ def compare(
             atol, rtol = bounds.atol or 0.0, bounds.rtol or 0.0
             result.checks.append(Check(name, f"fraction within atol={atol:g}/rtol={rtol:g}",
                                        within_bounds(name, ref, out, atol, rtol), 1.0, True))
+    result.note(constant_outputs(reference))
     return result
 
 
