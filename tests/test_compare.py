@@ -76,14 +76,14 @@ def test_intervals_cover_the_truth_at_their_confidence():
 
 
 def test_nan_output_never_passes():
-    ref = np.ones((2, 3), np.float32)
+    ref = np.arange(6, dtype=np.float32).reshape(2, 3)
     out = ref.copy()
     out[0, 0] = np.nan
     assert not compare({"y": ref}, {"y": out}, Tolerance(min_cosine=0.0)).passed
 
 
 def test_missing_output_and_shape_mismatch_fail():
-    ref = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}
+    ref = {"a": np.arange(3, dtype=np.float32), "b": np.arange(3, dtype=np.float32)}
     result = compare(ref, {"a": np.ones(4, np.float32)}, Tolerance())
     assert [c.metric for c in result.failures()] == ["shape (4,) vs (3,)", "present"]
 
