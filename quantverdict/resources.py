@@ -29,11 +29,18 @@ def peak_memory_mb() -> float:
     """This process's peak resident memory (MB) since it started: Linux's VmHWM, which starts again at ``exec`` (the
     ``ru_maxrss`` a process reads of itself keeps what it forked from: a worker started by a 2 GB parent reads 2 GB),
     and what it was before a block measured its own (:func:`peak_within`)."""
-    return max(_BEFORE_RESET[0], _high_water())
+    return max(_BEFORE_RESET.mb, _high_water())
 
 
-_BEFORE_RESET = [0.0]  # the process's peak (MB) when its high-water mark was last set back
-_OPEN: list[list[float]] = []  # each open block's peak (MB) when the mark was last set back inside it
+class _Peak:
+    """A peak (MB) kept across the kernel's high-water mark set back: the process's, or an open block's."""
+
+    def __init__(self) -> None:
+        self.mb = 0.0
+
+
+_BEFORE_RESET = _Peak()  # the process's peak when its high-water mark was last set back
+_OPEN: list[_Peak] = []  # each open block's peak when the mark was last set back inside it
 
 
 @contextmanager
@@ -41,13 +48,13 @@ def peak_within() -> Iterator[Callable[[], float]]:
     """The block's own peak resident memory (MB), asked of the function it gives: the kernel's high-water mark set back
     to the memory resident as it begins (Linux's ``clear_refs``), so that the second model a ``lock`` searches is not
     reported at the first one's peak; where that cannot be done, the process's peak since it started (never lower)."""
-    block = [0.0]
+    block = _Peak()
     own = _set_back()
     _OPEN.append(block)
     try:
-        yield lambda: max(block[0], _high_water()) if own else peak_memory_mb()
+        yield lambda: max(block.mb, _high_water()) if own else peak_memory_mb()
     finally:
-        _OPEN.remove(block)
+        _OPEN[:] = [each for each in _OPEN if each is not block]
 
 
 def _set_back() -> bool:
@@ -59,9 +66,8 @@ def _set_back() -> bool:
             clear.write("5")  # "reset the peak resident set size to the process's current value" (proc(5))
     except OSError:  # not Linux, or a kernel older than 4.0
         return False
-    _BEFORE_RESET[0] = max(_BEFORE_RESET[0], before)
-    for block in _OPEN:
-        block[0] = max(block[0], before)
+    for peak in (_BEFORE_RESET, *_OPEN):
+        peak.mb = max(peak.mb, before)
     return True
 
 
