@@ -665,3 +665,21 @@ def test_no_chart_label_is_raw_mathtext(record_path, monkeypatch):
     html_page(record, [record])  # a history of one more run: the trend chart is drawn too
     assert any(text.startswith("1e-") for text in drawn)  # the error histograms' log axis is among them
     assert not [text for text in drawn if "$" in text or "mathdefault" in text]
+
+
+def test_the_notes_a_comparison_kept_reach_the_markdown_and_the_page_once_each_with_their_cases(record_path):
+    """A note a case's comparison kept (here: FP32 outputs the input barely moves, in the runtime's view and the
+    recipe's) was said only in the run's warnings: the summary and the page list it once, with the case."""
+    from quantverdict.report.load import check_record
+    from quantverdict.report.render import html_page, markdown
+
+    record = json.loads(record_path.read_text())
+    note = "the FP32 outputs (logits) barely depend on the inputs"
+    case = _int8(record)
+    case["metrics"]["notes"] = [note]
+    case["metrics"].setdefault("recipe", {})["notes"] = [note]
+    checked = check_record(record, "noted")
+    text = markdown(checked)
+    assert "\n## Notes\n" in text and f"\n- {note} ({case['id']})\n" in text and text.count(note) == 1
+    page = html_page(checked, [])
+    assert "<h2>Notes</h2>" in page and page.count(note) == 1 and case["id"] in page

@@ -41,6 +41,9 @@ def markdown(record: RunRecord) -> str:
     if regressed:  # pytest --qv-baseline: each regression with what moved between the runs
         lines += ["", "## Regressions against the baseline", ""] + [
             f"- {_cell(case)}: {_cell(what)} ({_cell(moved)})" for case, what, moved in regressed]
+    noted = case_notes(record)
+    if noted:
+        lines += ["", "## Notes", ""] + [f"- {_cell(note)} ({_cell(', '.join(cases))})" for note, cases in noted]
     stale = lock_notes(record)
     if stale:
         lines += ["", "## Locks that do not match this run", ""] + [f"- {_cell(case)}: {_cell(note)}" for case, note in stale]
@@ -54,6 +57,20 @@ def regressions(record: RunRecord) -> list[tuple[str, str, str]]:
     """(case, its regressions, what moved between the runs) of each case ``--qv-baseline`` found regressed."""
     return [(c.id, "; ".join(c.metrics.baseline.regressions), c.metrics.baseline.moved or "moved: -")
             for c in record.cases if c.metrics.baseline and c.metrics.baseline.regressions]
+
+
+def case_notes(record: RunRecord) -> list[tuple[str, list[str]]]:
+    """Each note the cases' comparisons kept (a bound widened to what the samples resolve, FP32 outputs the input
+    barely moves), once, with the cases it came from: said in a pytest or CLI run's warnings only, they were lost to
+    the page a team reads the nightly on."""
+    found: dict[str, list[str]] = {}
+    for case in record.cases:
+        for view in filter(None, (case.metrics, case.metrics.recipe)):
+            for note in view.notes:
+                found.setdefault(note, [])
+                if case.id not in found[note]:
+                    found[note].append(case.id)
+    return list(found.items())
 
 
 def lock_notes(record: RunRecord) -> list[tuple[str, str]]:
@@ -118,7 +135,7 @@ def html_page(record: RunRecord, history: list[RunRecord], sections: Sequence[st
             body.append(f'<p class="legend">{html.escape(notes[title])}</p>')
         body.append(f'<img alt="{html.escape(title)}" src="data:image/png;base64,{png}">' if png else
                     '<p class="empty">No data in this run for this chart.</p>')
-    body += [_regressions(record), _verdicts(record), _failures(record), _skips(record), *sections]
+    body += [_regressions(record), _verdicts(record), _notes(record), _failures(record), _skips(record), *sections]
     return page("Accuracy run", body)
 
 
@@ -203,6 +220,12 @@ def _verdicts(record: RunRecord) -> str:
             "CPU) against FP32. Runtime fidelity: the runtime's outputs against those semantics, as the fraction "
             "of rounding decisions that would have to flip to explain the difference.</p>"
             f"<table><tr>{head}</tr>{body}</table>")
+
+
+def _notes(record: RunRecord) -> str:
+    items = "".join(f"<li>{html.escape(note)} <i>({html.escape(', '.join(cases))})</i></li>"
+                    for note, cases in case_notes(record))
+    return f"<h2>Notes</h2><ul>{items}</ul>" if items else ""
 
 
 def _failures(record: RunRecord) -> str:

@@ -66,6 +66,7 @@ class ViewRecord(_Open):
 
     metrics: dict[str, OutputMetrics] = {}
     checks: list[CheckRecord] = []
+    notes: list[str] = []  # what the comparison noted: a bound widened to the samples, outputs the input barely moves
     task: Task | None = None
 
     def first(self) -> OutputMetrics:
