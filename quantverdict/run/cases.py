@@ -35,6 +35,7 @@ class CaseResult:
     timings: dict[str, float] = field(default_factory=dict)
     cache: dict[str, int] = field(default_factory=dict)
     trace: str = ""  # the traceback of an error: the user's code that failed, or a backend's crash
+    cost: dict[str, float] = field(default_factory=dict)  # its CPU-seconds (workers' too) and peak memory (MB)
 
     def __bool__(self) -> bool:
         return self.status == "passed"
@@ -44,12 +45,12 @@ class CaseResult:
         """The result a record's case holds (the inverse of :meth:`to_dict`)."""
         return cls(Case(data["model"], data["precision"], data["backend"]), data["status"], data.get("message", ""),
                    data.get("metrics", {}), data.get("tolerance", {}), data.get("timings", {}), data.get("cache", {}),
-                   data.get("trace", ""))
+                   data.get("trace", ""), data.get("cost", {}))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self.case), "id": self.case.id, "status": self.status, "message": self.message,
                 "metrics": self.metrics, "tolerance": self.tolerance, "timings": self.timings, "cache": self.cache,
-                **({"trace": self.trace} if self.trace else {})}
+                **({"trace": self.trace} if self.trace else {}), **({"cost": self.cost} if self.cost else {})}
 
     def record(self) -> "CaseRecord":
         """The case as a run record holds it: the schema's type, read from the JSON it is written as."""

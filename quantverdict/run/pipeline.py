@@ -34,6 +34,7 @@ from quantverdict.tune.folds import search_recipe
 from quantverdict.run.manifest import Manifest, default_models, load_manifest, model_registry
 from quantverdict.tune.lock import RecipeLock
 from quantverdict.tune.resolve import RecipeOptions, Resolver
+from quantverdict.tune.result import costed
 from quantverdict.run.settings import Settings
 
 __all__ = ["Case", "CaseResult", "Pipeline"]
@@ -109,7 +110,11 @@ class Pipeline:
         if reason:
             return CaseResult(case, "skipped", reason)
         before, started = Counter(self.cache.stats), time.perf_counter()
-        result = self.executor.run(case)
+        with costed() as cost:
+            result = self.executor.run(case)
+            spent = cost()
+        result.cost = {"cpu_s": spent.cpu_s, "peak_mb": spent.peak_mb,
+                       **({"worker_peak_mb": spent.worker_peak_mb} if spent.worker_peak_mb else {})}
         result.cache = dict(Counter(self.cache.stats) - before)  # this case's cache hits and misses
         result.timings[CASE_TIME] = round(time.perf_counter() - started, 3)  # what spreads the next run's work
         if self.baseline is not None:

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from quantverdict.report.rows import CaseRow, terminal_table
+from quantverdict.resources import cpu_seconds, peak_memory_mb
 from quantverdict.run.commands import common
 from quantverdict.run.interrupt import held, received
 from quantverdict.run.settings import Settings, add_options
@@ -33,7 +34,7 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     from quantverdict.run.pipeline import Pipeline
     from quantverdict.tune.lock import run_notes
 
-    started = time.time()
+    started, cpu = time.time(), cpu_seconds()
     check_destinations(settings["report-dir"], settings["history-db"], settings["cache-dir"])
     pipeline = Pipeline.from_settings(settings, progress=lambda line: tqdm.write(line, file=sys.stderr))
     models = settings["models"]
@@ -71,7 +72,8 @@ def run_matrix(settings: Settings) -> tuple[int, Path]:
     with held():  # a Ctrl-C from here waits until the record's path is printed
         path, history_problem = record_run(record, settings["report-dir"], settings["history-db"])
         summary = ", ".join(f"{count} {status}" for status, count in sorted(record["summary"].items()))
-        print(f"\n{summary} in {record['duration_s']:.0f} s; record: {path}\n"
+        print(f"\n{summary} in {record['duration_s']:.0f} s ({cpu_seconds() - cpu:.0f} CPU-s, peak memory "
+              f"{peak_memory_mb() / 1024:.1f} GB); record: {path}\n"
               f"its page (HTML, with plots) and Markdown: quantverdict report {path}", flush=True)
     for result in results:
         if result.status in ("failed", "error"):
