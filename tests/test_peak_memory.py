@@ -42,7 +42,7 @@ def test_each_case_and_the_run_say_what_they_cost(tmp_path):
 
     result = Pipeline(tmp_path / "cache").run(Case("mlp", "fp32", "onnxruntime"))
     assert result.status == "passed" and result.cost["cpu_s"] > 0 and result.cost["peak_mb"] > 50, result.cost
-    assert result.record().cost == result.cost
+    assert result.record().cost.model_dump() == result.cost
     proc = subprocess.run([sys.executable, "-m", "quantverdict", "run", "--models", "mlp", "--precisions", "fp32",
                            "--backends", "onnxruntime", "--cache-dir", str(tmp_path / "cache"), "--report-dir",
                            str(tmp_path / "reports")], capture_output=True, text=True, timeout=600)

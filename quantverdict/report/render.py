@@ -19,9 +19,9 @@ from quantverdict.report.schema import CaseRecord, CheckRecord, RunRecord, Searc
 def markdown(record: RunRecord) -> str:
     env, gpu = record.environment, record.environment.gpu
     summary = ", ".join(f"{n} {status}" for status, n in sorted(record.summary.items()))
-    costs = [case.cost for case in record.cases if case.cost]
-    spent = (f" ({sum(cost.get('cpu_s', 0.0) for cost in costs):.0f} CPU-s in its cases, peak memory "
-             f"{max(cost.get('peak_mb', 0.0) for cost in costs) / 1024:.1f} GB)") if costs else ""
+    costs = [case.cost for case in record.cases if case.cost is not None]
+    spent = (f" ({sum(cost.cpu_s for cost in costs):.0f} CPU-s in its cases, peak memory "
+             f"{max(cost.peak_mb for cost in costs) / 1024:.1f} GB)") if costs else ""
     lines = [f"# Accuracy run {record.started}", "",
              f"{summary} in {record.duration_s:.0f} s{spent} on {env.host or '?'} "
              f"({gpu.name + ', compute capability ' + gpu.compute_capability if gpu else 'no GPU'})", "",

@@ -169,7 +169,7 @@ class CaseRecord(_Open):
     metrics: CaseMetrics = CaseMetrics()
     timings: dict[str, float] = {}
     cache: dict[str, int] = {}
-    cost: dict[str, float] = {}  # cpu_s (its workers' too), peak_mb (the process's while it ran), worker_peak_mb
+    cost: Cost | None = None  # its CPU-seconds (its workers' too) and peak memory (the process's while it ran)
 
     @property
     def judged(self) -> bool:

@@ -35,7 +35,7 @@ class CaseResult:
     timings: dict[str, float] = field(default_factory=dict)
     cache: dict[str, int] = field(default_factory=dict)
     trace: str = ""  # the traceback of an error: the user's code that failed, or a backend's crash
-    cost: dict[str, float] = field(default_factory=dict)  # its CPU-seconds (workers' too) and peak memory (MB)
+    cost: dict[str, float] = field(default_factory=dict)  # what it took (:class:`~quantverdict.tune.result.Cost`)
 
     def __bool__(self) -> bool:
         return self.status == "passed"

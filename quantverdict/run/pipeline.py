@@ -112,9 +112,7 @@ class Pipeline:
         before, started = Counter(self.cache.stats), time.perf_counter()
         with costed() as cost:
             result = self.executor.run(case)
-            spent = cost()
-        result.cost = {"cpu_s": spent.cpu_s, "peak_mb": spent.peak_mb,
-                       **({"worker_peak_mb": spent.worker_peak_mb} if spent.worker_peak_mb else {})}
+            result.cost = cost().model_dump()
         result.cache = dict(Counter(self.cache.stats) - before)  # this case's cache hits and misses
         result.timings[CASE_TIME] = round(time.perf_counter() - started, 3)  # what spreads the next run's work
         if self.baseline is not None:
