@@ -142,3 +142,86 @@ def test_a_torchscript_branch_on_the_data_is_quantized_in_both_branches(tmp_path
     assert [node.op_type for node in fp32.graph.node].count("If") == 1
     coverage = result.metrics["coverage"]
     assert coverage["quantized"] == coverage["layers"] == 4 and coverage["kinds"] == {"Gemm": [4, 4]}, coverage
+
+
+def _detector() -> onnx.ModelProto:
+    """A recurrent voice detector written as silero-vad's TorchScript export writes one (its graph is in the
+    ``silero-vad`` wheel): every weight inside an ``If`` on the sample rate with two outputs (a probability and the
+    recurrent state), and inside that branch an ``If`` on the data (TorchScript's batched or not) whose branches each
+    hold only an LSTM, reading a tensor of the graph around them rather than an input of their own."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    OUT = (("p", [4, 1]), ("s", [4, 8]))  # the probability and the recurrent state, in the order the If gives them
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(0, 0.4, shape).astype(np.float32), name)
+
+    def lstm(name: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [helper.make_node("LSTM", ["seq", f"{name}_w", f"{name}_r"], ["", f"{name}_h"], hidden_size=8,
+                              name=f"{name}_lstm"),
+             helper.make_node("Squeeze", [f"{name}_h", "axis0"], [f"{name}_state"], name=f"{name}_squeeze")],
+            name, [], [helper.make_tensor_value_info(f"{name}_state", TensorProto.FLOAT, [4, 8])],
+            [weight(f"{name}_w", 1, 32, 16), weight(f"{name}_r", 1, 32, 8)])
+
+    k16 = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_in"], ["h"], name="mm_in"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("Unsqueeze", ["r", "axis0"], ["seq"], name="as_sequence"),
+         helper.make_node("If", ["positive"], ["s"], name="batched", then_branch=lstm("a"), else_branch=lstm("b")),
+         helper.make_node("MatMul", ["s", "w_out"], ["logit"], name="mm_out"),
+         helper.make_node("Sigmoid", ["logit"], ["p"], name="sigmoid")],
+        "k16", [], [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in OUT],
+        [weight("w_in", 8, 16), weight("w_out", 8, 1)])
+    silent = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["p_shape"], ["p0"], name="p0"),
+         helper.make_node("ConstantOfShape", ["s_shape"], ["s0"], name="s0")],
+        "k8", [], [helper.make_tensor_value_info(f"{name}0", TensorProto.FLOAT, shape) for name, shape in OUT])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="total"),
+             helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
+             helper.make_node("Equal", ["sr", "rate16k"], ["is16k"], name="is16k"),
+             helper.make_node("If", ["is16k"], ["p_out", "s_out"], name="by_rate", then_branch=k16,
+                              else_branch=silent)]
+    graph = helper.make_graph(
+        nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+                            helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, shape) for name, shape in OUT],
+        [numpy_helper.from_array(np.array(16000, np.int64), "rate16k"),
+         numpy_helper.from_array(np.array(0, np.float32), "zero"),
+         numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+         *(numpy_helper.from_array(np.array(shape, np.int64), f"{name}_shape") for name, shape in OUT)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.int8
+def test_a_detectors_rate_if_is_flattened_with_both_outputs_and_its_branch_lstms_run_in_int8(tmp_path):
+    """Before: the rate fixed, onnx-graphsurgeon's flattening rebound the probability alone and the state lost its
+    producer (the checker refused the graph); with that mended, the inner ``If`` was sorted before the node whose
+    output its branches read, and its LSTM-only branches, having no ranges to calibrate, were left in float. Now the
+    FP32 graph computes both outputs as the original does, and ``recurrent: dynamic`` runs all four layers in INT8."""
+    path = tmp_path / "detector.onnx"
+    onnx.save(_detector(), str(path))
+    (tmp_path / "models.yaml").write_text(textwrap.dedent(f"""\
+        models:
+          - name: detector
+            onnx: {path}
+            inputs: [{{name: x, shape: [4, 8]}}, {{name: sr, shape: [], dtype: int64, value: 16000}}]
+            outputs: [p_out, s_out]
+            calibration: synthetic
+            recipe: {{int8: {{recurrent: dynamic}}}}
+        """))
+    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    flat = onnx.load(str(pipeline.store.fp32_onnx("detector")))
+    assert [node.name for node in flat.graph.node if node.op_type == "If"] == ["batched"]
+    for sign in (1.0, -1.0):  # each branch of the inner If
+        feed = {"x": _batches(sign, 1.0, 1, 5)[0]["x"], "sr": np.array(16000, np.int64)}
+        original, flattened_ = (ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+                                .run(None, feed) for graph in (_detector(), flat))
+        for theirs, ours in zip(original, flattened_):
+            np.testing.assert_array_equal(theirs, ours)
+    result = pipeline.run(Case("detector", "int8", "onnxruntime"))
+    assert result.status == "passed", result.message
+    coverage = result.metrics["recipe"]["coverage"]
+    assert (coverage["quantized"], coverage["layers"]) == (4, 4), coverage
+    assert coverage["kinds"] == {"MatMul": [2, 2], "DynamicQuantizeLSTM": [2, 2]}, coverage["kinds"]

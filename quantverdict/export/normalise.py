@@ -14,21 +14,24 @@ Inference BatchNormalizations are folded as TensorRT folds them (:mod:`quantverd
 graph must not store a variance TensorRT never stores.
 
 A scalar input the manifest fixes (``value:``, a sample rate) is that constant wherever the graph reads it, so an
-``If`` it decides is flattened into the branch that value takes, as onnx-graphsurgeon flattens any ``If`` whose
-condition is constant: a network whose weights all live inside such a body is quantized and judged there, the one
-branch that runs, not skipped as weights a recipe cannot reach. The input stays declared (fed, read by nothing).
+``If`` it decides is flattened into the branch that value takes, as any ``If`` whose condition is constant is
+(:mod:`quantverdict.export.conditionals`): a network whose weights all live inside such a body is quantized and judged
+there, the one branch that runs, not skipped as weights a recipe cannot reach. The input stays declared (fed, read by
+nothing).
 
 Quantizing nodes are never folded: a user's ``DequantizeLinear`` of a stored INT8 weight folded into a float
 initializer would be a float graph that looks quantized to nobody.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import onnx
 
 from quantverdict.export.batchnorm import fold_batchnorms, foldable_batchnorms
+from quantverdict.export.conditionals import flatten_constant_ifs
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
@@ -49,8 +52,12 @@ def normalised(model: onnx.ModelProto, fixed: Mapping[str, np.ndarray] | None = 
     previous, G_LOGGER.severity = G_LOGGER.severity, G_LOGGER.ERROR  # its per-node notes are not the user's
     try:
         # fold_shapes off: a shape an exporter recorded for one batch size must not become the only one
-        graph.fold_constants(fold_shapes=False, should_exclude_node=lambda node: node.op in KEEP).cleanup(
-            remove_unused_graph_inputs=False).toposort()
+        fold = functools.partial(graph.fold_constants, fold_shapes=False, flatten_subgraphs=False,
+                                 should_exclude_node=lambda node: node.op in KEEP)
+        fold()
+        while flatten_constant_ifs(graph):  # a branch flattened may make more constant
+            fold()
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
     finally:
         G_LOGGER.severity = previous
     folded = gs.export_onnx(graph, do_type_check=False)

@@ -16,6 +16,7 @@ import onnx
 
 from quantverdict.export.compat import serialized
 from quantverdict.models.spec import Batch
+from quantverdict.precision.graph import reads
 from quantverdict.resources import available_memory
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ def cut_to(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
     for node in reversed(model.graph.node):
         if needed.intersection(node.output):
             kept.append(node)
-            needed.update(_reads(node))
+            needed.update(reads(node))
     out = with_outputs(model, names)
     del out.graph.node[:]
     out.graph.node.extend(reversed(kept))
@@ -218,7 +219,7 @@ def from_node(model: onnx.ModelProto, start: int, batch: Batch) -> tuple[onnx.Mo
     nodes = list(model.graph.node[start:])
     made = {name for node in nodes for name in node.output}
     constant = {init.name for init in model.graph.initializer}
-    fed = [name for name in dict.fromkeys(name for node in nodes for name in sorted(_reads(node)))
+    fed = [name for name in dict.fromkeys(name for node in nodes for name in sorted(reads(node)))
            if name not in made and name not in constant]
     declared = {value.name: value for value in model.graph.input}
     computed = [name for name in fed if name not in declared]
@@ -234,16 +235,3 @@ def from_node(model: onnx.ModelProto, start: int, batch: Batch) -> tuple[onnx.Mo
     del rest.graph.output[:]
     rest.graph.output.extend(kept)
     return rest, values
-
-
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """What ``node`` reads: its inputs, and the outer tensors its bodies (an If's branches, a Loop's) read."""
-    reads = set(node.input)
-    for attribute in node.attribute:
-        for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
-            inner = {init.name for init in body.initializer} | {value.name for value in body.input}
-            for inner_node in body.node:
-                reads.update(name for name in _reads(inner_node) if name not in inner)
-                inner.update(inner_node.output)
-    reads.discard("")
-    return reads

@@ -42,13 +42,27 @@ def replace_input(nodes: Iterable[onnx.NodeProto], old: str, new: str) -> None:
                 node.input[i] = new
 
 
+def reads(node: onnx.NodeProto) -> set[str]:
+    """What ``node`` reads: its inputs, and the outer tensors its bodies (an If's branches, a Loop's) read."""
+    found = set(node.input)
+    for attribute in node.attribute:
+        for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+            inner = {init.name for init in body.initializer} | {value.name for value in body.input}
+            for inner_node in body.node:
+                found.update(name for name in reads(inner_node) if name not in inner)
+                inner.update(inner_node.output)
+    found.discard("")
+    return found
+
+
 def topological_sort(graph: onnx.GraphProto) -> None:
-    """Reorder ``graph.node`` so that every node follows the producers of its inputs."""
+    """Reorder ``graph.node`` so that every node follows the producers of what it reads (:func:`reads`: an If whose
+    branch reads a tensor of the graph follows its producer too)."""
     producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
     dependents: dict[int, list[int]] = defaultdict(list)
     pending = [0] * len(graph.node)
     for i, node in enumerate(graph.node):
-        for name in set(node.input):
+        for name in reads(node):
             if name in producer:
                 dependents[producer[name]].append(i)
                 pending[i] += 1

@@ -258,10 +258,10 @@ class QDQ(Recipe):
         graph.node.extend(new_nodes)
         dynamic_lstms(model, [node for node, _ in plan if node.op_type == "LSTM"])
         for node, attribute, body in branches(model):  # each branch as a graph of its own, on its own ranges
-            within = in_branch(ranges, node, attribute)
-            if within:  # (a branch of a nested If was not calibrated: its layers stay in float)
-                placed, tag = as_model(body, model), f"{self.options.tag}__{node.name}_{attribute}"
-                self.with_options(tag=tag).apply_impl(placed, within)
+            within, placed = in_branch(ranges, node, attribute), as_model(body, model)
+            if set(self.tensors_to_calibrate(placed)) <= set(within):  # every range it needs: a nested If's
+                # branch has none (its layers stay in float), one of LSTMs alone needs none (DynamicQuantizeLSTM)
+                self.with_options(tag=f"{self.options.tag}__{node.name}_{attribute}").apply_impl(placed, within)
                 put_back(body, placed, model)
         topological_sort(graph)
         return self._fallback_in_its_format(model, ranges)
