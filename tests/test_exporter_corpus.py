@@ -2,6 +2,7 @@
 weights behind ``Transpose``, older opsets, unnamed nodes, external data, recurrent layers, ``Einsum``. Every
 graph is normalised before any recipe (constants folded into initializers, the function unchanged), and no
 precision case passes with fewer layers in its precision than the recipe promises."""
+import sys
 import textwrap
 from pathlib import Path
 
@@ -254,8 +255,9 @@ def _needs(module: str, extra: str) -> None:
 @pytest.mark.int8
 def test_a_scikit_learn_classifier_converted_by_skl2onnx_is_judged_on_its_declared_outputs(qv_pipeline, tmp_path):
     """skl2onnx writes an MLP as MatMul/Add at opset 21 beside an ``ai.onnx.ml`` domain, with an int64 label output
-    and a softmax: only the declared output (the probabilities, a distribution) is judged, every MatMul runs in
-    INT8, and the label output the user left out is not judged as logits."""
+    and a softmax: only the declared outputs are judged, every MatMul runs in INT8; the probabilities are a
+    distribution, the label is labels (judged by how many agree, and read as the class where labels give accuracy),
+    and left out, it is not judged."""
     _needs("skl2onnx", "scikit-learn's ONNX converter")
     from skl2onnx import to_onnx
     from sklearn.datasets import load_digits
@@ -271,11 +273,32 @@ def test_a_scikit_learn_classifier_converted_by_skl2onnx_is_judged_on_its_declar
     manifest = _manifest(tmp_path, "digits-mlp", path, "[{name: X, shape: [16, 64], range: [0, 1]}]",
                          ["probabilities"], task="classification")
     pipeline = Pipeline(qv_pipeline.cache.root, manifest=manifest)
-    assert pipeline.store.output_kinds("digits-mlp") == {"label": "logits", "probabilities": "distribution"}
+    assert pipeline.store.output_kinds("digits-mlp") == {"label": "labels", "probabilities": "distribution"}
     result = pipeline.run(Case("digits-mlp", "int8", "onnxruntime"))
     assert result.metrics["coverage"]["kinds"] == {"MatMul": [3, 3]}
     assert set(result.metrics["metrics"]) == {"probabilities"}
     assert result.status == "passed", result.message
+    both = _manifest(tmp_path, "digits-mlp", path, "[{name: X, shape: [16, 64], range: [0, 1]}]",
+                     ["label", "probabilities"], task="classification")
+    (tmp_path / "digits.py").write_text(textwrap.dedent("""\
+        import numpy as np
+        from sklearn.datasets import load_digits
+        from quantverdict.models.spec import LabeledData
+
+        def labelled():
+            images, labels = load_digits(return_X_y=True)
+            batches = [{"X": (images[i:i + 16] / 16).astype(np.float32)} for i in range(0, 320, 16)]
+            return LabeledData(batches, labels[:320])
+        """))
+    both.write_text(both.read_text() + "    eval: digits:labelled\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        judged = Pipeline(qv_pipeline.cache.root, manifest=both).run(Case("digits-mlp", "int8", "onnxruntime"))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert judged.status == "passed", judged.message
+    assert judged.metrics["metrics"]["label"]["label_samples"] == 320
+    assert judged.metrics["task"]["reference_accuracy"] > 0.9  # the label read as the class, not argmax'd
 
 
 @pytest.mark.int8

@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from quantverdict.judge.compare import compare
-from quantverdict.judge.output_kinds import output_kinds
+from quantverdict.judge.output_kinds import measured, output_kinds
 from quantverdict.judge.tolerances import ToleranceTable
 
 
@@ -52,3 +52,69 @@ def test_a_distribution_with_one_flipped_position_is_judged_by_positions_not_its
     assert as_distribution.passed, as_distribution.explain()
     assert as_distribution.metrics["y"]["top1_agreement"] == pytest.approx(399 / 400)
     assert as_distribution.metrics["y"]["top1_samples"] == 400
+
+
+def _ids(dtype: int, tail: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """Scores [batch, positions, 15] and, first among the outputs, what ``tail`` makes of them (named ``ids``)."""
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [8, 15], np.random.default_rng(3).normal(0, 1, 120).tolist())
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["scores"], name="mm"), *tail]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 8])],
+                              [helper.make_tensor_value_info("ids", dtype, [4, 6] if tail[-1].op_type != "Greater"
+                                                             else [4, 6, 15]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [4, 6, 15])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+ARGMAX = helper.make_node("ArgMax", ["scores"], ["ids"], axis=-1, keepdims=0)
+
+
+@pytest.mark.parametrize("dtype, tail", [
+    (TensorProto.INT64, [ARGMAX]),
+    (TensorProto.UINT8, [helper.make_node("ArgMax", ["scores"], ["i"], axis=-1, keepdims=0),
+                         helper.make_node("Cast", ["i"], ["ids"], to=TensorProto.UINT8)]),
+    (TensorProto.BOOL, [helper.make_node("Greater", ["scores", "scores"], ["ids"])]),
+])
+def test_an_output_of_integers_or_booleans_is_labels(dtype, tail):
+    assert output_kinds(_ids(dtype, tail)) == {"ids": "labels", "scores": "logits"}
+
+
+def test_labels_are_judged_by_the_share_that_agree_not_by_the_distance_between_ids():
+    """Diacritic ids at 128 × 64 positions: 6 changed (from 1 to 14 and so on, as FP16 changed piper's diacritizer's)
+    keep FP16's agreement bound, though the worst element's error is nearly the largest id; a fifth changed fails
+    INT8's, and says so as an agreement."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 15, (128, 64)).astype(np.uint8)
+    table = ToleranceTable.load()
+    for precision, changed, passes in (("fp16", 6, True), ("int8", ids.size // 5, False)):
+        moved = ids.copy()
+        where = rng.choice(ids.size, changed, replace=False)
+        moved.flat[where] = (moved.flat[where] + rng.integers(1, 15, changed)) % 15
+        plain = table.resolve("tashkeel", precision, {}, "regression")
+        as_labels = compare({"ids": ids}, {"ids": moved}, plain, per_output={
+            "ids": table.resolve("tashkeel", precision, {}, "regression", "labels")}, labels=frozenset({"ids"}))
+        assert as_labels.metrics["ids"]["label_agreement"] == pytest.approx(1 - changed / ids.size)
+        assert as_labels.metrics["ids"]["label_samples"] == ids.size
+        assert as_labels.passed == passes, as_labels.explain()
+        assert [check.metric for check in as_labels.failures()] == ([] if passes else ["label_agreement"])
+    assert not compare({"ids": ids}, {"ids": moved}, table.resolve("tashkeel", "fp16", {}, "regression")).passed
+
+
+def test_a_search_scores_the_first_output_holding_no_decisions():
+    assert measured(["ids", "scores"], {"ids": "labels", "scores": "logits"}) == "scores"
+    assert measured(["ids", "mask"], {"ids": "labels", "mask": "labels"}) == "ids"
+
+
+def test_a_models_argmax_output_passes_fp16_by_its_agreement_in_a_run(tmp_path):
+    """Before: the ids (declared first, as piper's diacritizer declares them) failed FP16 on ``max_norm_err``."""
+    from quantverdict.run.cases import Case
+    from quantverdict.run.pipeline import Pipeline
+
+    onnx.save(_ids(TensorProto.INT64, [ARGMAX]), str(tmp_path / "ids.onnx"))
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: ids\n    onnx: ids.onnx\n    inputs: [{name: x, shape: [4, 6, 8]}]\n"
+        "    outputs: [ids, scores]\n    calibration: synthetic\n")
+    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    result = pipeline.run(Case("ids", "fp16", "onnxruntime"))
+    assert result.status == "passed", result.message
+    checks = {(check["output"], check["metric"]) for check in result.metrics["checks"]}
+    assert ("ids", "label_agreement") in checks and ("ids", "max_norm_err") not in checks

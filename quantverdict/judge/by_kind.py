@@ -35,9 +35,10 @@ class ByKind:
                 undecided: np.ndarray | None = None) -> Comparison:
         """``outputs`` against FP32's ``reference`` (the declared outputs: the caller's to choose), each under its
         kind's bounds: a distribution at each position, a probability map by its region and peak at its threshold, a
-        detector head by its detections, a sequence by what it decodes to."""
+        detector head by its detections, a sequence by what it decodes to, labels by how many agree."""
         spec, kinds = self.spec, self.kinds
         return compare(reference, outputs, self.tolerance, spec.task == "classification", undecided, self.bounds,
                        frozenset(name for name, kind in kinds.items() if kind == "distribution"),
                        {name: spec.thresholds.get(name, DEFAULT_THRESHOLD) for name, kind in kinds.items()
-                        if kind == "probabilities"}, spec.detections, spec.sequences)
+                        if kind == "probabilities"}, spec.detections, spec.sequences,
+                       frozenset(name for name, kind in kinds.items() if kind == "labels"))

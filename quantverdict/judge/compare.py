@@ -141,6 +141,7 @@ def compare(
     maps: Mapping[str, float] | None = None,
     detections: Mapping[str, DetectionFormat] | None = None,
     sequences: Mapping[str, SequenceFormat] | None = None,
+    labels: frozenset[str] = frozenset(),
 ) -> Comparison:
     """Compare named outputs (batches already concatenated) under ``tolerance``, or an output's own bounds in
     ``per_output`` (its kind's: :mod:`quantverdict.judge.output_kinds`); top-1 agreement leaves out the
@@ -149,7 +150,8 @@ def compare(
     threshold) are probability maps, also judged by their region and peak (:mod:`quantverdict.judge.map_decisions`);
     the ``detections`` (output → layout) are detector heads, judged by their detections, and by the raw bounds on the
     anchors FP32 keeps only (:mod:`quantverdict.judge.detections`); the ``sequences`` by what they decode to
-    (:mod:`quantverdict.judge.sequences`)."""
+    (:mod:`quantverdict.judge.sequences`); the ``labels`` (integers or booleans) by the share of elements equal to
+    FP32's."""
     result = Comparison()
     for name, ref in reference.items():
         bounds = (per_output or {}).get(name, tolerance)
@@ -160,7 +162,7 @@ def compare(
         if out.shape != ref.shape:
             result.checks.append(Check(name, f"shape {out.shape} vs {ref.shape}", 0.0, 1.0, True))
             continue
-        if classification and ref.ndim < 2:
+        if classification and ref.ndim < 2 and name not in labels:
             raise InputSpecError(f"output {name!r} has shape {ref.shape}: a classifier's outputs are [batch, classes] "
                                  "(top-1 agreement is judged per sample, so an output without its batch axis cannot be "
                                  "judged); declare task: regression if it is not a classifier")
@@ -168,8 +170,12 @@ def compare(
             found, (ref, out) = detection_metrics(ref, out, (detections or {})[name], bounds.min_cosine)
             metrics = {**(_metrics(ref, out, False, None) if len(ref) else {"samples": 0}), **found}
         else:
-            metrics = _metrics(ref, out, classification or name in positionwise,
+            metrics = _metrics(ref, out, (classification and name not in labels) or name in positionwise,
                                None if name in positionwise else undecided)
+        if name in labels:
+            metrics.update(label_agreement=float(np.mean(ref == out)) if ref.size else 1.0, label_samples=int(ref.size))
+            metrics["intervals"]["label_agreement"] = proportion_interval(
+                int(np.count_nonzero(ref == out)), int(ref.size)).to_dict()
         if name in (sequences or {}) and ref.ndim == 3:
             metrics.update(sequence_metrics(ref, out, (sequences or {})[name]))
         if name in (maps or {}) and ref.ndim >= 2:
@@ -262,7 +268,8 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool, undecided: 
 
 # an agreement metric → (its bound's name, the metric counting the samples it is a share of)
 AGREEMENTS = {"top1_agreement": ("min_top1", "top1_samples"), "peak_agreement": ("min_peak_agreement", "samples"),
-              "sequence_agreement": ("min_sequence_agreement", "sequence_samples")}
+              "sequence_agreement": ("min_sequence_agreement", "sequence_samples"),
+              "label_agreement": ("min_top1", "label_samples")}
 
 
 def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparison) -> list[Check]:
@@ -278,7 +285,8 @@ def _checks(name: str, metrics: dict[str, Any], tol: Tolerance, result: Comparis
               ("max_norm_err", tol.max_norm_err, False), ("top1_agreement", resolved["top1_agreement"], True),
               ("region_iou", tol.min_region_iou, True), ("region_iou_worst", tol.min_worst_region_iou, True),
               ("peak_agreement", resolved["peak_agreement"], True), ("detection_f1", tol.min_detection_f1, True),
-              ("sequence_agreement", resolved["sequence_agreement"], True)]
+              ("sequence_agreement", resolved["sequence_agreement"], True),
+              ("label_agreement", resolved["label_agreement"], True)]
     return [Check(name, metric, metrics[metric], bound, higher)
             for metric, bound, higher in bounds if bound is not None and metric in metrics]
 

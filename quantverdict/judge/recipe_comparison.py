@@ -34,7 +34,7 @@ def compare_quantizers(store: Workbench, model: str, precision: str, variants: M
     finished by ``finish`` (the fallback layers it chooses on the calibration set), and the weighted layers not every
     variant quantizes (layer → the labels that do)."""
     spec = store.spec(model)
-    reference, output = store.fp32_outputs(model, "evaluation"), spec.outputs[0]
+    reference, output = store.fp32_outputs(model, "evaluation"), store.measured_output(model)
     results = []
     for label, settings in variants.items():
         start = time.perf_counter()

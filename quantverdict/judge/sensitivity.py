@@ -79,8 +79,9 @@ class Ranked:
 @dataclass(frozen=True)
 class LayersAlone:
     """``layers``, each quantized alone (every other layer FP32), as its outputs' :class:`Errors` against FP32's, and
-    each sample's energy of FP32's first output (``signal``): a ranking on any part of the samples is read from these
-    (the first output's error energies, ``noise``: a row per layer), with no graph evaluated again."""
+    each sample's energy of FP32's ``output`` (the measured one: ``Workbench.measured_output``) (``signal``): a ranking
+    on any part of the samples is read from these (its error energies, ``noise``: a row per layer), with no graph
+    evaluated again."""
 
     layers: Sequence[onnx.NodeProto]
     output: str
@@ -104,7 +105,7 @@ class LayersAlone:
 def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onnx.NodeProto],
                  data: Data) -> LayersAlone:
     """``layers`` of ``recipe`` quantized alone, evaluated on ``data`` (:meth:`Workbench.layers_alone_errors`)."""
-    output = store.spec(model).outputs[0]
+    output = store.measured_output(model)
     signal = np.sum(per_sample(store.fp32_outputs(model, data)[output]) ** 2, 1)
     return LayersAlone(layers, output, signal, store.layers_alone_errors(model, recipe, [node.name for node in layers],
                                                                          data))
@@ -112,10 +113,10 @@ def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onn
 
 def alone_in_formats(store: Workbench, model: str, recipe: QDQ, layers: Sequence[tuple[str, str]],
                      data: Data) -> dict[tuple[str, str], np.ndarray]:
-    """Each (layer, format) of ``layers`` as each sample's error energy on the first output with that layer alone
+    """Each (layer, format) of ``layers`` as each sample's error energy on the measured output with that layer alone
     kept in that format and every other one FP32 (``recipe`` quantizes none: its fallback and formats emptied), the
     layers of one format made together and evaluated from each one's cut (:meth:`Workbench.layers_alone_errors`)."""
-    output = store.spec(model).outputs[0]
+    output = store.measured_output(model)
     noise = {}
     for kept_in in dict.fromkeys(kept_in for _, kept_in in layers):
         names = [layer for layer, wider in layers if wider == kept_in]
@@ -126,7 +127,7 @@ def alone_in_formats(store: Workbench, model: str, recipe: QDQ, layers: Sequence
 
 def layer_sensitivity(store: Workbench, model: str, recipe: QDQ,
                       data: Data = "evaluation") -> list[LayerSensitivity]:
-    """Most sensitive first (lowest SNR of the first output). The layers quantized alone are made from one
+    """Most sensitive first (lowest SNR of the measured output). The layers quantized alone are made from one
     preparation, calibration and rounding and evaluated in parallel (:meth:`Workbench.layers_alone_errors`), each
     cached as its errors against FP32's outputs, so a rerun reads (the graphs, a copy of the model each, are not
     kept)."""

@@ -65,6 +65,8 @@ class Tolerance(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
+# what an output is, which its bounds fit (quantverdict.judge.output_kinds reads it off the graph)
+OutputKind = Literal["logits", "distribution", "probabilities", "detections", "labels"]
 PerPrecision = dict[PrecisionName, Tolerance]  # type: ignore[valid-type]
 
 
@@ -73,7 +75,7 @@ class ToleranceFile(BaseModel):
 
     defaults: PerPrecision = {}
     tasks: dict[Literal["classification", "regression", "embedding"], PerPrecision] = {}
-    outputs: dict[Literal["logits", "distribution", "probabilities", "detections"], PerPrecision] = {}
+    outputs: dict[OutputKind, PerPrecision] = {}
     models: dict[str, PerPrecision] = {}
 
 

@@ -208,7 +208,8 @@ class CaseExecutor:
         # the declared outputs only: a graph's others (a classifier's int64 label) are not the user's to judge
         reference = {name: reference[name] for name in spec.outputs if name in reference}
         outputs = {name: outputs[name] for name in reference if name in outputs}
-        judging = ByKind.of(spec, self.store.output_kinds(spec.name), self.tolerances, precision, tolerance)
+        kinds = self.store.output_kinds(spec.name)
+        judging = ByKind.of(spec, kinds, self.tolerances, precision, tolerance)
         comparison = judging.compare(reference, outputs, self.store.undecided(spec.name))
         labels = self.store.eval_labels(spec.name)
         if spec.task_metric() is not None:
@@ -216,8 +217,9 @@ class CaseExecutor:
                                spec.describe("metric"))
         if labels is not None and spec.task == "classification":
             output = spec.outputs[0]
-            comparison.task = task_accuracy(reference[output].argmax(-1) == labels,
-                                            outputs[output].argmax(-1) == labels, tolerance, comparison)
+            chosen = (lambda values: values) if kinds.get(output) == "labels" else (lambda values: values.argmax(-1))
+            comparison.task = task_accuracy(chosen(reference[output]) == labels, chosen(outputs[output]) == labels,
+                                            tolerance, comparison)
         return comparison
 
     def _explain(self, case: Case, artifacts: Artifacts, backend: Backend, first_batch: Batch, runtime_cmp: Comparison,

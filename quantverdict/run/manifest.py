@@ -22,7 +22,7 @@ from pydantic import Field, field_validator, model_validator
 
 from quantverdict.documents import DocumentError, dotted, read_yaml, validate
 from quantverdict.errors import HarnessError
-from quantverdict.judge.tolerances import PrecisionName, Tolerance
+from quantverdict.judge.tolerances import OutputKind, PrecisionName, Tolerance
 from quantverdict.models import registered_specs
 from quantverdict.models.spec import DetectionFormat, InputSpec, ModelSpec, Ref, SequenceFormat
 from quantverdict.run.output_entries import DetectionEntry, Entry, SequenceEntry
@@ -67,7 +67,7 @@ class ModelEntry(Entry):
     quantized: dict[PrecisionName, str] = {}  # type: ignore[valid-type]
     inputs: list[InputEntry] = Field(min_length=1)
     outputs: list[str] = Field(min_length=1)
-    output_kinds: dict[str, Literal["logits", "distribution", "probabilities", "detections"]] = {}  # judge.output_kinds
+    output_kinds: dict[str, OutputKind] = {}  # judge.output_kinds
     thresholds: dict[str, Annotated[float, Field(gt=0, lt=1)]] = {}  # a probability map's cut (judge.map_decisions)
     detections: dict[str, DetectionEntry] = {}  # detector heads and their layout (judge.detections)
     sequences: dict[str, SequenceEntry] = {}  # CTC outputs, judged by what they decode to (judge.sequences)

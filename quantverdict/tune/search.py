@@ -76,7 +76,7 @@ class Trials:
                  base: QDQ, judging: ByKind, report: Progress):
         self.whole, self.folds, self.held_out, self.model, self.base = whole, folds, held_out, model, base
         self.judging, self.tolerance, self.report = judging, judging.tolerance, report
-        self.spec = folds[0].spec(model)
+        self.spec, self.output = folds[0].spec(model), folds[0].measured_output(model)  # the output it scores
         self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
                            for name in self.spec.outputs}
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
@@ -97,7 +97,7 @@ class Trials:
 
     @property
     def samples(self) -> int:
-        return len(self.references[self.spec.outputs[0]])
+        return len(self.references[self.output])
 
     def in_time(self, budget_s: float) -> bool:
         """Whether one more candidate, as slow as the slowest so far, still ends within ``budget_s``."""
@@ -180,7 +180,7 @@ class Trials:
         apply to this graph. With ``rival`` (a candidate and its samples' error energies), it stops after a fold where
         it is :func:`out_of_reach` (``candidate.folds``), where that rival met the case's bounds or the candidate can
         no longer meet them."""
-        samples, pooled, output = None, {}, self.spec.outputs[0]
+        samples, pooled, output = None, {}, self.output
         settings = candidate.settings
         try:
             recipe = self.base.with_settings(settings)
