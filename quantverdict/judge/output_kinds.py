@@ -15,12 +15,15 @@ A manifest declares a kind per output where the graph does not show it (``output
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import onnx
 
 from quantverdict.judge.tolerances import OutputKind
 from quantverdict.precision.graph import int_attribute
+
+if TYPE_CHECKING:
+    from quantverdict.judge.workbench import Workbench
 
 MOVES = frozenset({"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Cast"})
 
@@ -62,8 +65,14 @@ def output_kinds(model: onnx.ModelProto, declared: Mapping[str, str] | None = No
     return kinds
 
 
+
 def measured(outputs: Sequence[str], kinds: Mapping[str, str]) -> str:
     """The output whose SNR a recipe search scores and a ranking orders layers by: the first of ``outputs`` holding no
     decisions (how far one id is from another is no error: piper's diacritizer declares its ids first), else the
     first."""
     return next((name for name in outputs if kinds.get(name) != "labels"), outputs[0])
+
+
+def measured_output(store: "Workbench", model: str) -> str:
+    """:func:`measured` of ``model``'s declared outputs in ``store``."""
+    return measured(store.spec(model).outputs, store.output_kinds(model))

@@ -12,6 +12,7 @@ import onnx
 from quantverdict.errors import interrupted
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import compare
+from quantverdict.judge.output_kinds import measured_output
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.coverage import quantized_layers
@@ -34,7 +35,7 @@ def compare_quantizers(store: Workbench, model: str, precision: str, variants: M
     finished by ``finish`` (the fallback layers it chooses on the calibration set), and the weighted layers not every
     variant quantizes (layer → the labels that do)."""
     spec = store.spec(model)
-    reference, output = store.fp32_outputs(model, "evaluation"), store.measured_output(model)
+    reference, output = store.fp32_outputs(model, "evaluation"), measured_output(store, model)
     results = []
     for label, settings in variants.items():
         start = time.perf_counter()

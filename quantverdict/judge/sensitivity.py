@@ -24,6 +24,7 @@ import onnx
 from quantverdict.judge.layer_errors import Errors, per_sample, pooled_snr, signal_energy
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
+from quantverdict.judge.output_kinds import measured_output
 from quantverdict.judge.tolerances import Tolerance
 from quantverdict.models.data import Data
 from quantverdict.precision.qdq import QDQ
@@ -79,9 +80,9 @@ class Ranked:
 @dataclass(frozen=True)
 class LayersAlone:
     """``layers``, each quantized alone (every other layer FP32), as its outputs' :class:`Errors` against FP32's, and
-    each sample's energy of FP32's ``output`` (the measured one: ``Workbench.measured_output``) (``signal``): a ranking
-    on any part of the samples is read from these (its error energies, ``noise``: a row per layer), with no graph
-    evaluated again."""
+    each sample's energy of FP32's ``output`` (``signal``; the one :func:`~quantverdict.judge.output_kinds.measured`):
+    a ranking on any part of the samples is read from these (its error energies, ``noise``: a row per layer), with no
+    graph evaluated again."""
 
     layers: Sequence[onnx.NodeProto]
     output: str
@@ -105,7 +106,7 @@ class LayersAlone:
 def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onnx.NodeProto],
                  data: Data) -> LayersAlone:
     """``layers`` of ``recipe`` quantized alone, evaluated on ``data`` (:meth:`Workbench.layers_alone_errors`)."""
-    output = store.measured_output(model)
+    output = measured_output(store, model)
     signal = np.sum(per_sample(store.fp32_outputs(model, data)[output]) ** 2, 1)
     return LayersAlone(layers, output, signal, store.layers_alone_errors(model, recipe, [node.name for node in layers],
                                                                          data))
@@ -116,7 +117,7 @@ def alone_in_formats(store: Workbench, model: str, recipe: QDQ, layers: Sequence
     """Each (layer, format) of ``layers`` as each sample's error energy on the measured output with that layer alone
     kept in that format and every other one FP32 (``recipe`` quantizes none: its fallback and formats emptied), the
     layers of one format made together and evaluated from each one's cut (:meth:`Workbench.layers_alone_errors`)."""
-    output = store.measured_output(model)
+    output = measured_output(store, model)
     noise = {}
     for kept_in in dict.fromkeys(kept_in for _, kept_in in layers):
         names = [layer for layer, wider in layers if wider == kept_in]

@@ -52,7 +52,7 @@ class Workbench(Protocol):
 
     def undecided(self, model: str) -> np.ndarray | None: ...
 
-    def measured_output(self, model: str) -> str: ...  # the output a search scores (judge.output_kinds.measured)
+    def output_kinds(self, model: str) -> dict[str, str]: ...  # each output's (quantverdict.judge.output_kinds)
 
     def onnxruntime_cpu_parts(self, *code: str) -> list[Any]:
         """Key parts of anything ONNX Runtime computes on this CPU (its version, the CPU, the source of the ``code`` modules)."""

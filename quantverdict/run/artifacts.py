@@ -27,7 +27,7 @@ from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
 from quantverdict.judge.layer_errors import Errors
 from quantverdict.judge.layers_alone import CODE as LAYERS_ALONE_CODE, each_alone
-from quantverdict.judge.output_kinds import measured, output_kinds
+from quantverdict.judge.output_kinds import output_kinds
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
 from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.tolerances import ToleranceTable
@@ -283,10 +283,6 @@ class ArtifactStore:
         return self.cache.json("output-kinds", [file_sha256(path), declared, source_fingerprint(
             "quantverdict.judge.output_kinds")], lambda: output_kinds(onnx.load(str(path), load_external_data=False),
                                                                      declared), {"model": model})
-
-    def measured_output(self, model: str) -> str:
-        """The output a search scores and a ranking orders layers by (:func:`measured`)."""
-        return measured(self.spec(model).outputs, self.output_kinds(model))
 
     def onnxruntime_cpu_parts(self, *code: str) -> list[Any]:
         return [package_version("onnxruntime"), self.caps.cpu.identity if self.caps.cpu else None,

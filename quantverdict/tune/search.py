@@ -43,6 +43,7 @@ from quantverdict.errors import CalibrationError, HarnessError, ResourceError, U
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.judge.compare import judge_task_metrics
 from quantverdict.judge.layers_alone import worker_count
+from quantverdict.judge.output_kinds import measured_output
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
@@ -76,7 +77,7 @@ class Trials:
                  base: QDQ, judging: ByKind, report: Progress):
         self.whole, self.folds, self.held_out, self.model, self.base = whole, folds, held_out, model, base
         self.judging, self.tolerance, self.report = judging, judging.tolerance, report
-        self.spec, self.output = folds[0].spec(model), folds[0].measured_output(model)  # the output it scores
+        self.spec, self.output = folds[0].spec(model), measured_output(folds[0], model)  # the output it scores
         self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
                            for name in self.spec.outputs}
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
