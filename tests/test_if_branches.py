@@ -225,3 +225,45 @@ def test_a_detectors_rate_if_is_flattened_with_both_outputs_and_its_branch_lstms
     coverage = result.metrics["recipe"]["coverage"]
     assert (coverage["quantized"], coverage["layers"]) == (4, 4), coverage
     assert coverage["kinds"] == {"MatMul": [2, 2], "DynamicQuantizeLSTM": [2, 2]}, coverage["kinds"]
+
+
+@pytest.mark.parametrize("take", [True, False])
+def test_an_if_on_a_fixed_input_is_flattened_whatever_its_branches_give_back(take):
+    """Each output of an ``If`` on a fixed input as the branch taken gives it back: a tensor made in the branch and
+    read there again, a constant, one made last; the flattened graph computes what the ``If`` computes, keeps no ``If``,
+    and the graph it was made from is left as it was (the branch's constants are renamed in the copy only)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from quantverdict.export.normalise import normalised
+
+    def branch(name: str, scale: float) -> onnx.GraphProto:
+        made = [helper.make_node("Mul", ["x", f"{name}_k"], [f"{name}_y"], name=f"{name}_mul"),
+                helper.make_node("Relu", [f"{name}_y"], [f"{name}_r"], name=f"{name}_relu"),
+                helper.make_node("Constant", [], [f"{name}_c"], name=f"{name}_constant",
+                                 value=numpy_helper.from_array(np.full((2, 3), scale, np.float32)))]
+        outputs = [f"{name}_y", f"{name}_c", f"{name}_r"]
+        return helper.make_graph(made, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 3])
+                                                  for out in outputs],
+                                 [numpy_helper.from_array(np.full((), scale, np.float32), f"{name}_k")])
+
+    outputs = ["y", "constant", "r"]
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["rate", "k16"], ["is16k"], name="is16k"),
+         helper.make_node("If", ["is16k"], outputs, name="by_rate", then_branch=branch("a", 2.0),
+                          else_branch=branch("b", -3.0))], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("rate", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 3]) for out in outputs],
+        [numpy_helper.from_array(np.array(16000, np.int64), "k16")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    rate = np.array(16000 if take else 8000, np.int64)
+    before = model.SerializeToString()
+    flat = normalised(model, {"rate": rate})
+    assert "If" not in {node.op_type for node in flat.graph.node} and model.SerializeToString() == before
+    feed = {"x": np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32), "rate": rate}
+    for theirs, ours in zip(_run_all(model, feed), _run_all(flat, feed)):
+        np.testing.assert_array_equal(theirs, ours)
+
+
+def _run_all(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)

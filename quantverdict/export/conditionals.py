@@ -33,6 +33,8 @@ def flatten_constant_ifs(graph: "gs.Graph") -> bool:
             continue
         branch = node.attrs["then_branch" if bool(np.asarray(node.inputs[0].values).item()) else "else_branch"]
         for tensor in branch._local_tensors().values():  # its names, apart from the graph's
+            if isinstance(tensor, gs.Constant):  # its own values: exporting renames the proto they are read from
+                tensor.values = np.array(tensor.values)
             tensor.name += f"__{node.name or 'If'}_{index}"
         inside, bridges, given = {id(made) for made in branch.nodes}, [], {}
         for outer, inner in zip(list(node.outputs), list(branch.outputs)):
