@@ -118,3 +118,26 @@ def test_a_models_argmax_output_passes_fp16_by_its_agreement_in_a_run(tmp_path):
     assert result.status == "passed", result.message
     checks = {(check["output"], check["metric"]) for check in result.metrics["checks"]}
     assert ("ids", "label_agreement") in checks and ("ids", "max_norm_err") not in checks
+
+
+def test_a_runtime_is_held_to_the_recipes_semantics_on_its_float_outputs_not_on_labels():
+    """INT8's semantics kept every id FP32 gives (its rounding noise on the scores only); a runtime whose scores
+    deviate by a tenth of that noise flips one id of 1024 near a tie. Judged on the ids, that is an infinite flip
+    fraction; on the scores, a faithful runtime. The ids keep their own bound: agreement with FP32's."""
+    from quantverdict.judge.fidelity import judge_fidelity
+
+    rng = np.random.default_rng(2)
+    scores = rng.normal(0, 1, (64, 16, 15))
+    semantics_scores = scores + rng.normal(0, 0.05, scores.shape)
+    runtime_scores = semantics_scores + rng.normal(0, 0.005, scores.shape)
+    ids = scores.argmax(-1)
+    flipped = ids.copy()
+    flipped[5, 3] = (flipped[5, 3] + 1) % 15
+    reference, semantics = {"ids": ids, "scores": scores}, {"ids": ids, "scores": semantics_scores}
+    runtime = {"ids": flipped, "scores": runtime_scores}
+    both = judge_fidelity(reference, semantics, runtime, "onnxruntime", "cpu")
+    assert not both.passed and both.outputs[0].flip_fraction == float("inf")
+    floats = judge_fidelity(reference, semantics, runtime, "onnxruntime", "cpu", labels=frozenset({"ids"}))
+    assert floats.passed and [output.output for output in floats.outputs] == ["scores"]
+    alone = judge_fidelity({"ids": ids}, {"ids": ids}, {"ids": flipped}, "onnxruntime", "cpu", labels=frozenset({"ids"}))
+    assert [output.output for output in alone.outputs] == ["ids"]

@@ -82,11 +82,13 @@ class Fidelity:
 
 def judge_fidelity(reference: dict[str, np.ndarray], semantics: dict[str, np.ndarray],
                    runtime_outputs: dict[str, np.ndarray], runtime: str, device: str,
-                   max_flip_fraction: float | None = None) -> Fidelity:
-    """Each output of ``runtime_outputs`` against ``semantics``, scaled by semantics − ``reference``."""
+                   max_flip_fraction: float | None = None, labels: frozenset[str] = frozenset()) -> Fidelity:
+    """Each output of ``runtime_outputs`` against ``semantics``, scaled by semantics − ``reference``; the ``labels``
+    (integers or booleans) only where every output is one: an id the runtime flips where the recipe flipped none is
+    an infinite flip fraction, and each id is held to FP32's by its agreement all the same."""
     bound = DEFAULT_MAX_FLIP_FRACTION if max_flip_fraction is None else max_flip_fraction
     outputs = []
-    for name, sem in semantics.items():
+    for name, sem in (dict((name, sem) for name, sem in semantics.items() if name not in labels) or semantics).items():
         sem64 = sem.astype(np.float64)
         got = np.asarray(runtime_outputs[name], np.float64)
         deviation = _rms(got - sem64)

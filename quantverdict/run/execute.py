@@ -183,8 +183,9 @@ class CaseExecutor:
         store, resolved = self.store, self.recipes.resolved(case.model, case.precision)
         semantics = store.semantics(case.model, resolved.recipe)
         recipe = self._judge(spec, case.precision, reference, semantics, tolerance)
+        labels = frozenset(name for name, kind in store.output_kinds(case.model).items() if kind == "labels")
         fidelity = judge_fidelity(reference, semantics, candidate, runtime, self.caps.device,
-                                  tolerance.max_flip_fraction)
+                                  tolerance.max_flip_fraction, labels)
         coverage = dict(store.coverage(case.model, resolved.recipe))
         graph, evaluator = coverage.pop("graph"), coverage.pop("evaluator")
         metrics["recipe"] = {**recipe.to_dict(), "evaluator": evaluator, "passed": recipe.passed, "coverage": coverage,
