@@ -139,5 +139,6 @@ def test_a_runtime_is_held_to_the_recipes_semantics_on_its_float_outputs_not_on_
     assert not both.passed and both.outputs[0].flip_fraction == float("inf")
     floats = judge_fidelity(reference, semantics, runtime, "onnxruntime", "cpu", labels=frozenset({"ids"}))
     assert floats.passed and [output.output for output in floats.outputs] == ["scores"]
-    alone = judge_fidelity({"ids": ids}, {"ids": ids}, {"ids": flipped}, "onnxruntime", "cpu", labels=frozenset({"ids"}))
+    alone = judge_fidelity({"ids": ids}, {"ids": ids}, {"ids": flipped}, "onnxruntime", "cpu",
+                           labels=frozenset({"ids"}))
     assert [output.output for output in alone.outputs] == ["ids"]
