@@ -142,3 +142,16 @@ def test_a_runtime_is_held_to_the_recipes_semantics_on_its_float_outputs_not_on_
     alone = judge_fidelity({"ids": ids}, {"ids": ids}, {"ids": flipped}, "onnxruntime", "cpu",
                            labels=frozenset({"ids"}))
     assert [output.output for output in alone.outputs] == ["ids"]
+
+
+def test_a_cases_headline_is_its_measured_output_not_its_labels():
+    """The table's, page's, history's and gate's cosine and SNR are those of the output a search scores: piper's
+    diacritizer's headline read the cosine of its ids (0.99960) beside its logits' top-1."""
+    from quantverdict.report.schema import ViewRecord
+
+    view = ViewRecord.model_validate({"metrics": {"ids": {"cosine": 0.9996, "label_agreement": 0.9993},
+                                                  "scores": {"cosine": 0.99999, "top1_agreement": 0.9993}}})
+    assert view.measured().cosine == 0.99999
+    only_labels = ViewRecord.model_validate({"metrics": {"ids": {"cosine": 0.5, "label_agreement": 0.9}}})
+    assert only_labels.measured().cosine == 0.5
+    assert ViewRecord().measured().cosine is None

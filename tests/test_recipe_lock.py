@@ -402,7 +402,7 @@ def _record(repo, name: str):
 def _recipe_snr(path) -> float:
     from quantverdict.report.load import load_record
 
-    return load_record(path).cases[0].metrics.recipe.first().snr_db
+    return load_record(path).cases[0].metrics.recipe.measured().snr_db
 
 
 def _why_every_change_regresses(repo, capsys) -> tuple[int, list[str]]:

@@ -64,7 +64,7 @@ def _label_bars(ax: Any, labels: list[str]) -> None:
 
 
 def plot_snr(record: RunRecord) -> str | None:
-    snr = {id(c): c.metrics.first().snr_db for c in _ran(record)}
+    snr = {id(c): c.metrics.measured().snr_db for c in _ran(record)}
     cases, note = most_telling([c for c in _ran(record) if snr[id(c)] is not None and np.isfinite(snr[id(c)])],
                                 lambda c: snr[id(c)])
 
@@ -131,7 +131,7 @@ def _no_label(value: float, position: int | None = None) -> str:
 def plot_histograms(record: RunRecord) -> str | None:
     totals: dict[str, np.ndarray] = {}
     for case in _ran(record):
-        hist = case.metrics.first().error_histogram
+        hist = case.metrics.measured().error_histogram
         if hist and len(hist) == len(HISTOGRAM_EDGES) - 1:  # a histogram of other bins is no histogram of these
             totals[case.precision] = totals.get(case.precision, 0) + np.asarray(hist, dtype=float)
 
@@ -161,7 +161,7 @@ def plot_trend(records: list[RunRecord]) -> str | None:
         for record in records:
             by_precision = defaultdict(list)
             for case in _ran(record):
-                snr = case.metrics.first().snr_db
+                snr = case.metrics.measured().snr_db
                 if snr is not None and np.isfinite(snr):
                     by_precision[case.precision].append(snr)
             for precision in known_precisions()[1:]:

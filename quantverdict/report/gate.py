@@ -254,7 +254,7 @@ def _compare_view(prefix: str, old: ViewRecord, new: ViewRecord, rules: dict[str
             ratio = new_task.accuracy / new_task.reference_accuracy
             if ratio < fraction:
                 regressions.append(f"{prefix}{100 * ratio:.2f}% of FP32 accuracy, needs ≥ {100 * fraction:g}%")
-    old_m, new_m = old.first(), new.first()
+    old_m, new_m = old.measured(), new.measured()
     for name, rule, before, now in (("cosine", "max_cosine_drop_vs_baseline", old_m.cosine, new_m.cosine),
                                     ("SNR", "max_snr_drop_db", old_m.snr_db, new_m.snr_db)):
         if judged and rule in rules and (problem := uncomparable(name, before, now)):

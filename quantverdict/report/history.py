@@ -43,9 +43,9 @@ UNCHECKED = ("unchecked         completeness: this history was written before ea
 
 def case_metrics(case: CaseRecord) -> dict[str, float]:
     """The headline numbers of one case of a run record, by the names in ``METRICS``."""
-    metrics, first = case.metrics, case.metrics.first()
+    metrics, first = case.metrics, case.metrics.measured()
     out = {"cosine": first.cosine, "snr_db": first.snr_db,
-           "recipe_snr_db": metrics.recipe.first().snr_db if metrics.recipe else None,
+           "recipe_snr_db": metrics.recipe.measured().snr_db if metrics.recipe else None,
            "accuracy": metrics.task.accuracy if metrics.task else None,
            "latency_ms": metrics.latency.median_ms if metrics.latency else None,
            "items_per_s": metrics.latency.items_per_s if metrics.latency else None,

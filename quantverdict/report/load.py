@@ -124,13 +124,13 @@ class Verdicts:
         recipe, fidelity = metrics.recipe, metrics.fidelity
         verdict, snr, agreement = None, None, None
         if recipe is not None:
-            verdict, snr = "ok" if recipe.passed else "FAIL", recipe.first().snr_db
+            verdict, snr = "ok" if recipe.passed else "FAIL", recipe.measured().snr_db
         runtime = flips = None
         if fidelity is not None and fidelity.outputs:
             runtime = "ok" if fidelity.passed else "FAIL"
             flips = max(output.flip_fraction for output in fidelity.outputs)
         drop = metrics.task.intervals.get("accuracy_drop_points") if metrics.task else None
-        top1 = metrics.first().intervals.get("top1_agreement")
+        top1 = metrics.measured().intervals.get("top1_agreement")
         if drop:
             agreement = f"Δacc [{-drop.high:+.2f}, {-drop.low:+.2f}]"
         elif top1:

@@ -39,6 +39,6 @@ def moved(old: CaseRecord, new: CaseRecord, old_env: Environment | None = None,
         f"moved: nothing the records hold{unknown or ' (graph, data, recipe, tolerance, packages and runner)'}"
     same_recipe = before is not None and now is not None and before.qdq == now.qdq and before.qdq is not None
     old_recipe, new_recipe = old.metrics.recipe, new.metrics.recipe
-    if same_recipe and old_recipe and new_recipe and old_recipe.first().snr_db == new_recipe.first().snr_db:
+    if same_recipe and old_recipe and new_recipe and old_recipe.measured().snr_db == new_recipe.measured().snr_db:
         line += "; the recipe's graph and its semantics are the same in both: the runtime moved, not the recipe"
     return line

@@ -161,7 +161,7 @@ def _matrix(record: RunRecord) -> str:
             margin = case_margin(case)
             cls = "skip" if case.status == "skipped" else (
                 "bad" if case.status != "passed" else "ok" if margin is None or margin > 0.5 else "thin")
-            snr = case.metrics.first().snr_db
+            snr = case.metrics.measured().snr_db
             failed = _first_failed(case)
             text = "skip" if case.status == "skipped" else f"{failed.metric} {failed.observed:.3g}" if failed else (
                 "∞" if snr == float("inf") else number(snr, ".0f"))

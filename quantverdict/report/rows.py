@@ -13,7 +13,7 @@ from quantverdict.report.schema import CaseRecord, RunRecord
 
 @dataclass(frozen=True)
 class CaseRow:
-    """A case's headline figures: its first output's metrics, task accuracy and its change against FP32,
+    """A case's headline figures: its measured output's metrics, task accuracy and its change against FP32,
     the recipe's verdict and SNR on its graph's semantics, the runtime's fidelity, the 95% interval of the
     case's headline (accuracy change where labelled, else top-1 agreement), the speedup over FP32."""
 
@@ -38,7 +38,7 @@ class CaseRow:
 
     @classmethod
     def of(cls, case: CaseRecord, speedup: float | None = None) -> "CaseRow":
-        first, task, verdict = case.metrics.first(), case.metrics.task, Verdicts.of(case)
+        first, task, verdict = case.metrics.measured(), case.metrics.task, Verdicts.of(case)
         return cls(case.id, case.model, case.precision, case.backend, case.status, case.message, first.cosine,
                    first.snr_db, first.top1_agreement, task.accuracy if task else None,
                    0.0 - task.accuracy_drop_points if task else None, verdict.recipe, verdict.recipe_snr_db,

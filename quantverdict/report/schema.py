@@ -42,6 +42,7 @@ class OutputMetrics(_Open):
     snr_db: float | None = None
     max_norm_err: float | None = None
     top1_agreement: float | None = None
+    label_agreement: float | None = None  # a labels output's: the share of its elements equal to FP32's
     nonfinite: float | None = None
     intervals: dict[str, IntervalRecord] = {}
     error_histogram: list[float] | None = None
@@ -69,9 +70,12 @@ class ViewRecord(_Open):
     notes: list[str] = []  # what the comparison noted: a bound widened to the samples, outputs the input barely moves
     task: Task | None = None
 
-    def first(self) -> OutputMetrics:
-        """The metrics of the case's first output (all None where it has none): the headline a reader compares."""
-        return next(iter(self.metrics.values()), OutputMetrics())
+    def measured(self) -> OutputMetrics:
+        """The metrics of the case's measured output, the headline a reader compares: the first holding no decisions
+        (labels' metrics carry their agreement), as a search scores (:func:`quantverdict.judge.output_kinds.measured`),
+        else the first (all None where it has none)."""
+        each = list(self.metrics.values()) or [OutputMetrics()]
+        return next((metrics for metrics in each if metrics.label_agreement is None), each[0])
 
 
 class SearchRecord(_Open):

@@ -168,7 +168,7 @@ def _judge(case: Case, mutation: Mutation, old: CaseRecord, new: CaseRecord, pol
 def _costs(old: CaseRecord, new: CaseRecord) -> tuple[float, float | None]:
     """SNR lost (dB) and task accuracy lost (points), on the graph's semantics where there is one."""
     old_view, new_view = old.metrics.recipe or old.metrics, new.metrics.recipe or new.metrics
-    old_m, new_m = old_view.first(), new_view.first()
+    old_m, new_m = old_view.measured(), new_view.measured()
     new_snr = math.nan if new_m.snr_db is None else new_m.snr_db
     lost = old_m.snr_db is None or math.isnan(new_snr) or new_snr == -math.inf or (new_m.nonfinite or 0) > 0
     snr_cost = math.inf if lost else old_m.snr_db - new_snr  # lost: gone, misshapen or non-finite output
