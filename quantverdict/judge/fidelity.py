@@ -88,7 +88,8 @@ def judge_fidelity(reference: dict[str, np.ndarray], semantics: dict[str, np.nda
     an infinite flip fraction, and each id is held to FP32's by its agreement all the same."""
     bound = DEFAULT_MAX_FLIP_FRACTION if max_flip_fraction is None else max_flip_fraction
     outputs = []
-    for name, sem in (dict((name, sem) for name, sem in semantics.items() if name not in labels) or semantics).items():
+    judged = {name: sem for name, sem in semantics.items() if name not in labels} or semantics
+    for name, sem in judged.items():
         sem64 = sem.astype(np.float64)
         got = np.asarray(runtime_outputs[name], np.float64)
         deviation = _rms(got - sem64)

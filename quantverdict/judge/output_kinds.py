@@ -65,7 +65,6 @@ def output_kinds(model: onnx.ModelProto, declared: Mapping[str, str] | None = No
     return kinds
 
 
-
 def measured(outputs: Sequence[str], kinds: Mapping[str, str]) -> str:
     """The output whose SNR a recipe search scores and a ranking orders layers by: the first of ``outputs`` holding no
     decisions (how far one id is from another is no error: piper's diacritizer declares its ids first), else the
