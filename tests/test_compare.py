@@ -82,6 +82,23 @@ def test_nan_output_never_passes():
     assert not compare({"y": ref}, {"y": out}, Tolerance(min_cosine=0.0)).passed
 
 
+def test_an_infinite_element_is_named_without_numpys_warnings_or_an_interval_that_leaves_it_out():
+    """A feature extractor's log of an energy FP16 flushed to zero: one −∞ among 9600 values. Its cosine is NaN and
+    its SNR −∞ (numpy warned of both into a user's pytest summary), and it has no interval: the resamples that miss
+    that sample read a cosine of 1.0, an interval of [1, 1] beside a NaN."""
+    import warnings
+
+    ref = np.random.default_rng(0).normal(size=(8, 30, 40)).astype(np.float32)
+    out = ref.copy()
+    out[3, 2, 1] = -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = compare({"y": ref}, {"y": out}, ToleranceTable.load().resolve("m", "fp16", {}, "regression"))
+    metrics = result.metrics["y"]
+    assert np.isnan(metrics["cosine"]) and metrics["snr_db"] == -np.inf and metrics["intervals"] == {}
+    assert metrics["nonfinite"] == 1 and not result.passed
+
+
 def test_missing_output_and_shape_mismatch_fail():
     ref = {"a": np.arange(3, dtype=np.float32), "b": np.arange(3, dtype=np.float32)}
     result = compare(ref, {"a": np.ones(4, np.float32)}, Tolerance())

@@ -64,12 +64,15 @@ def accuracy_drop_interval(reference_correct: np.ndarray, candidate_correct: np.
 
 def bootstrap_cosine_snr(reference: np.ndarray, candidate: np.ndarray, confidence: float = CONFIDENCE,
                          resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, Interval] | None:
-    """Bootstrap intervals of cosine and SNR (dB) over samples (axis 0); None for fewer than 2."""
+    """Bootstrap intervals of cosine and SNR (dB) over samples (axis 0); None for fewer than 2, and where the candidate
+    is not finite where the reference is (its cosine is NaN: the resamples that miss the sample would read as 1)."""
     n = reference.shape[0] if reference.ndim else 0
     if n < 2:
         return None
     r = reference.reshape(n, -1).astype(np.float64)
     c = candidate.reshape(n, -1).astype(np.float64)
+    if not np.isfinite(c[np.isfinite(r)]).all():
+        return None
     dot, rr, cc, noise = (r * c).sum(1), (r * r).sum(1), (c * c).sum(1), ((c - r) ** 2).sum(1)
     picks = np.random.default_rng(BOOTSTRAP_SEED).integers(0, n, size=(resamples, n))
     sums = {name: values[picks].sum(1) for name, values in (("dot", dot), ("rr", rr), ("cc", cc), ("noise", noise))}
