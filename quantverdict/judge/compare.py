@@ -228,18 +228,12 @@ def judge_task_metrics(values: Mapping[str, float], tolerance: Tolerance, result
 
 
 def cosine(reference: np.ndarray, candidate: np.ndarray) -> float:
-    """Cosine similarity in float64 (1 for two all-zero tensors, 0 for one), clipped to [-1, 1]; NaN where either
-    holds a value that is not finite (the ``nonfinite`` check names it), without numpy's warning."""
+    """Cosine similarity in float64 (1 for two all-zero tensors, 0 for one), clipped to [-1, 1]; NaN, unwarned, where
+    a value is not finite (``nonfinite`` names it)."""
     r, c = np.asarray(reference, np.float64).ravel(), np.asarray(candidate, np.float64).ravel()
     with np.errstate(invalid="ignore", over="ignore"):
         denom = np.linalg.norm(r) * np.linalg.norm(c)
         return float(np.array_equal(r, c)) if denom == 0 else float(np.clip(np.dot(r, c) / denom, -1.0, 1.0))
-
-
-def _decibels(ratio: float) -> float:
-    """10 log10 ``ratio``: −∞ for an infinite noise (a non-finite output, which ``nonfinite`` names), unwarned."""
-    with np.errstate(divide="ignore"):
-        return float(10 * np.log10(ratio))
 
 
 def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool, undecided: np.ndarray | None) -> dict[str, Any]:
@@ -252,7 +246,7 @@ def _metrics(ref: np.ndarray, out: np.ndarray, classification: bool, undecided: 
         "mean_abs_err": float(np.mean(diff)) if diff.size else 0.0,
         "max_norm_err": float(np.max(diff) / peak) if peak > 0 else float(np.max(diff, initial=0.0)),
         "cosine": cosine(r, c),
-        "snr_db": float("inf") if noise == 0 else _decibels(np.sum(r ** 2) / noise),
+        "snr_db": np.inf if noise == 0 else -np.inf if noise == np.inf else float(10 * np.log10(np.sum(r * r) / noise)),
         "nonfinite": float(np.count_nonzero(~np.isfinite(c) & np.isfinite(r))),
         "error_histogram": np.histogram(np.nan_to_num(diff / peak if peak > 0 else diff, nan=np.inf),
                                         bins=HISTOGRAM_EDGES)[0].tolist(),
