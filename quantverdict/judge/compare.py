@@ -172,10 +172,10 @@ def compare(
         else:
             metrics = _metrics(ref, out, (classification and name not in labels) or name in positionwise,
                                None if name in positionwise else undecided)
-        if name in labels:
-            metrics.update(label_agreement=float(np.mean(ref == out)) if ref.size else 1.0, label_samples=int(ref.size))
-            metrics["intervals"]["label_agreement"] = proportion_interval(
-                int(np.count_nonzero(ref == out)), int(ref.size)).to_dict()
+        if name in labels:  # the elements compared once: a segmentation mask's are millions
+            agreed, size = int(np.count_nonzero(ref == out)), int(ref.size)
+            metrics.update(label_agreement=agreed / size if size else 1.0, label_samples=size)
+            metrics["intervals"]["label_agreement"] = proportion_interval(agreed, size).to_dict()
         if name in (sequences or {}) and ref.ndim == 3:
             metrics.update(sequence_metrics(ref, out, (sequences or {})[name]))
         if name in (maps or {}) and ref.ndim >= 2:
