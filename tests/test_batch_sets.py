@@ -124,3 +124,36 @@ def test_a_graph_rewritten_at_its_last_layer_measures_only_the_tensors_it_change
     calibrate(Cache(tmp_path / "first"), model.SerializeToString(), tensors, batches, Calibrator(method))
     shared = calibrate(Cache(tmp_path / "second"), rewritten.SerializeToString(), tensors, batches, Calibrator(method))
     assert asked == [tensors, ["y"]] and shared == alone
+
+
+def test_gptq_rounds_a_searchs_other_sets_in_the_pass_that_rounds_the_first_as_each_alone(monkeypatch):
+    """Within a search, GPTQ asked to round an unprepared graph for one set rounds the same layers for the search's
+    other sets too, their H kept by the first pass, in the same pass over the columns: asked afterwards, those round
+    nothing, and every set's weights are the bytes that rounding it alone writes."""
+    from quantverdict.precision import gptq
+    from quantverdict.precision.grids import INT8
+    from quantverdict.precision.qdq import QDQ
+
+    model, batches = _graph("sets-gptq"), _batches(4)
+    sets, recipe = _sets(batches), QDQ(INT8)
+    ranges = {name: 8.0 for name in recipe.tensors_to_calibrate(model)}
+
+    def rounded(found: list) -> dict[str, np.ndarray]:
+        quantized = gptq.round_weights(recipe.apply(model, ranges), model, found)  # apply writes a copy
+        return {init.name: numpy_helper.to_array(init) for init in quantized.graph.initializer}
+
+    def fresh_tables() -> None:
+        monkeypatch.setattr(hessian, "_MEASURED", type(hessian._MEASURED)(1 << 30, hessian._MEASURED.size))
+        monkeypatch.setattr(gptq, "_ROUNDED", type(gptq._ROUNDED)(1 << 30, gptq._ROUNDED.size))
+
+    fresh_tables()
+    alone = [rounded(found) for found in sets]
+    fresh_tables()
+    calls, rounding = [], gptq.rounded_columns
+    monkeypatch.setattr(gptq, "rounded_columns", lambda *args: calls.append(len(args[0])) or rounding(*args))
+    with planned(sets):
+        together = [rounded(found) for found in sets]
+    assert calls == [len(sets), len(sets)]  # the first set's two layers (two shapes), each with every set's
+    for mine, theirs in zip(together, alone):
+        assert mine.keys() == theirs.keys() and all(np.array_equal(mine[name], theirs[name]) for name in mine)
+    assert any(not np.array_equal(alone[0][name], alone[1][name]) for name in alone[0])  # the sets' H differ

@@ -70,7 +70,12 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
     would take more than ``MEASURED_BYTES``), with a search's other sets where ``shared`` or asked before
     (:func:`~quantverdict.precision.batch_sets.siblings`). First, the content hash of ``fp32`` and ``batches``."""
     model = fp32.SerializeToString()
-    graph = content_hash(model)
+    return _measured(model, content_hash(model), asked, batches, every, shared)
+
+
+def _measured(model: bytes, graph: str, asked: Sequence[LayerInputs], batches: Sequence[Batch],
+              every: Callable[[], list[LayerInputs]], shared: bool) -> tuple[str, dict[tuple, Moments]]:
+    """:func:`measured` of the serialized graph ``model`` (``graph``: its content hash)."""
     key = _pair_key(graph, batches)
     kept = _kept(key)
     missing = {inputs.key: inputs for inputs in asked if inputs.key not in kept}
@@ -94,15 +99,32 @@ def measured(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Seque
 
 def second_moments(fp32: onnx.ModelProto, asked: Sequence[LayerInputs], batches: Sequence[Batch],
                    every: Callable[[onnx.ModelProto], list[LayerInputs]], rescaling: Rescaling | None = None
-                   ) -> tuple[str, list[Moments]]:
+                   ) -> tuple[str, list[Moments], list[tuple[str, list[Moments]]]]:
     """H and vector count of each layer ``asked`` for: :func:`derived` from the graph before ``fp32``'s preparation
     where ``rescaling`` says how it was prepared, else :func:`measured` on ``fp32`` (``every``: a graph's layers to
     measure in the same pass; with a search's other sets where ``fp32`` is unprepared, as every set's H is asked of
-    it); first, the content hash of what they are of."""
+    it); first, the content hash of what they are of; last, where ``fp32`` is unprepared, the same of each other set
+    of a search that holds ``batches`` whose H is kept (:func:`_kept_beside`)."""
     found = None if rescaling is None else derived(rescaling, asked, batches, every)
-    if found is None:
-        graph, sums = measured(fp32, asked, batches, lambda: every(fp32), shared=rescaling is None)
-        found = graph, [sums[inputs.key] for inputs in asked]
+    if found is not None:
+        return (*found, [])
+    model, unprepared = fp32.SerializeToString(), rescaling is None
+    graph = content_hash(model)
+    key, sums = _measured(model, graph, asked, batches, lambda: every(fp32), shared=unprepared)
+    return key, [sums[inputs.key] for inputs in asked], _kept_beside(graph, asked, batches) if unprepared else []
+
+
+def _kept_beside(graph: str, asked: Sequence[LayerInputs],
+                 batches: Sequence[Batch]) -> list[tuple[str, list[Moments]]]:
+    """For each other set of a search that holds ``batches`` (:func:`~quantverdict.precision.batch_sets.siblings`)
+    whose H of every layer ``asked`` is kept for the graph ``graph`` (its content hash; a search's first pass measures
+    every set's): the content hash of that pair and the H. Nothing is measured."""
+    found = []
+    for others in siblings(batches, graph, shared=True)[1:]:
+        key = _pair_key(graph, others)
+        kept = _MEASURED.get(key)
+        if kept is not None and all(inputs.key in kept for inputs in asked):
+            found.append((key, [kept[inputs.key] for inputs in asked]))
     return found
 
 
