@@ -5,11 +5,8 @@ core wait busily between them. On a 16-core Xeon, the benchmark's MobileNetV2 lo
 same choices and scores. ONNX Runtime's own pool is not one of them (the harness sizes it per session)."""
 from __future__ import annotations
 
-import importlib
 import sys
-import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Iterator
 
@@ -17,19 +14,7 @@ if TYPE_CHECKING:
     from threadpoolctl import threadpool_limits
 
 SEARCH_THREADS = 2
-
-
-@dataclass
-class _Search:
-    """A search running: the limits of the pools loaded since it began, and whether torch was loaded before it (then
-    the limits it set at its start hold torch's pools) or its pools are held since."""
-
-    limits: list["threadpool_limits"] = field(default_factory=list)
-    torch_before: bool = field(default_factory=lambda: "torch" in sys.modules)
-    torch_held: bool = False
-
-
-_SEARCHES: list[_Search] = []
+_SEARCHES: list[list["threadpool_limits"]] = []  # each search running: the limits of pools loaded since it began
 
 
 @contextmanager
@@ -39,35 +24,23 @@ def small_pools() -> Iterator[None]:
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=SEARCH_THREADS):
-        _SEARCHES.append(_Search())
+        _SEARCHES.append([])
         try:
             yield
         finally:
-            for limits in reversed(_SEARCHES.pop().limits):
+            for limits in reversed(_SEARCHES.pop()):
                 limits.restore_original_limits()
 
 
 def loaded_torch() -> ModuleType:
     """torch, imported where it is not yet: where a search runs, its pools are then held small with the others
-    (a library loaded inside :func:`small_pools` is past the limits it set), by the thread that computes with it. Loaded
-    for the search's GPTQ alone, not before every search: a check that finds everything cached imported it for nothing
-    (1.7 s of its 3 s)."""
+    (a library loaded inside :func:`small_pools` is past the limits it set). Loaded for the search's GPTQ alone, not
+    before every search: a check that finds everything cached imported it for nothing (1.7 s of its 3 s)."""
+    new = "torch" not in sys.modules
     import torch
 
-    search = _SEARCHES[-1] if _SEARCHES else None
-    if search is not None and not search.torch_before and not search.torch_held:
+    if new and _SEARCHES:
         from threadpoolctl import threadpool_limits
 
-        search.torch_held = True
-        search.limits.append(threadpool_limits(limits=SEARCH_THREADS))
+        _SEARCHES[-1].append(threadpool_limits(limits=SEARCH_THREADS))
     return torch
-
-
-def prefetch_torch() -> None:
-    """torch imported on a thread of its own, from now on, for a search whose GPTQ will compute with it: its import
-    (1.3-1.6 s on a 2-core EPYC) then runs beside the search's start and ONNX Runtime's passes, not inside the first
-    pass, whose H needs it (that pass of MobileNetV2's took 6.9 s with the import, 5.4 s without; its lock's first
-    candidate 9 s, then 7-8 s). :func:`loaded_torch` waits for it where it has not ended, and holds its pools small."""
-    if "torch" not in sys.modules:
-        threading.Thread(target=importlib.import_module, args=("torch",), name="quantverdict-torch-import",
-                         daemon=True).start()

@@ -15,7 +15,7 @@ from quantverdict.models.spec import Batch, ModelSpec, sample_count
 from quantverdict.precision import first_pass, get_recipe
 from quantverdict.precision.batch_sets import planned
 from quantverdict.precision.matrix_device import matrix_key
-from quantverdict.precision.pools import prefetch_torch, small_pools
+from quantverdict.precision.pools import small_pools
 from quantverdict.precision.riders import riding
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.settings import RecipeSettings
@@ -109,8 +109,6 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
         sets = [whole[model], *(split(whole[model], model, fold)[0] for fold in numbers)]
         asked = [incumbent.settings, *incumbent.nearest] if incumbent else [*MIGRATION, *ROUNDING]
         with costed() as cost, freed_memory.kept(), planned(sets), riding(first_pass.planned(asked)), small_pools():
-            if any(each.gptq for each in asked):
-                prefetch_torch()
             judging = ByKind.of(spec, store.output_kinds(model), store.tolerances, precision, tolerance)
             checked = check_lock(store, views, held_out, model, base, judging, incumbent, report) \
                 if incumbent else None
