@@ -11,6 +11,11 @@ _E2M1 = "E2M1 with 16-value blocks on depthwise ImageNet CNNs: logits' cosine 0.
 ZOO_FORMAT_COSTS = {("efficientnet-lite1", "fp8"): _E4M3, ("efficientnet-lite2", "fp8"): _E4M3,
                     ("efficientnet-lite0", "fp4"): _E2M1, ("efficientnet-lite1", "fp4"): _E2M1,
                     ("efficientnet-lite2", "fp4"): _E2M1}
+# A case whose verdict sits on its bound within what its samples resolve, so that the runner's CPU kernels decide it:
+# expected to fail, not strictly (a pass on another CPU is no news).
+ZOO_ON_THE_BOUND = {("efficientnet-lite2", "int8", "onnxruntime"): (
+    "Lite2's INT8 top-1 agreement sits on the 0.97 bound within the resolution of its 504 crops (one standard error: "
+    ".0076): .980 on an EPYC with AVX-512 VNNI, .966 on ONNX Runtime's integer kernels on an AVX2-only EPYC")}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -18,6 +23,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     for item in items:
         case = getattr(item, "case", None)
-        reason = case and ZOO_FORMAT_COSTS.get((case.model, case.precision))
+        if not case:
+            continue
+        reason = ZOO_FORMAT_COSTS.get((case.model, case.precision))
         if reason:
             item.add_marker(pytest.mark.xfail(strict=True, raises=CaseFailed, reason=f"the format's cost: {reason}"))
+        reason = ZOO_ON_THE_BOUND.get((case.model, case.precision, case.backend))
+        if reason:
+            item.add_marker(pytest.mark.xfail(strict=False, raises=CaseFailed, reason=f"on the bound: {reason}"))
