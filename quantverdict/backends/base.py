@@ -11,6 +11,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from quantverdict.backends.samples import joined
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities
 from quantverdict.models.spec import Batch, ModelSpec
@@ -78,10 +79,9 @@ class Infers(Protocol):
 
 
 def infer_all(runner: Infers, batches: Sequence[Batch]) -> dict[str, np.ndarray]:
-    """Every batch run by an active ``runner`` (ours, or Polygraphy's ``TrtRunner``), each output joined along
-    the batch axis."""
-    outputs = [runner.infer(batch) for batch in batches]
-    return {name: np.concatenate([out[name] for out in outputs]) for name in outputs[0]}
+    """Every batch run by an active ``runner`` (ours, or Polygraphy's ``TrtRunner``), each output joined sample by
+    sample (:func:`~quantverdict.backends.samples.joined`)."""
+    return joined([runner.infer(batch) for batch in batches], batches)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import numpy as np
 from quantverdict.backends.base import Artifacts, Backend, infer_all
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities
+from quantverdict.hashing import source_fingerprint
 from quantverdict.models.spec import Batch
 
 
@@ -32,7 +33,8 @@ class RuntimeOutputs:
             return self._run()
         describe = {"model": self.artifacts.spec.name, "backend": self.backend.name,
                     "precision": self.artifacts.recipe.name}
-        return self.cache.arrays("outputs", [parts, self.batches_key()], self._run, describe)
+        layout = source_fingerprint("quantverdict.backends.samples")  # how batches' outputs are joined
+        return self.cache.arrays("outputs", [parts, self.batches_key(), layout], self._run, describe)
 
     def _run(self) -> tuple[dict[str, np.ndarray], str]:
         with self.backend.load(self.artifacts) as runner:

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
 from quantverdict.models.spec import Batch
 from quantverdict.precision.exposing import as_written_session, cut_to, with_outputs
+from quantverdict.backends.samples import joined
 
 Outputs = dict[str, np.ndarray]
 
@@ -127,7 +128,7 @@ class Group:
                     made = runner.infer({name: values[name] for name in part.reads}) if runner is not None else {}
                     held.append({name: made[name] if name in made else values[name] for name in part.outputs})
         for (index, part, _), held in zip(loaded, found):
-            done(index, {name: np.concatenate([outputs[name] for outputs in held]) for name in part.outputs})
+            done(index, joined(held, batches))
         self.parts.clear()
 
 

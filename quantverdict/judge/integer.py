@@ -19,6 +19,7 @@ import onnx
 from onnx.reference.op_run import OpRun
 
 from quantverdict.precision.coverage import INTEGER_LAYERS
+from quantverdict.backends.samples import joined
 
 INTEGER_OPS = (*INTEGER_LAYERS, "DynamicQuantizeLinear")
 REFERENCE_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -162,5 +163,4 @@ def evaluate_exact(model: onnx.ModelProto, batches: Sequence[dict[str, np.ndarra
     ops = [*EXACT_OPS, _older_dequantize()] if opset < FIRST_REFERENCE_DEQUANTIZE else EXACT_OPS
     evaluator = ReferenceEvaluator(model, new_ops=ops)
     names = [output.name for output in model.graph.output]
-    outputs = [dict(zip(names, evaluator.run(None, dict(batch)))) for batch in batches]
-    return {name: np.concatenate([out[name] for out in outputs]) for name in names}
+    return joined([dict(zip(names, evaluator.run(None, dict(batch)))) for batch in batches], batches)

@@ -29,7 +29,7 @@ AS_WRITTEN = "onnxruntime CPU, graph optimisations off (Q/DQ as written)"
 EXACT = "ONNX reference evaluator, integer operators in exact integer arithmetic"
 KERNELS = ("onnxruntime CPU's integer kernels, graph optimisations off: contrib-domain operators ONNX does not define; "
            "their results depend on the CPU's instruction set")
-CODE = ("quantverdict.judge.semantics", "quantverdict.judge.integer")
+CODE = ("quantverdict.judge.semantics", "quantverdict.judge.integer", "quantverdict.backends.samples")
 
 
 def evaluator(model: onnx.ModelProto) -> str:

@@ -177,7 +177,7 @@ class ArtifactStore:
             if parts is None:
                 return find()[0]["undecided"]
             key = [parts, self.data_key(model, "evaluation"), [(item.name, item.resolution) for item in spec.inputs],
-                   source_fingerprint("quantverdict.judge.decided")]
+                   source_fingerprint("quantverdict.judge.decided", "quantverdict.backends.samples")]
             return self.cache.arrays("undecided", key, find, {"model": model})[0]["undecided"]
 
         return self._undecided.get(model, make)

@@ -17,8 +17,9 @@ from typing import Any, Callable
 import numpy as np
 
 from quantverdict import freed_memory
-from quantverdict.backends import Artifacts, Backend, Runner, infer_all
+from quantverdict.backends import Artifacts, Backend, infer_all
 from quantverdict.backends.base import BUILD_OPTIONS, ENGINE_PLAN
+from quantverdict.backends.samples import joined
 from quantverdict.capabilities import Capabilities, physical_memory
 from quantverdict.errors import (HarnessError, InputSpecError, UnsupportedError, UserCodeError, interrupted,
                                  user_trace)
@@ -38,7 +39,7 @@ from quantverdict.models.spec import Batch, sample_count
 from quantverdict.perf.bench import time_call
 from quantverdict.gpu_slot import this_gpu, timing_slot
 from quantverdict.run.artifacts import ArtifactStore
-from quantverdict.run.cases import Case, CaseResult, Status
+from quantverdict.run.cases import Case, CaseResult
 from quantverdict.tune.decide import decided_before_calibration
 from quantverdict.tune.resolve import Resolver
 
@@ -109,7 +110,6 @@ class CaseExecutor:
         timings["reference_s"] = time.perf_counter() - start
         batches = store.eval_batches(case.model)
         built: dict[str, Any] = {}
-        runner: Runner | None = None
         if self.timing or backend.outputs_key(artifacts, self.caps) is None:
             start = time.perf_counter()
             runner = backend.load(artifacts)
@@ -139,7 +139,8 @@ class CaseExecutor:
             metrics["latency"] = latency.to_dict()
             first = {name: values[:items] for name, values in reference.items()}
             timed = judge_timed_outputs({name: values[:items] for name, values in candidate.items()},
-                                        latency.sampled, first, tolerance, spec.task == "classification")
+                                        [joined([outputs], batches[:1]) for outputs in latency.sampled], first,
+                                        tolerance, spec.task == "classification")
             metrics["timed_outputs"] = timed.to_dict()
         recipe_cmp = fidelity = None
         if artifacts.recipe.quantized and backend.runs_recipe_graph:
@@ -152,11 +153,10 @@ class CaseExecutor:
                                                   recipe_cmp, fidelity, tolerance, metrics)
         if timed is not None and not timed.passed:
             passed, message = False, "\n".join(filter(None, [message, f"{case.id}: {timed.explain()}"]))
-        status: Status = "passed" if passed else "failed"
         note = metrics.get("recipe", {}).get("lock", {}).get("note")
         if note:  # a verdict on a recipe reviewed for another graph says so, passed or not
             message = "\n".join(filter(None, [message, f"{case.id}: {note}"]))
-        return CaseResult(case, status, message, metrics, tolerance.to_dict(), timings)
+        return CaseResult(case, "passed" if passed else "failed", message, metrics, tolerance.to_dict(), timings)
 
     def _fingerprint(self, case: Case, artifacts: Artifacts, backend: Backend, spec: ModelSpec,
                      tolerance: Tolerance, built: dict[str, Any]) -> dict[str, str]:

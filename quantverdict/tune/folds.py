@@ -95,7 +95,8 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [store.fp32_sha256(model), precision, asdict(auto), tolerance.to_dict(),
              store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.key(), matrix_key(),
-             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune")]
+             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune",
+                                        "quantverdict.backends.samples")]
 
     def searched() -> dict[str, Any]:
         whole = {model: store.calibration_batches(model)}

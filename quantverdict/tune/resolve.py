@@ -263,7 +263,8 @@ class Resolver:
 
         def choose() -> dict[str, str]:
             parts = [bench.fp32_sha256(model), recipe.params(), bench.data_key(model, "calibration"),
-                     *bench.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.tune.fallback"),
+                     *bench.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.tune.fallback",
+                                                 "quantverdict.backends.samples"),
                      source_fingerprint("quantverdict.precision"), bench.variant()]
             return bench.cache.json("fallback", parts, lambda: choose_fallback(bench, model, recipe),
                                     {"model": model, "precision": recipe.name})
