@@ -29,6 +29,9 @@ class OrtCpuInt8(Recipe):
     name = "int8"
     quantized = True
     calibration_data = True  # ONNX Runtime's quantizer calibrates it from the batches
+    # its per-channel weights: DequantizeLinear's axis (opset 13), which quantize_static writes into a graph of any
+    # opset (an opset-11 export's graph then fails ONNX's checker: "Unrecognized attribute: axis")
+    min_opset = 13
 
     def params(self) -> dict[str, Any]:
         from quantverdict.capabilities import package_version
