@@ -49,7 +49,7 @@ MANIFEST = """models:
     ([(10, 4, 3, 4)], [4], 1),  # sequence first: the first axis with the batch's samples
     ([(7, 3)], [4], 0),  # no axis with them (a sum over the batch): the first, as before
     ([(2, 4, 24), (2, 3, 24)], [4, 4], 0),  # not the batch's samples in every batch
-    ([(2, 4, 24)], [None], 0),  # scalar inputs only
+    ([(3,)], [1], 0),  # scalar inputs only: one sample a batch
 ])
 def test_the_sample_axis_is_the_first_unless_another_holds_the_batchs_samples(shapes, sizes, axis):
     assert sample_axis(shapes, sizes) == axis

@@ -7,7 +7,7 @@ output ``[time, batch, features]``. Joined on their first axis, their "samples" 
 batches, and an error was paired with the wrong sample's.
 
 The axis is read from each batch's shapes, so that every runtime's outputs are joined alike: the batch holds ``n``
-samples (its first input that has an axis, on its first axis: what the harness feeds); an output whose first axis has
+samples (:func:`~quantverdict.models.spec.sample_count`: its inputs' first axis); an output whose first axis has
 ``n`` entries, or none of whose axes does (a scalar, a sum over the batch), is joined on its first axis, as before;
 otherwise on its first axis with ``n`` entries, where every batch has ``n`` there.
 """
@@ -17,21 +17,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-Arrays = Mapping[str, np.ndarray]
+from quantverdict.models.spec import Batch, sample_count
 
 
-def batch_size(batch: Arrays) -> int | None:
-    """The samples a batch holds: its first input with an axis, on its first axis (None where every input is a
-    scalar)."""
-    return next((int(np.shape(value)[0]) for value in batch.values() if np.ndim(value)), None)
-
-
-def sample_axis(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int | None]) -> int:
+def sample_axis(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int]) -> int:
     """The axis of an output that holds each batch's samples, from its shape in each batch (``shapes``) and the
     samples each batch holds (``sizes``): the first unless that one does not have them and another axis does in
     every batch."""
     first = shapes[0]
-    if not first or None in sizes or first[0] == sizes[0]:
+    if not first or first[0] == sizes[0]:
         return 0
     for axis in range(1, len(first)):
         if all(len(shape) == len(first) and shape[axis] == size for shape, size in zip(shapes, sizes)):
@@ -39,10 +33,10 @@ def sample_axis(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int | None]) 
     return 0
 
 
-def joined(outputs: Sequence[Arrays], batches: Sequence[Arrays]) -> dict[str, np.ndarray]:
+def joined(outputs: Sequence[Mapping[str, np.ndarray]], batches: Sequence[Batch]) -> dict[str, np.ndarray]:
     """Each output of ``outputs`` (one mapping per batch of ``batches``, in their order) joined along its
     :func:`sample_axis`, that axis first; a scalar output is one value per batch."""
-    sizes = [batch_size(batch) for batch in batches]
+    sizes = [sample_count(batch) for batch in batches]
     found = {}
     for name in outputs[0]:
         parts = [np.asarray(out[name]) for out in outputs]
