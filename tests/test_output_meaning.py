@@ -422,3 +422,51 @@ def test_a_manifest_declares_a_sequence_output_and_its_blank(tmp_path):
     spec = load_manifest(tmp_path / "models.yaml").specs[0]
     assert spec.sequences == {"text": SequenceFormat(blank=5, batch_axis=1)} and spec.output_kinds == {
         "text": "distribution"}
+
+
+ENERGY = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+
+    class Scored(nn.Module):
+        '''A classifier that also returns its batch's mean free energy: one value for the whole batch (a 0-d output).'''
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 5)
+
+        def forward(self, x):
+            logits = self.fc(self.conv(x).mean((2, 3)))
+            return logits, -logits.logsumexp(-1).mean()
+
+
+    def net():
+        return Scored().eval()
+    """)
+
+
+@pytest.mark.int8
+def test_a_classifiers_scalar_output_beside_its_scores_is_judged_by_its_values(tmp_path, monkeypatch):
+    """A 0-d output is one value a batch (they could not be joined before: "zero-dimensional arrays cannot be
+    concatenated"); beside a classifier's scores, its first output, it is judged by its values, and top-1 on the
+    scores alone."""
+    written(tmp_path, monkeypatch, {"scored.py": ENERGY, "models.yaml": textwrap.dedent("""\
+        models:
+          - name: scored
+            build: scored:net
+            build_files: []
+            inputs: [{name: x, shape: [4, 3, 16, 16], range: [0, 1]}]
+            outputs: [logits, energy]
+            task: classification
+            calibration: synthetic
+            recipe: {int8: {calibration: max}}
+        """)})
+    pipeline = Pipeline(tmp_path / "cache", manifest=tmp_path / "models.yaml")
+    result = pipeline.run(Case("scored", "int8", "onnxruntime"))
+    assert result.status in ("passed", "failed"), result.message
+    batches = len(pipeline.store.eval_batches("scored"))
+    for verdict in (result.metrics["metrics"], result.metrics["recipe"]["metrics"]):
+        assert verdict["energy"]["samples"] == batches and "top1_agreement" not in verdict["energy"]
+        assert verdict["logits"]["top1_samples"] == 4 * batches

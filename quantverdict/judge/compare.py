@@ -151,7 +151,7 @@ def compare(
     the ``detections`` (output → layout) are detector heads, judged by their detections, and by the raw bounds on the
     anchors FP32 keeps only (:mod:`quantverdict.judge.detections`); the ``sequences`` by what they decode to
     (:mod:`quantverdict.judge.sequences`); the ``labels`` (integers or booleans) by the share of elements equal to
-    FP32's."""
+    FP32's. A classifier's first output is its scores; another of one value a sample is judged without top-1."""
     result = Comparison()
     for name, ref in reference.items():
         bounds = (per_output or {}).get(name, tolerance)
@@ -162,7 +162,8 @@ def compare(
         if out.shape != ref.shape:
             result.checks.append(Check(name, f"shape {out.shape} vs {ref.shape}", 0.0, 1.0, True))
             continue
-        if classification and ref.ndim < 2 and name not in labels:
+        scores = classification and name not in labels and ref.ndim >= 2  # [batch, classes]: top-1 judged
+        if classification and name not in labels and not scores and name == next(iter(reference)):
             raise InputSpecError(f"output {name!r} has shape {ref.shape}: a classifier's outputs are [batch, classes] "
                                  "(top-1 agreement is judged per sample, so an output without its batch axis cannot be "
                                  "judged); declare task: regression if it is not a classifier")
@@ -170,8 +171,7 @@ def compare(
             found, (ref, out) = detection_metrics(ref, out, (detections or {})[name], bounds.min_cosine)
             metrics = {**(_metrics(ref, out, False, None) if len(ref) else {"samples": 0}), **found}
         else:
-            metrics = _metrics(ref, out, (classification and name not in labels) or name in positionwise,
-                               None if name in positionwise else undecided)
+            metrics = _metrics(ref, out, scores or name in positionwise, None if name in positionwise else undecided)
         if name in labels:  # the elements compared once: a segmentation mask's are millions
             agreed, size = int(np.count_nonzero(ref == out)), int(ref.size)
             metrics.update(label_agreement=agreed / size if size else 1.0, label_samples=size)
