@@ -92,3 +92,62 @@ def test_a_recurrent_state_is_judged_by_sample(talker):
         assert verdict["state"]["samples"] == verdict["embedding"]["samples"] == len(frames)
     timed = result.metrics["timed_outputs"]
     assert timed["identical"] == timed["samples"] > 0, timed  # the timed calls' state laid out as judged
+
+
+READER = """import torch
+from torch import nn
+
+
+class Reader(nn.Module):
+    '''A CTC reader in torch's layout: features [batch, 16, 20] in, per-position log-probabilities out as
+    [positions, batch, symbols] (what nn.CTCLoss takes).'''
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm = nn.LSTM(16, 32)
+        self.head = nn.Linear(32, 12)
+
+    def forward(self, features):
+        steps, _ = self.lstm(features.permute(2, 0, 1))
+        return self.head(steps).log_softmax(-1)
+
+
+def net():
+    return Reader().eval()
+"""
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("declared", ["{blank: 0}", "{blank: 0, batch_axis: 1}"])  # an older manifest's axis
+def test_a_ctc_output_in_torchs_layout_is_decoded_sample_by_sample(tmp_path, monkeypatch, qv_pipeline, declared):
+    """[positions, batch, symbols] joined by sample: each sample's FP32 decoding is the reader's own on that sample
+    alone, and the verdict decodes the evaluation set's samples (it decoded each position of each batch as a sample,
+    or with ``batch_axis: 1`` the batches' positions end to end as one sample each)."""
+    import torch
+
+    from quantverdict.judge.sequences import decode
+
+    written(tmp_path, monkeypatch, {"reader.py": READER, "models.yaml": """models:
+  - name: reader
+    build: reader:net
+    build_files: []
+    inputs: [{name: features, shape: [4, 16, 20]}]
+    outputs: [logits]
+    sequences: {logits: %s}
+    calibration: synthetic
+    recipe: {int8: {calibration: max, recurrent: dynamic}}
+""" % declared})
+    pipeline = Pipeline(qv_pipeline.cache.root, manifest=tmp_path / "models.yaml")
+    from reader import net
+
+    reference = pipeline.store.reference("reader")["logits"]
+    features = np.concatenate([batch["features"] for batch in pipeline.store.eval_batches("reader")])
+    assert reference.shape == (len(features), 20, 12)
+    with torch.no_grad():
+        for index in (0, 6, len(features) - 1):
+            alone = net()(torch.from_numpy(features[index:index + 1]))[:, 0].numpy()
+            assert decode(reference[index], 0) == decode(alone, 0)
+    result = pipeline.run(Case("reader", "int8", "onnxruntime"))
+    assert result.status in ("passed", "failed"), result.message
+    assert result.metrics["metrics"]["logits"]["sequence_samples"] == len(features)

@@ -33,9 +33,9 @@ def edit_distance(a: list[int], b: list[int]) -> int:
 
 def sequence_metrics(reference: np.ndarray, candidate: np.ndarray, layout: SequenceFormat) -> dict[str, float | int]:
     """The share of samples decoded as FP32 decodes them, the symbol error rate over FP32's symbols, and the worst
-    sample (most edits) with its edits."""
-    ref, out = (np.moveaxis(np.asarray(values), layout.batch_axis, 0) for values in (reference, candidate))
-    decoded = [(decode(r, layout.blank), decode(o, layout.blank)) for r, o in zip(ref, out)]
+    sample (most edits) with its edits; the outputs ``[samples, positions, symbols]``, as batches' outputs are joined
+    (:func:`~quantverdict.backends.samples.joined`: a ``[positions, batch, symbols]`` output too)."""
+    decoded = [(decode(r, layout.blank), decode(o, layout.blank)) for r, o in zip(reference, candidate)]
     edits = np.asarray([edit_distance(r, o) for r, o in decoded])
     symbols = sum(len(r) for r, _ in decoded)
     return {"sequence_agreement": float(np.mean(edits == 0)), "sequence_samples": len(decoded),

@@ -90,7 +90,8 @@ class DetectionFormat:
 @dataclass(frozen=True)
 class SequenceFormat:
     """How a sequence output is read (:mod:`quantverdict.judge.sequences`): per-position distributions over symbols,
-    decoded greedily as CTC does; ``batch_axis`` 1 for a ``[positions, batch, symbols]`` output (torch's CTC layout)."""
+    decoded greedily as CTC does. ``batch_axis`` (1: ``[positions, batch, symbols]``, torch's CTC layout) is read from
+    older manifests and not needed: every output is joined with its samples first (quantverdict.backends.samples)."""
 
     blank: int = 0
     batch_axis: Literal[0, 1] = 0
