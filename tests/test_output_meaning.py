@@ -470,3 +470,42 @@ def test_a_classifiers_scalar_output_beside_its_scores_is_judged_by_its_values(t
     for verdict in (result.metrics["metrics"], result.metrics["recipe"]["metrics"]):
         assert verdict["energy"]["samples"] == batches and "top1_agreement" not in verdict["energy"]
         assert verdict["logits"]["top1_samples"] == 4 * batches
+
+
+def test_a_head_on_grids_is_decoded_to_the_boxes_its_offsets_place():
+    """YOLOX exported without its decoding: each anchor holds offsets on its cell of one of the grids (strides 8, 16,
+    32 over 96 × 64 pixels, each level's cells row by row); a box placed by its offsets is read where it was put, in
+    pixels, and a head of another anchor count is one line naming both counts."""
+    from quantverdict.judge.detections import decode
+    from quantverdict.models.spec import DetectionFormat
+
+    layout = DetectionFormat(objectness=True, grid=(8, 16, 32), image=(96, 64))
+    cells = [(x, y, stride) for stride in (8, 16, 32) for y in range(96 // stride) for x in range(64 // stride)]
+    head = np.zeros((len(cells), 6))  # x y w h, objectness, one class
+    placed = {}
+    for anchor, (cx, cy, w, h) in {5: (44.0, 12.0, 10.0, 6.0), 100: (20.0, 70.0, 24.0, 30.0),
+                                   len(cells) - 1: (50.0, 90.0, 64.0, 40.0)}.items():
+        x, y, stride = cells[anchor]
+        head[anchor] = [cx / stride - x, cy / stride - y, np.log(w / stride), np.log(h / stride), 0.9, 0.9]
+        placed[anchor] = [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
+    found = decode(head, layout, 0.5)
+    assert sorted(found.anchors.tolist()) == sorted(placed)
+    for anchor, box in zip(found.anchors, found.boxes):
+        np.testing.assert_allclose(box, placed[int(anchor)], atol=1e-9)
+    assert len(cells) == 96 * 64 // 64 + 96 * 64 // 256 + 6  # 96 + 24 + 6: the last level's 3 × 2 cells
+    with pytest.raises(ValueError, match=r"strides \[8, 16, 32\] over a 96 × 64 image has 126 anchors; this one has "
+                                         "125"):
+        decode(head[:-1], layout, 0.5)
+
+
+def test_a_manifest_declares_a_head_on_grids_and_the_image_is_its_first_inputs(tmp_path):
+    from quantverdict.models.spec import DetectionFormat
+    from quantverdict.run.manifest import load_manifest
+
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - name: det\n    onnx: det.onnx\n    inputs: [{name: images, shape: [1, 3, 416, 320]}]\n"
+        "    outputs: [output]\n    calibration: synthetic\n"
+        "    detections: {output: {objectness: true, grid: [8, 16, 32], score: 0.1}}\n")
+    spec = load_manifest(tmp_path / "models.yaml").specs[0]
+    assert spec.detections == {"output": DetectionFormat(objectness=True, score=0.1, grid=(8, 16, 32),
+                                                         image=(416, 320))}

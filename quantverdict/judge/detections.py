@@ -39,7 +39,26 @@ def _attributes(head: np.ndarray, layout: DetectionFormat) -> np.ndarray:
         raise ValueError(f"a detection head is [batch, attributes, anchors] or [batch, anchors, attributes]; got an "
                          f"image of shape {list(head.shape)}")
     axis = layout.attribute_axis - 1 if layout.attribute_axis else int(np.argmin(head.shape))
-    return np.asarray(head if axis == 1 else head.T, np.float64)
+    attributes = np.array(head if axis == 1 else head.T, np.float64)
+    if layout.grid:
+        attributes[:, :4] = _on_grid(attributes[:, :4], layout)
+    return attributes
+
+
+def _on_grid(offsets: np.ndarray, layout: DetectionFormat) -> np.ndarray:
+    """Boxes (cx cy w h in pixels) from a head's offsets on its grids (:attr:`DetectionFormat.grid`): each level's
+    cells row by row, as YOLOX's own decoding lays them out."""
+    if layout.image is None:
+        raise ValueError("a head on grids needs the image's size: a first input of shape [..., height, width]")
+    height, width = layout.image
+    cells = [np.stack([x.ravel(), y.ravel(), np.full(x.size, stride)], 1) for stride in layout.grid
+             for y, x in [np.mgrid[:height // stride, :width // stride]]]
+    grid = np.concatenate(cells).astype(np.float64)
+    if len(grid) != len(offsets):
+        raise ValueError(f"a head on grids of strides {list(layout.grid)} over a {height} × {width} image has "
+                         f"{len(grid)} anchors; this one has {len(offsets)}")
+    stride = grid[:, 2:]
+    return np.concatenate([(offsets[:, :2] + grid[:, :2]) * stride, np.exp(offsets[:, 2:4]) * stride], axis=1)
 
 
 def decode(head: np.ndarray, layout: DetectionFormat, threshold: float) -> Detections:

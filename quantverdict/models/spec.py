@@ -84,6 +84,9 @@ class DetectionFormat:
     objectness: bool = False  # a score per anchor before the classes' (YOLOv5); the class score is their product
     attribute_axis: Literal[1, 2] | None = None  # the axis of box, objectness and classes; None: the shorter one
     score: float = 0.25  # the score threshold, as Ultralytics' predict
+    # boxes as offsets on grids of these strides (YOLOX without its decoding), over an image of height × width:
+    grid: tuple[int, ...] = ()  # x y = (offset + cell) × stride, w h = exp(w h) × stride (judge.detections)
+    image: tuple[int, int] | None = None
     nms_iou: float = 0.45  # NMS's IoU threshold per class
 
 

@@ -194,6 +194,9 @@ def _check(entry: ModelEntry, index: int, path: Path) -> list[str]:
 
 def _spec(entry: ModelEntry, root: Path) -> ModelSpec:
     calibration = entry.calibration
+    heads = {**{name: DetectionEntry() for name, kind in entry.output_kinds.items() if kind == "detections"},
+             **entry.detections}
+    image = next(((item.shape[-2], item.shape[-1]) for item in entry.inputs if len(item.shape) >= 3), None)
     return ModelSpec(
         name=entry.name,
         inputs=[_input(item) for item in entry.inputs],
@@ -201,9 +204,8 @@ def _spec(entry: ModelEntry, root: Path) -> ModelSpec:
         output_kinds={**entry.output_kinds, **{name: "detections" for name in entry.detections},
                       **{name: "distribution" for name in entry.sequences}},
         thresholds=dict(entry.thresholds),
-        detections={name: DetectionFormat(**layout.model_dump()) for name, layout in {
-            **{name: DetectionEntry() for name, kind in entry.output_kinds.items() if kind == "detections"},
-            **entry.detections}.items()},
+        detections={name: DetectionFormat(**{**layout.model_dump(), "grid": tuple(layout.grid)}, image=image)
+                    for name, layout in heads.items()},
         sequences={name: SequenceFormat(**layout.model_dump()) for name, layout in entry.sequences.items()},
         build=Ref(entry.build) if entry.build else None,
         onnx_path=root / entry.onnx if entry.onnx else None,

@@ -21,6 +21,7 @@ class DetectionEntry(Entry):
     attribute_axis: Literal[1, 2] | None = None
     score: Annotated[float, Field(gt=0, lt=1)] = 0.25
     nms_iou: Annotated[float, Field(gt=0, le=1)] = 0.45
+    grid: list[Annotated[int, Field(gt=0)]] = []
 
 
 class SequenceEntry(Entry):
