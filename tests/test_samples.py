@@ -50,6 +50,7 @@ MANIFEST = """models:
     ([(7, 3)], [4], 0),  # no axis with them (a sum over the batch): the first, as before
     ([(2, 4, 24), (2, 3, 24)], [4, 4], 0),  # not the batch's samples in every batch
     ([(3,)], [1], 0),  # scalar inputs only: one sample a batch
+    ([(5, 3), (2, 3)], [3, 3], 0),  # NonMaxSuppression's [selected, 3]: a count that varies, joined as before
 ])
 def test_the_sample_axis_is_the_first_unless_another_holds_the_batchs_samples(shapes, sizes, axis):
     assert sample_axis(shapes, sizes) == axis

@@ -23,12 +23,14 @@ from quantverdict.models.spec import Batch, sample_count
 def sample_axis(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int]) -> int:
     """The axis of an output that holds each batch's samples, from its shape in each batch (``shapes``) and the
     samples each batch holds (``sizes``): the first unless that one does not have them and another axis does in
-    every batch."""
+    every batch, the others alike in all (a count that varies by batch, as NonMaxSuppression's, is no sample axis)."""
     first = shapes[0]
     if not first or first[0] == sizes[0]:
         return 0
     for axis in range(1, len(first)):
-        if all(len(shape) == len(first) and shape[axis] == size for shape, size in zip(shapes, sizes)):
+        if all(len(shape) == len(first) and shape[axis] == size and all(
+                shape[other] == first[other] for other in range(len(first)) if other != axis)
+               for shape, size in zip(shapes, sizes)):
             return axis
     return 0
 
