@@ -717,3 +717,35 @@ def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(rep
                              capture_output=True, text=True, check=True).stdout.strip()
     assert threads["before"] is False and threads["inside"] and set(threads["inside"]) == {1}, threads
     assert threads["after"] == int(default), (threads, default)
+
+
+CONVS = textwrap.dedent("""\
+    import torch
+
+
+    def convs():  # convolutions only, none depthwise, a 1 × 1 convolution for its head: what a detector's trunk is
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                                   torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 5, 1),
+                                   torch.nn.Flatten()).eval()
+    """)
+
+
+def test_a_preparation_that_changes_nothing_in_the_graph_is_not_judged_again(repo, qv_pipeline):
+    """SmoothQuant on a graph without MatMul or Gemm, equalization without a depthwise convolution: each candidate
+    would be its base's graph, so none is calibrated or judged; it is recorded with the reason. Where equalization
+    has its pairs (a depthwise block), it is judged."""
+    (repo / "convnets.py").write_text(CONVS)
+    (repo / "convs.yaml").write_text(MANIFEST.replace("searchnets:dw", "convnets:convs").split("  - name: block")[0])
+    searched = Pipeline(qv_pipeline.cache.root, manifest=repo / "convs.yaml").recipes.search("dw", "int8")
+    assert searched is not None
+    unjudged = {json.dumps(c.settings.to_dict(), sort_keys=True): c for c in searched.candidates
+                if isinstance(c.settings.smoothquant, float) or c.settings.equalize is True}
+    assert len(unjudged) == 3, list(unjudged)
+    for candidate in unjudged.values():
+        reason = "SmoothQuant finds no MatMul" if isinstance(candidate.settings.smoothquant, float) else \
+            "equalization finds no convolution feeding a depthwise"
+        assert candidate.score_db is None and candidate.error.startswith(f"changes nothing in this graph: {reason}")
+    dw = Pipeline(qv_pipeline.cache.root, manifest=repo / "models.yaml").recipes.search("dw", "int8")
+    equalized = next(c for c in dw.candidates if c.settings.equalize is True)
+    assert equalized.error is None and equalized.score_db is not None

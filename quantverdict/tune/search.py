@@ -38,6 +38,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import onnx
 
 from quantverdict.errors import CalibrationError, HarnessError, ResourceError, UserCodeError
 from quantverdict.judge.by_kind import ByKind
@@ -47,6 +48,7 @@ from quantverdict.judge.output_kinds import measured_output
 from quantverdict.judge.sensitivity import weighted_layers
 from quantverdict.judge.workbench import Workbench
 from quantverdict.models.spec import sample_count
+from quantverdict.precision.applies import changes_nothing
 from quantverdict.precision.matrix_device import matrix_key
 from quantverdict.precision.qdq import QDQ
 from quantverdict.precision.riders import spent
@@ -181,8 +183,12 @@ class Trials:
         apply to this graph. With ``rival`` (a candidate and its samples' error energies), it stops after a fold where
         it is :func:`out_of_reach` (``candidate.folds``), where that rival met the case's bounds or the candidate can
         no longer meet them."""
-        samples, pooled, output = None, {}, self.output
-        settings = candidate.settings
+        samples, pooled, output, settings = None, {}, self.output, candidate.settings
+        unchanged = changes_nothing(settings, lambda: onnx.load(str(self.folds[0].fp32_onnx(self.model)),
+                                                                load_external_data=False))
+        if unchanged:  # the graph its base makes: not judged again
+            candidate.error = f"changes nothing in this graph: {unchanged}"
+            return candidate, None, pooled
         try:
             recipe = self.base.with_settings(settings)
             if recipe.fallback_pending:
