@@ -372,6 +372,25 @@ def test_a_declared_detector_head_is_judged_by_detections_in_a_run(tmp_path, mon
     assert "detection_f1" in {check["metric"] for check in int8.metrics["checks"]}, int8.message
 
 
+def test_compare_recipes_judges_a_detector_head_by_its_detections(tmp_path, monkeypatch, capsys):
+    """Each quantizer's graph judged as the case's verdict judges it: the head by its detections (F1, raw metrics on
+    the anchors FP32 keeps), in the table's "by kind" column and the JSON."""
+    import json
+
+    from quantverdict.run.cli import main
+
+    _fp32_and_int8(tmp_path, monkeypatch, DETECTOR, "headnet:Head", 32, "output0",
+                   "detections: {output0: {score: 0.5}}")
+    assert main(["compare-recipes", "headnet", "--manifest", str(tmp_path / "models.yaml"), "--cache-dir",
+                 str(tmp_path / "cache"), "--json", str(tmp_path / "compared.json")]) == 0
+    rows = {row["label"]: row for row in json.loads((tmp_path / "compared.json").read_text())["quantizers"]}
+    assert {"harness", "onnxruntime"} <= set(rows)
+    for row in rows.values():
+        assert 0 <= row["metrics"]["detection_f1"] <= 1 and row["metrics"]["samples"] == row["metrics"][
+            "detections_reference"]
+    assert "by kind" in capsys.readouterr().out
+
+
 def _ctc(samples: int, positions: int, symbols: int, seed: int) -> np.ndarray:
     """A recogniser's CTC output [samples, positions, symbols]: each position a confident symbol (0 is the blank),
     symbols held over runs of positions, as a line of text is read."""

@@ -5,6 +5,7 @@ import argparse
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 from quantverdict.cache import atomic_write_bytes
 from quantverdict.run.commands import common
@@ -45,16 +46,18 @@ def run(args: argparse.Namespace) -> int:
         settings = recipe_settings([f"{args.precision}:{a}" for a in assignments.split(",") if a])
         variants[label] = RecipeSettings.parse(settings.get(args.precision, {}), args.precision).over(own)
     results, differences = compare_quantizers(pipeline.store, args.model, args.precision, variants,
-                                              functools.partial(pipeline.recipes.with_fallback, args.model))
-    print(f"{'quantizer':<14} {'top1':>6} {'(all)':>6} {'cosine':>9} {'snr_db':>7} {'layers':>9} {'seconds':>8}  "
-          "settings   (top1: on the samples FP32 decides at its inputs' resolution, where declared)")
+                                              functools.partial(pipeline.recipes.with_fallback, args.model),
+                                              pipeline.tolerances)
+    print(f"{'quantizer':<14} {'top1':>6} {'(all)':>6} {'cosine':>9} {'snr_db':>7} {'by kind':>13} {'layers':>9} "
+          f"{'seconds':>8}  settings   (top1: on the samples FP32 decides at its inputs' resolution, where declared; "
+          "by kind: what the output decides, as the verdict judges it)")
     for r in results:
         if r.error:
             print(f"{r.label:<14} failed after {r.seconds:.1f} s: {r.error}  (settings {r.settings or '-'})")
             continue
         top1, every = r.metrics.get("top1_agreement"), r.metrics.get("top1_agreement_all")
         print(f"{r.label:<14} {common.fmt(top1, '.3f', 6)} {common.fmt(every, '.3f', 6)} {r.metrics['cosine']:>9.5f} "
-              f"{r.metrics['snr_db']:>7.2f} "
+              f"{r.metrics['snr_db']:>7.2f} {_by_kind(r.metrics):>13} "
               f"{r.coverage['quantized']:>4}/{r.coverage['layers']:<4} {r.seconds:>8.1f}  {r.settings or '-'}")
     print(f"\nlayers not every quantizer puts in {args.precision}: {len(differences)}")
     for layer, labels in differences.items():
@@ -67,3 +70,11 @@ def run(args: argparse.Namespace) -> int:
                                    for r in results]}
         atomic_write_bytes(args.json, json.dumps(document, indent=1, default=str).encode())
     return 0
+
+
+BY_KIND = {"detection_f1": "F1", "sequence_agreement": "text", "label_agreement": "labels", "region_iou": "region"}
+
+
+def _by_kind(metrics: dict[str, Any]) -> str:
+    """What the output decides, as its kind's verdict reads it (a detector's F1, a CTC output's texts read alike)."""
+    return next((f"{word} {metrics[name]:.3f}" for name, word in BY_KIND.items() if metrics.get(name) is not None), "-")
