@@ -9,7 +9,8 @@ batches, and an error was paired with the wrong sample's.
 The axis is read from each batch's shapes, so that every runtime's outputs are joined alike: the batch holds ``n``
 samples (:func:`~quantverdict.models.spec.sample_count`: its inputs' first axis); an output whose first axis has
 ``n`` entries, or none of whose axes does (a scalar, a sum over the batch), is joined on its first axis, as before;
-otherwise on its first axis with ``n`` entries, where every batch has ``n`` there.
+otherwise on its first axis with ``n`` entries in every batch, its other axes alike in all (a count that varies by
+batch, as NonMaxSuppression's, is no sample axis).
 """
 from __future__ import annotations
 
