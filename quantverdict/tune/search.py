@@ -38,7 +38,6 @@ import time
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx
 
 from quantverdict.errors import CalibrationError, HarnessError, ResourceError, UserCodeError
 from quantverdict.judge.by_kind import ByKind
@@ -184,8 +183,7 @@ class Trials:
         it is :func:`out_of_reach` (``candidate.folds``), where that rival met the case's bounds or the candidate can
         no longer meet them."""
         samples, pooled, output, settings = None, {}, self.output, candidate.settings
-        unchanged = changes_nothing(settings, lambda: onnx.load(str(self.folds[0].fp32_onnx(self.model)),
-                                                                load_external_data=False))
+        unchanged = changes_nothing(settings, self.folds[0].fp32_onnx(self.model))
         if unchanged:  # the graph its base makes: not judged again
             candidate.error = f"changes nothing in this graph: {unchanged}"
             return candidate, None, pooled
