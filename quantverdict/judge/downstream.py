@@ -23,9 +23,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+from quantverdict.backends.samples import joined
 from quantverdict.models.spec import Batch
 from quantverdict.precision.exposing import as_written_session, cut_to, with_outputs
-from quantverdict.backends.samples import joined
 
 Outputs = dict[str, np.ndarray]
 

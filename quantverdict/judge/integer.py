@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 from onnx.reference.op_run import OpRun
 
-from quantverdict.precision.coverage import INTEGER_LAYERS
 from quantverdict.backends.samples import joined
+from quantverdict.precision.coverage import INTEGER_LAYERS
 
 INTEGER_OPS = (*INTEGER_LAYERS, "DynamicQuantizeLinear")
 REFERENCE_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
