@@ -684,9 +684,10 @@ def test_a_search_runs_gptq_with_small_thread_pools_and_gives_them_back(repo, tm
 
 
 def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(repo, tmp_path):
-    """A model declared by its ONNX file: nothing loads torch before the search, whose GPTQ loads it inside the limits
-    it set (one thread here, where this machine has more: it shows), so torch's own are held there too, and after
-    the search its threads are torch's default. A process of its own: this one has torch loaded."""
+    """A model declared by its ONNX file: nothing loads torch before the search, which begins to load it in a thread
+    of its own as it starts (its GPTQ will ask for it) inside the limits it set (one thread here, where this machine
+    has more: it shows), so torch's own are held there too, and after the search its threads are torch's default. A
+    process of its own: this one has torch loaded."""
     import subprocess
     import sys
 
@@ -697,9 +698,11 @@ def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(rep
     script = textwrap.dedent(f"""\
         import json, sys
         from pathlib import Path
-        from quantverdict.precision import gptq, pools
+        from quantverdict.precision import first_pass, gptq, pools
         from quantverdict.run.pipeline import Pipeline
         pools.SEARCH_THREADS = 1
+        ahead, loading = [], first_pass.torch_ahead
+        first_pass.torch_ahead = lambda: ahead.append("torch" in sys.modules) or loading()
         seen, rounding = [], gptq.round_weights
         def watched(*args, **kwargs):
             seen.append(sys.modules["torch"].get_num_threads())
@@ -708,14 +711,16 @@ def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(rep
         before = "torch" in sys.modules
         Pipeline(Path({str(tmp_path / "cache")!r}), manifest=Path({str(tmp_path / "onnx.yaml")!r})).recipes.search(
             "dw", "int8")
-        print(json.dumps({{"before": before, "inside": seen, "after": sys.modules["torch"].get_num_threads()}}))
+        print(json.dumps({{"before": before, "ahead": ahead, "inside": seen,
+                          "after": sys.modules["torch"].get_num_threads()}}))
         """)
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert found.returncode == 0, found.stderr[-2000:]
     threads = json.loads(found.stdout.splitlines()[-1])
     default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    assert threads["before"] is False and threads["inside"] and set(threads["inside"]) == {1}, threads
+    assert threads["before"] is False and threads["ahead"] == [False], threads  # the search's thread imported it
+    assert threads["inside"] and set(threads["inside"]) == {1}, threads
     assert threads["after"] == int(default), (threads, default)
 
 

@@ -17,6 +17,7 @@ from quantverdict.precision.calibrate import ChannelAmax
 from quantverdict.precision.equalize import equalized_activations
 from quantverdict.precision.gptq import roundable
 from quantverdict.precision.hessian import MEASURED_BYTES, MomentSums
+from quantverdict.precision.pools import torch_ahead
 from quantverdict.precision.riders import Plan, Rider
 from quantverdict.precision.settings import RecipeSettings
 from quantverdict.precision.smoothquant import smoothable
@@ -25,11 +26,14 @@ from quantverdict.precision.smoothquant import smoothable
 def planned(settings: Iterable[RecipeSettings]) -> Plan:
     """The riders of the first calibration pass of each graph (a search calibrates one unprepared graph) for what
     the candidates ``settings`` ask of it: SmoothQuant's, equalization's and GPTQ's statistics where one of them uses
-    the technique (GPTQ's where every set's H fits :data:`~quantverdict.precision.hessian.MEASURED_BYTES`)."""
+    the technique (GPTQ's where every set's H fits :data:`~quantverdict.precision.hessian.MEASURED_BYTES`). Where one
+    rounds with GPTQ, torch (which H and the rounding use) begins to load beside the search from here on."""
     wanted = list(settings)
     smoothing = any(each.smoothquant is not None for each in wanted)
     equalizing = any(each.equalize for each in wanted)
     rounding = any(each.gptq for each in wanted)
+    if rounding:
+        torch_ahead()
     ridden: set[str] = set()
 
     def plan(model_bytes: bytes, sets: int) -> list[Rider]:
