@@ -126,10 +126,12 @@ def test_a_graph_rewritten_at_its_last_layer_measures_only_the_tensors_it_change
     assert asked == [tensors, ["y"]] and shared == alone
 
 
-def test_gptq_rounds_a_searchs_other_sets_in_the_pass_that_rounds_the_first_as_each_alone(monkeypatch):
+@pytest.mark.parametrize("first", ["whole", "fold"])
+def test_gptq_rounds_a_searchs_other_sets_in_the_pass_that_rounds_the_first_as_each_alone(monkeypatch, first):
     """Within a search, GPTQ asked to round an unprepared graph for one set rounds the same layers for the search's
     other sets too, their H kept by the first pass, in the same pass over the columns: asked afterwards, those round
-    nothing, and every set's weights are the bytes that rounding it alone writes."""
+    nothing, and every set's weights are the bytes that rounding it alone writes. Asked of a fold first (a candidate's
+    first fold), the whole set is not among them: it is rounded in its own turn (only a chosen recipe is made of it)."""
     from quantverdict.precision import gptq
     from quantverdict.precision.grids import INT8
     from quantverdict.precision.qdq import QDQ
@@ -151,9 +153,12 @@ def test_gptq_rounds_a_searchs_other_sets_in_the_pass_that_rounds_the_first_as_e
     fresh_tables()
     calls, rounding = [], gptq.rounded_columns
     monkeypatch.setattr(gptq, "rounded_columns", lambda *args: calls.append(len(args[0])) or rounding(*args))
+    order = list(range(len(sets))) if first == "whole" else [*range(1, len(sets)), 0]
     with planned(sets):
-        together = [rounded(found) for found in sets]
-    assert calls == [len(sets), len(sets)]  # the first set's two layers (two shapes), each with every set's
+        together = [rounded(sets[index]) for index in order]
+    together = [together[order.index(index)] for index in range(len(sets))]
+    # the first set's two layers (two shapes), each with every set's (but the whole, asked of a fold; then it alone)
+    assert calls == ([len(sets)] * 2 if first == "whole" else [len(sets) - 1] * 2 + [1] * 2), calls
     for mine, theirs in zip(together, alone):
         assert mine.keys() == theirs.keys() and all(np.array_equal(mine[name], theirs[name]) for name in mine)
     assert any(not np.array_equal(alone[0][name], alone[1][name]) for name in alone[0])  # the sets' H differ

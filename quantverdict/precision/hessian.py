@@ -20,7 +20,7 @@ import onnx
 from quantverdict.capabilities import physical_memory
 from quantverdict.hashing import content_hash
 from quantverdict.models.spec import Batch
-from quantverdict.precision.batch_sets import batches_hash, siblings, union
+from quantverdict.precision.batch_sets import batch_keys, batches_hash, siblings, union
 from quantverdict.precision.calibrate import tensor_values
 from quantverdict.precision.graph import ints_attribute
 from quantverdict.precision.kept_bytes import KeptBytes
@@ -118,11 +118,12 @@ def _kept_beside(graph: str, asked: Sequence[LayerInputs],
                  batches: Sequence[Batch]) -> list[tuple[str, list[Moments]]]:
     """For each other set of a search that holds ``batches`` (:func:`~quantverdict.precision.batch_sets.siblings`)
     whose H of every layer ``asked`` is kept for the graph ``graph`` (its content hash; a search's first pass measures
-    every set's): the content hash of that pair and the H. Nothing is measured."""
-    found = []
+    every set's): the content hash of that pair and the H. Nothing is measured. Not a set holding all of ``batches``
+    (the whole, asked of a fold): only a chosen recipe is made of it (its rounding, a fifth of a candidate's, waits)."""
+    found, mine = [], set(batch_keys(batches))
     for others in siblings(batches, graph, shared=True)[1:]:
         key = _pair_key(graph, others)
-        kept = _MEASURED.get(key)
+        kept = None if mine <= set(batch_keys(others)) else _MEASURED.get(key)
         if kept is not None and all(inputs.key in kept for inputs in asked):
             found.append((key, [kept[inputs.key] for inputs in asked]))
     return found
