@@ -5,6 +5,7 @@ Ctrl-C gives 130 and one line. Only the standard library is imported before the 
 in place, so a Ctrl-C at any moment ends the same way."""
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import warnings
@@ -27,12 +28,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def script() -> NoReturn:
     """The process's entry: a Ctrl-C ends it the same way from its start until the command returns; after that the
     command's output and exit code are whole, and the interpreter's teardown (torch's takes a second) ignores it, where
-    Python would die of the signal or print a traceback."""
+    Python would die of the signal or print a traceback. What the command made is left to the operating system, not
+    to the teardown's garbage collection (``gc.freeze``: 0.8 s of a 17 s ``lock --check``, deallocating)."""
     for signum in STOPPING:  # Ctrl-C, and CI's ``timeout`` (SIGTERM to the process alone)
         signal.signal(signum, on_sigint)
     warnings.formatwarning = one_line
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()
     sys.exit(code)
 
 
