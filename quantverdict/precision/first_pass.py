@@ -26,14 +26,13 @@ from quantverdict.precision.smoothquant import smoothable
 def planned(settings: Iterable[RecipeSettings]) -> Plan:
     """The riders of the first calibration pass of each graph (a search calibrates one unprepared graph) for what
     the candidates ``settings`` ask of it: SmoothQuant's, equalization's and GPTQ's statistics where one of them uses
-    the technique (GPTQ's where every set's H fits :data:`~quantverdict.precision.hessian.MEASURED_BYTES`). Where one
-    rounds with GPTQ, torch (which H and the rounding use) begins to load beside the search from here on."""
+    the technique (GPTQ's where every set's H fits :data:`~quantverdict.precision.hessian.MEASURED_BYTES`: torch, which
+    H and the rounding use, then begins to load beside the pass; not before a pass runs, as a check that finds every
+    candidate's judgement cached needs no torch)."""
     wanted = list(settings)
     smoothing = any(each.smoothquant is not None for each in wanted)
     equalizing = any(each.equalize for each in wanted)
     rounding = any(each.gptq for each in wanted)
-    if rounding:
-        torch_ahead()
     ridden: set[str] = set()
 
     def plan(model_bytes: bytes, sets: int) -> list[Rider]:
@@ -51,6 +50,7 @@ def planned(settings: Iterable[RecipeSettings]) -> Plan:
             found.append(ChannelAmax(model_bytes, balanced, 1, sets))
         layers = list({layer.key: layer for layer in roundable(model)}.values()) if rounding else []  # shared H once
         if layers and sets * sum(layer.hessian_bytes for layer in layers) <= MEASURED_BYTES:
+            torch_ahead()
             found.append(MomentSums(model_bytes, layers, sets))
         return found
 
