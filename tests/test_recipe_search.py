@@ -683,18 +683,48 @@ def test_a_search_runs_gptq_with_small_thread_pools_and_gives_them_back(repo, tm
     assert {pool: after[pool] for pool in before} == before and torch.get_num_threads() == torch_before
 
 
+def _declared_by_its_onnx_file(repo: Path, tmp_path: Path) -> None:
+    """``onnx.yaml`` in ``tmp_path``: the repository's ``dw`` declared by its exported ONNX file (``dw.onnx``), so that
+    nothing but a search's GPTQ loads torch."""
+    exported = Pipeline(tmp_path / "export", manifest=repo / "models.yaml").store.fp32_onnx("dw")
+    (tmp_path / "dw.onnx").write_bytes(exported.read_bytes())
+    (tmp_path / "onnx.yaml").write_text(MANIFEST.split("  - name: block")[0].replace(
+        "build: searchnets:dw", "onnx: dw.onnx").replace("        build_files: []\n", ""))
+
+
+def test_a_nightly_check_that_finds_every_judgement_cached_loads_no_torch(repo, tmp_path):
+    """With nothing changed since the lock, the check reads every judgement from the cache: torch, which only GPTQ's
+    H and rounding use, is not loaded (1.7 s and 440 MB of a 2.3 s check), where the lock's own search loaded it. Each
+    command in a process of its own, as a nightly runs them."""
+    import subprocess
+    import sys
+
+    _declared_by_its_onnx_file(repo, tmp_path)
+    watched = ("import atexit, runpy, sys\n"
+               "atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules))\n"
+               "sys.argv = ['quantverdict', *sys.argv[1:]]\n"
+               "runpy.run_module('quantverdict', run_name='__main__')\n")
+
+    def lock(*extra: str) -> str:
+        done = subprocess.run([sys.executable, "-c", watched, "lock", "--manifest", "onnx.yaml", "--models", "dw",
+                               "--precisions", "int8", "--cache-dir", "cache", *extra], cwd=tmp_path,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.splitlines()[-1]
+
+    assert lock() == "torch loaded: True"  # its search's GPTQ candidates
+    assert lock("--check") == "torch loaded: False"
+
+
 def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(repo, tmp_path):
     """A model declared by its ONNX file: nothing loads torch before the search, which begins to load it in a thread
-    of its own as it starts (its GPTQ will ask for it) inside the limits it set (one thread here, where this machine
+    of its own as its first calibration pass starts (its GPTQ will ask for it) inside the limits it set (one thread here, where this machine
     has more: it shows), so torch's own are held there too, and after the search its threads are torch's default. A
     process of its own: this one has torch loaded."""
     import subprocess
     import sys
 
-    exported = Pipeline(tmp_path / "export", manifest=repo / "models.yaml").store.fp32_onnx("dw")
-    (tmp_path / "dw.onnx").write_bytes(exported.read_bytes())
-    (tmp_path / "onnx.yaml").write_text(MANIFEST.split("  - name: block")[0].replace(
-        "build: searchnets:dw", "onnx: dw.onnx").replace("        build_files: []\n", ""))
+    _declared_by_its_onnx_file(repo, tmp_path)
     script = textwrap.dedent(f"""\
         import json, sys
         from pathlib import Path
