@@ -694,8 +694,9 @@ def _declared_by_its_onnx_file(repo: Path, tmp_path: Path) -> None:
 
 def test_a_nightly_check_that_finds_every_judgement_cached_loads_no_torch(repo, tmp_path):
     """With nothing changed since the lock, the check reads every judgement from the cache: torch, which only GPTQ's
-    H and rounding use, is not loaded (1.7 s and 440 MB of a 2.3 s check), where the lock's own search loaded it. Each
-    command in a process of its own, as a nightly runs them."""
+    H and rounding use, is not loaded (0.6 s and 440 MB of a 2.3 s check), where the lock's own search loaded it; a
+    search's plan of its first pass loads it (in a thread) only as a pass that measures H starts. Each command in a
+    process of its own, as a nightly runs them."""
     import subprocess
     import sys
 
@@ -714,6 +715,23 @@ def test_a_nightly_check_that_finds_every_judgement_cached_loads_no_torch(repo, 
 
     assert lock() == "torch loaded: True"  # its search's GPTQ candidates
     assert lock("--check") == "torch loaded: False"
+    # where the check's candidates round with GPTQ, torch begins to load as a pass that measures H starts, not before
+    planned = ("import json, sys, threading\n"
+               "from pathlib import Path\n"
+               "from quantverdict.precision import first_pass\n"
+               "from quantverdict.precision.settings import RecipeSettings\n"
+               "def loading():\n"
+               "    return [t for t in threading.enumerate() if t.name == 'quantverdict-torch-import']\n"
+               "plan = first_pass.planned([RecipeSettings(), RecipeSettings(gptq=True)])\n"
+               "before = bool(loading()) or 'torch' in sys.modules\n"
+               "riders = plan(Path('dw.onnx').read_bytes(), 5)\n"
+               "started = loading()\n"
+               "[thread.join() for thread in started]\n"
+               "print(json.dumps([before, len(started), 'torch' in sys.modules, [type(r).__name__ for r in riders]]))\n")
+    done = subprocess.run([sys.executable, "-c", planned], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, started, loaded, riders = json.loads(done.stdout.splitlines()[-1])
+    assert (before, started, loaded) == (False, 1, True) and "MomentSums" in riders, (before, started, loaded, riders)
 
 
 def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(repo, tmp_path):
