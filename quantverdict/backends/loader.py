@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from quantverdict.backends.base import Artifacts, Backend, infer_all
+from quantverdict.backends.samples import CODE as JOINING
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities
 from quantverdict.hashing import source_fingerprint
@@ -33,7 +34,7 @@ class RuntimeOutputs:
             return self._run()
         describe = {"model": self.artifacts.spec.name, "backend": self.backend.name,
                     "precision": self.artifacts.recipe.name}
-        layout = source_fingerprint("quantverdict.backends.samples")  # how batches' outputs are joined
+        layout = source_fingerprint(JOINING)  # how batches' outputs are joined
         return self.cache.arrays("outputs", [parts, self.batches_key(), layout], self._run, describe)
 
     def _run(self) -> tuple[dict[str, np.ndarray], str]:

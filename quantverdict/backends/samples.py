@@ -20,6 +20,8 @@ import numpy as np
 
 from quantverdict.models.spec import Batch, sample_count
 
+CODE = __name__  # the join's source, fingerprinted by every cache of joined outputs (judge's code does not hold it)
+
 
 def sample_axis(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int]) -> int:
     """The axis of an output that holds each batch's samples, from its shape in each batch (``shapes``) and the

@@ -20,6 +20,7 @@ import onnx
 
 from quantverdict.backends import infer_all
 from quantverdict.backends.onnxrt import OnnxRuntimeRunner
+from quantverdict.backends.samples import CODE as JOINING
 from quantverdict.cache import Cache
 from quantverdict.hashing import file_sha256
 from quantverdict.judge.integer import evaluate_exact, has_integer_ops, reference_evaluable
@@ -29,7 +30,7 @@ AS_WRITTEN = "onnxruntime CPU, graph optimisations off (Q/DQ as written)"
 EXACT = "ONNX reference evaluator, integer operators in exact integer arithmetic"
 KERNELS = ("onnxruntime CPU's integer kernels, graph optimisations off: contrib-domain operators ONNX does not define; "
            "their results depend on the CPU's instruction set")
-CODE = ("quantverdict.judge.semantics", "quantverdict.judge.integer", "quantverdict.backends.samples")
+CODE = ("quantverdict.judge.semantics", "quantverdict.judge.integer", JOINING)
 
 
 def evaluator(model: onnx.ModelProto) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 
 from quantverdict.backends import Artifacts, Backend, infer_all
 from quantverdict.backends.loader import RuntimeOutputs
+from quantverdict.backends.samples import CODE as JOINING
 from quantverdict.cache import Cache
 from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
@@ -31,9 +32,8 @@ from quantverdict.judge.output_kinds import output_kinds
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
 from quantverdict.judge.semantics import unkept_semantics
 from quantverdict.judge.tolerances import ToleranceTable
-from quantverdict.models import ModelSpec
 from quantverdict.models.data import BatchSource, Data, OwnData, batches_key, build_module
-from quantverdict.models.spec import Batch
+from quantverdict.models.spec import Batch, ModelSpec
 from quantverdict.precision import Recipe, get_recipe
 from quantverdict.precision.describe import describe_quantization
 from quantverdict.precision.coverage import planned_coverage, recipe_coverage
@@ -177,7 +177,7 @@ class ArtifactStore:
             if parts is None:
                 return find()[0]["undecided"]
             key = [parts, self.data_key(model, "evaluation"), [(item.name, item.resolution) for item in spec.inputs],
-                   source_fingerprint("quantverdict.judge.decided", "quantverdict.backends.samples")]
+                   source_fingerprint("quantverdict.judge.decided", JOINING)]
             return self.cache.arrays("undecided", key, find, {"model": model})[0]["undecided"]
 
         return self._undecided.get(model, make)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from quantverdict import freed_memory
+from quantverdict.backends.samples import CODE as JOINING
 from quantverdict.errors import CalibrationError
 from quantverdict.judge.by_kind import ByKind
 from quantverdict.models.spec import Batch, ModelSpec, sample_count
@@ -95,8 +96,7 @@ def search_recipe(store: TuningBench, model: str, precision: str, auto: AutoSett
     tolerance = store.tolerances.resolve(model, precision, spec.tolerances, spec.task)
     parts = [store.fp32_sha256(model), precision, asdict(auto), tolerance.to_dict(),
              store.data_key(model, "calibration"), store.variant(), incumbent and incumbent.key(), matrix_key(),
-             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune",
-                                        "quantverdict.backends.samples")]
+             *store.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.precision", "quantverdict.tune", JOINING)]
 
     def searched() -> dict[str, Any]:
         whole = {model: store.calibration_batches(model)}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Protocol
 
+from quantverdict.backends.samples import CODE as JOINING
 from quantverdict.capabilities import Capabilities, package_version
 from quantverdict.errors import HarnessError
 from quantverdict.hashing import file_sha256, source_fingerprint
@@ -263,8 +264,7 @@ class Resolver:
 
         def choose() -> dict[str, str]:
             parts = [bench.fp32_sha256(model), recipe.params(), bench.data_key(model, "calibration"),
-                     *bench.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.tune.fallback",
-                                                 "quantverdict.backends.samples"),
+                     *bench.onnxruntime_cpu_parts("quantverdict.judge", "quantverdict.tune.fallback", JOINING),
                      source_fingerprint("quantverdict.precision"), bench.variant()]
             return bench.cache.json("fallback", parts, lambda: choose_fallback(bench, model, recipe),
                                     {"model": model, "precision": recipe.name})
