@@ -1,6 +1,7 @@
 """Verdicts by what an output means: no accuracy where the task is not a classification, scalar inputs declared as
 0-d tensors."""
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -296,6 +297,39 @@ def test_a_detector_head_is_judged_by_its_detections_not_by_anchors_any_threshol
     assert judged.passed, judged.explain()
     assert metrics["detection_f1"] == 1.0 and metrics["detections_identical"] == 1.0
     assert metrics["detections_reference"] == 32 and metrics["samples"] == 32 and metrics["matched_iou"] > 0.95
+
+
+def test_a_search_scores_a_detector_head_on_the_anchors_the_verdict_reads():
+    """A recipe search's score of a detector head (its held-out samples' error energies, pooled) is the verdict's
+    ``snr_db`` of that head, taken on the anchors FP32 keeps: box sizes moved on anchors no threshold keeps move
+    neither, where the whole head's SNR falls by tens of dB and would rank the two candidates the other way round."""
+    from quantverdict.judge.by_kind import ByKind
+    from quantverdict.models.spec import DetectionFormat, InputSpec, ModelSpec
+    from quantverdict.tune.rules import pooled_snr_db, sample_noise
+
+    reference = _head(8, 400, 6, 0)
+    discarded = reference[:, 4:].max(axis=1) < 0.25
+    kept_moved = reference + np.random.default_rng(1).normal(0, 2.0, reference.shape).astype(np.float32) * ~discarded[
+        :, None, :]  # every attribute of the kept anchors, by two pixels (and their scores by 2)
+    background_moved = reference.copy()
+    background_moved[:, 2:4] += 200.0 * discarded[:, None, :]
+    background_moved[:, :4] += np.random.default_rng(2).normal(0, 0.5, reference[:, :4].shape).astype(np.float32)
+    tolerance = _int8_detection_tolerance()
+    spec = ModelSpec("detector", [InputSpec("image", (8, 3, 64, 64))], ["output0"], onnx_path=Path("detector.onnx"),
+                     detections={"output0": DetectionFormat()})
+    judging = ByKind(spec, {"output0": "detections"}, tolerance, {"output0": tolerance})
+    scored = judging.scored("output0", reference)
+
+    def score(candidate: np.ndarray, view=scored) -> float:
+        return pooled_snr_db(view(reference), sample_noise(view(reference), view(candidate)))
+
+    for candidate in (kept_moved, background_moved):
+        verdict = judging.compare({"output0": reference}, {"output0": candidate}).metrics["output0"]["snr_db"]
+        assert score(candidate) == pytest.approx(verdict, abs=1e-6)
+    assert score(background_moved) > score(kept_moved)  # as the verdict ranks them
+    whole = lambda values: values  # noqa: E731 — the whole head, as searches scored it
+    assert score(background_moved, whole) < score(kept_moved, whole) - 10
+    assert scored(reference[:3]).shape == (3, *scored(reference).shape[1:])  # a search's first folds' samples
 
 
 def test_a_moved_box_and_a_lost_detection_lower_the_images_f1():

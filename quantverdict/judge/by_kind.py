@@ -4,11 +4,12 @@ raw head and a verdict that judged its detections could disagree)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from quantverdict.judge.compare import Comparison, compare
+from quantverdict.judge.detections import kept_anchors, on_kept
 from quantverdict.judge.map_decisions import DEFAULT_THRESHOLD
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 from quantverdict.models.spec import ModelSpec
@@ -42,3 +43,15 @@ class ByKind:
                        {name: spec.thresholds.get(name, DEFAULT_THRESHOLD) for name, kind in kinds.items()
                         if kind == "probabilities"}, spec.detections, spec.sequences,
                        frozenset(name for name, kind in kinds.items() if kind == "labels"))
+
+    def scored(self, name: str, reference: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """What a recipe search scores of output ``name``, given FP32's ``reference`` on its held-out samples: a
+        detector head as the verdict's raw metrics read it, the anchors FP32 keeps (their ``snr_db`` is then the
+        verdict's; the whole head counted box offsets of background anchors no threshold keeps, and on YOLOX's preferred
+        a recipe whose detections were the worse), any other output as it is. The view of a candidate's first samples
+        (or of the reference) is ``scored(name, reference)(values)``."""
+        layout = self.spec.detections.get(name)
+        if layout is None:
+            return lambda values: values
+        kept = kept_anchors(reference, layout)
+        return lambda values: on_kept(values, kept, layout)

@@ -12,6 +12,7 @@ is not FP32's decision: missing it, or adding it, is no error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -75,6 +76,22 @@ def decode(head: np.ndarray, layout: DetectionFormat, threshold: float) -> Detec
         boxes = np.concatenate([boxes[:, :2] - boxes[:, 2:] / 2, boxes[:, :2] + boxes[:, 2:] / 2], axis=1)
     keep = _nms(boxes, best[anchors], classes[anchors], layout.nms_iou)
     return Detections(anchors[keep], boxes[keep], best[anchors][keep], classes[anchors][keep])
+
+
+def kept_anchors(reference: np.ndarray, layout: DetectionFormat) -> list[np.ndarray]:
+    """Each image's anchors that FP32's detections come from (``reference``: FP32's heads, images first)."""
+    return [decode(head, layout, layout.score).anchors for head in reference]
+
+
+def on_kept(heads: np.ndarray, kept: Sequence[np.ndarray], layout: DetectionFormat) -> np.ndarray:
+    """Each image's head as the verdict's raw metrics read it (:func:`detection_metrics`): the attributes of the
+    anchors ``kept`` (:func:`kept_anchors`; boxes in pixels on a grid head), ``[images, most kept, attributes]``, zero
+    past an image's own; ``heads`` may be the first images of ``kept``'s, and are then as wide as all would be."""
+    rows = [_attributes(head, layout)[anchors] for head, anchors in zip(heads, kept)]
+    out = np.zeros((len(rows), max((len(anchors) for anchors in kept), default=0), rows[0].shape[1] if rows else 0))
+    for image, row in enumerate(rows):
+        out[image, :len(row)] = row
+    return out
 
 
 def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:

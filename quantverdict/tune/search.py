@@ -81,6 +81,8 @@ class Trials:
         self.spec, self.output = folds[0].spec(model), measured_output(folds[0], model)  # the output it scores
         self.references = {name: np.concatenate([fold.fp32_outputs(model, "evaluation")[name] for fold in folds])
                            for name in self.spec.outputs}
+        self.scored = judging.scored(self.output, self.references[self.output])  # what a score reads of the output
+        self.scored_reference = self.scored(self.references[self.output])
         self.evaluation = sum(sample_count(batch) for batch in whole.batches(model, "evaluation"))
         self.done, self.planned = 0, 0  # candidates judged, and the most the search may judge: for progress lines
         self.layers = len(weighted_layers(folds[0], model, base))  # those a fallback share is counted of
@@ -200,7 +202,7 @@ class Trials:
             for fold, fold_recipe in zip(self.folds, recipes):
                 outputs.append(fold.recipe_semantics(self.model, fold_recipe, "evaluation"))
                 pooled = {name: np.concatenate([out[name] for out in outputs]) for name in self.spec.outputs}
-                samples = sample_noise(self.references[output][:len(pooled[output])], pooled[output])
+                samples = sample_noise(self.scored_reference[:len(pooled[output])], self.scored(pooled[output]))
                 if rival is not None and len(outputs) < len(self.folds) and out_of_reach(samples, rival[1]) and (
                         rival[0].passed or self.cannot_meet_bounds(pooled)):
                     candidate.folds = len(outputs)
@@ -208,7 +210,7 @@ class Trials:
                                      f"paired gain over the best before it plus {REACH_SE:g} standard errors short of "
                                      f"{MIN_GAIN_DB:g} dB")
                     break
-            candidate.score_db = round(pooled_snr_db(self.references[output], samples), 4)
+            candidate.score_db = round(pooled_snr_db(self.scored_reference, samples), 4)
         except (ResourceError, UserCodeError):  # the machine's or the user's metric's, not the technique's: no runner
             raise  # chooses among fewer candidates
         except HarnessError as exc:  # a technique that does not apply to this graph
