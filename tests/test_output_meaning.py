@@ -332,6 +332,29 @@ def test_a_search_scores_a_detector_head_on_the_anchors_the_verdict_reads():
     assert scored(reference[:3]).shape == (3, *scored(reference).shape[1:])  # a search's first folds' samples
 
 
+def test_a_layer_alone_costs_a_detector_head_what_it_costs_the_anchors_fp32_keeps():
+    """The errors a fallback ranking reads of each layer quantized alone (a few sums per sample, made in its
+    workers) are taken on the anchors FP32 keeps where the head is declared: box sizes moved on anchors no threshold
+    keeps cost nothing, as they cost the verdict nothing; the view travels to the workers pickled."""
+    import pickle
+
+    from quantverdict.judge.layer_errors import Errors, views_of
+    from quantverdict.models.spec import DetectionFormat
+    from quantverdict.tune.rules import sample_noise
+
+    reference = _head(8, 400, 6, 0)
+    discarded = reference[:, 4:].max(axis=1) < 0.25
+    background_moved = reference.copy()
+    background_moved[:, 2:4] += 200.0 * discarded[:, None, :]
+    kept_moved = reference + 2.0 * ~discarded[:, None, :]
+    views = pickle.loads(pickle.dumps(views_of({"output0": DetectionFormat()}, {"output0": reference})))
+    assert not Errors.of({"output0": reference}, {"output0": background_moved}, views).noise("output0").any()
+    assert Errors.of({"output0": reference}, {"output0": background_moved}).noise("output0").all()  # the whole head
+    noise = Errors.of({"output0": reference}, {"output0": kept_moved}, views).noise("output0")
+    view = views["output0"]
+    assert noise.all() and np.allclose(noise, sample_noise(view(reference), view(kept_moved)))
+
+
 def test_a_moved_box_and_a_lost_detection_lower_the_images_f1():
     from quantverdict.judge.compare import compare
     from quantverdict.judge.detections import decode

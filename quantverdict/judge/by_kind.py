@@ -9,7 +9,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from quantverdict.judge.compare import Comparison, compare
-from quantverdict.judge.detections import kept_anchors, on_kept
+from quantverdict.judge.detections import OnKept
 from quantverdict.judge.map_decisions import DEFAULT_THRESHOLD
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 from quantverdict.models.spec import ModelSpec
@@ -51,7 +51,4 @@ class ByKind:
         a recipe whose detections were the worse), any other output as it is. The view of a candidate's first samples
         (or of the reference) is ``scored(name, reference)(values)``."""
         layout = self.spec.detections.get(name)
-        if layout is None:
-            return lambda values: values
-        kept = kept_anchors(reference, layout)
-        return lambda values: on_kept(values, kept, layout)
+        return (lambda values: values) if layout is None else OnKept.of(reference, layout)

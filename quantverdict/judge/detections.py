@@ -12,7 +12,6 @@ is not FP32's decision: missing it, or adding it, is no error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -78,20 +77,28 @@ def decode(head: np.ndarray, layout: DetectionFormat, threshold: float) -> Detec
     return Detections(anchors[keep], boxes[keep], best[anchors][keep], classes[anchors][keep])
 
 
-def kept_anchors(reference: np.ndarray, layout: DetectionFormat) -> list[np.ndarray]:
-    """Each image's anchors that FP32's detections come from (``reference``: FP32's heads, images first)."""
-    return [decode(head, layout, layout.score).anchors for head in reference]
+@dataclass(frozen=True, eq=False)
+class OnKept:
+    """A detector head as the verdict's raw metrics read it (:func:`detection_metrics`): each image's attributes of
+    the anchors FP32's detections come from (boxes in pixels on a grid head), ``[images, most kept, attributes]``, zero
+    past an image's own. A search's scores and its ranking of layers read a head so; picklable, for its workers."""
 
+    layout: DetectionFormat
+    kept: tuple[np.ndarray, ...]  # each image's anchors, of FP32's heads
 
-def on_kept(heads: np.ndarray, kept: Sequence[np.ndarray], layout: DetectionFormat) -> np.ndarray:
-    """Each image's head as the verdict's raw metrics read it (:func:`detection_metrics`): the attributes of the
-    anchors ``kept`` (:func:`kept_anchors`; boxes in pixels on a grid head), ``[images, most kept, attributes]``, zero
-    past an image's own; ``heads`` may be the first images of ``kept``'s, and are then as wide as all would be."""
-    rows = [_attributes(head, layout)[anchors] for head, anchors in zip(heads, kept)]
-    out = np.zeros((len(rows), max((len(anchors) for anchors in kept), default=0), rows[0].shape[1] if rows else 0))
-    for image, row in enumerate(rows):
-        out[image, :len(row)] = row
-    return out
+    @classmethod
+    def of(cls, reference: np.ndarray, layout: DetectionFormat) -> "OnKept":
+        """The view that FP32's heads ``reference`` (images first) define."""
+        return cls(layout, tuple(decode(head, layout, layout.score).anchors for head in reference))
+
+    def __call__(self, heads: np.ndarray) -> np.ndarray:
+        """``heads`` (the first images of the reference's, or all) as wide as all the reference's would be."""
+        rows = [_attributes(head, self.layout)[anchors] for head, anchors in zip(heads, self.kept)]
+        width = max((len(anchors) for anchors in self.kept), default=0)
+        out = np.zeros((len(rows), width, rows[0].shape[1] if rows else 0))
+        for image, row in enumerate(rows):
+            out[image, :len(row)] = row
+        return out
 
 
 def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
+from quantverdict.judge.detections import OnKept
+from quantverdict.models.spec import DetectionFormat
+
+View = Callable[[np.ndarray], np.ndarray]  # what of an output its errors are taken on (samples first, kept first)
 SUMS = ("noise", "dot", "energy")  # each sample's: error energy, dot product with FP32's output, the graph's energy
 
 
@@ -24,12 +28,15 @@ class Errors:
     sums: Mapping[str, Mapping[str, np.ndarray]]
 
     @classmethod
-    def of(cls, reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> "Errors":
-        """The sums of ``outputs`` against ``reference`` (FP32's, on the same samples), for every output of both."""
-        sums = {}
+    def of(cls, reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+           views: Mapping[str, View] | None = None) -> "Errors":
+        """The sums of ``outputs`` against ``reference`` (FP32's, on the same samples), for every output of both, each
+        as its view reads it where ``views`` has one (a detector head's anchors FP32 keeps: what the verdict reads)."""
+        sums, views = {}, views or {}
         for name in reference:
-            r = per_sample(reference[name])
-            c = per_sample(outputs[name]).reshape(r.shape)
+            view = views.get(name, _whole)
+            r = per_sample(view(reference[name]))
+            c = per_sample(view(outputs[name])).reshape(r.shape)
             sums[name] = {"noise": error_energy(r, c), "dot": np.sum(r * c, 1), "energy": np.sum(c * c, 1)}
         return cls(sums)
 
@@ -60,6 +67,16 @@ class Errors:
     def snr_db(self, name: str, signal: float) -> float:
         """The SNR of output ``name`` over every sample, against FP32's of energy ``signal`` (:func:`snr_of`)."""
         return snr_of(signal, self.noise(name))
+
+
+def views_of(detections: Mapping[str, DetectionFormat], reference: Mapping[str, np.ndarray]) -> dict[str, View]:
+    """What each of FP32's outputs ``reference`` has its errors taken on, where not the whole of it: a declared
+    detector head's anchors FP32 keeps (:class:`~quantverdict.judge.detections.OnKept`, as the verdict reads it)."""
+    return {name: OnKept.of(reference[name], layout) for name, layout in detections.items() if name in reference}
+
+
+def _whole(values: np.ndarray) -> np.ndarray:
+    return values
 
 
 def signal_energy(reference: np.ndarray) -> float:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,12 +32,14 @@ from quantverdict.resources import available_memory, peak_memory_mb, worker_peak
 from quantverdict.scratch import work_folder
 from quantverdict.export.compat import serialized
 from quantverdict.judge.downstream import Group, Reference
-from quantverdict.judge.layer_errors import Errors
+from quantverdict.judge.layer_errors import Errors, View
 from quantverdict.judge.semantics import AS_WRITTEN, evaluator, unkept_semantics
 from quantverdict.models.spec import Batch
 from quantverdict.precision.single_layer import LayerGraphs
 
-CODE = ("quantverdict.judge.layers_alone", "quantverdict.judge.downstream")  # what moves their errors' last bits
+# what moves their errors' last bits, and what of the outputs they are taken on
+CODE = ("quantverdict.judge.layers_alone", "quantverdict.judge.downstream", "quantverdict.judge.layer_errors",
+        "quantverdict.judge.detections")
 LAYERS_PER_WORKER = 2  # a worker started beside this process (an interpreter, the graphs read) pays off over this many
 GROUP_BYTES = 1 << 30  # the downstream graphs a worker holds sessions of at once, sharing one prepared graph's pass
 Outputs = dict[str, np.ndarray]
@@ -60,19 +62,20 @@ def group_bytes(workers: int, graph_bytes: int) -> int:
 
 
 def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch], label: str,
-               reference: Outputs, keep: Callable[[str, Errors], object], output_bytes: int = 0) -> None:
+               reference: Outputs, keep: Callable[[str, Errors], object], output_bytes: int = 0,
+               views: Mapping[str, View] | None = None) -> None:
     """Each of ``layers`` quantized alone, its graph's outputs on ``batches`` against FP32's ``reference`` there, as
-    :class:`Errors` handed to ``keep(layer, errors)``: a few floats per sample where each layer's outputs are a copy of
-    the model's (``output_bytes`` of them, held by a worker only until its group of layers ends); ``label`` names the
-    progress bar."""
+    :class:`Errors` (on what ``views`` read of an output, where they name it) handed to ``keep(layer, errors)``: a few
+    floats per sample where each layer's outputs are a copy of the model's (``output_bytes`` of them, held by a worker
+    only until its group of layers ends); ``label`` names the progress bar."""
     from tqdm import tqdm
 
     size = graphs.prepared.ByteSize()
     count = worker_count(size, len(layers))
     with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar, \
             work_folder("layers") as folder:
-        _in_workers(folder, graphs, list(layers), batches, reference, count, group_bytes(count, size), output_bytes,
-                    bar.update, keep)
+        _in_workers(folder, graphs, list(layers), batches, (reference, views or {}), count, group_bytes(count, size),
+                    output_bytes, bar.update, keep)
         for number, layer in enumerate(layers):
             if number % count:
                 keep(layer, pickle.loads((folder / f"{number}.out").read_bytes()))
@@ -107,14 +110,15 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
         group.evaluate(reference, batches, done, whole)
 
 
-def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], reference: Outputs,
-                count: int, budget: int, output_bytes: int, advance: Callable[[int], object],
-                keep: Callable[[str, Errors], object]) -> None:
+def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch],
+                against: tuple[Outputs, Mapping[str, View]], count: int, budget: int, output_bytes: int,
+                advance: Callable[[int], object], keep: Callable[[str, Errors], object]) -> None:
     """Every ``count``-th layer from the first evaluated here and handed to ``keep``, while ``count - 1`` workers
     write each other one's :class:`Errors` to ``folder`` as ``<number>.out``; this process's share stops where a
-    worker failed."""
+    worker failed. ``against``: FP32's outputs, and the views of them the errors are taken on."""
+    reference, views = against
     if count > 1:
-        (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches, reference),
+        (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches, against),
                                                        protocol=pickle.HIGHEST_PROTOCOL))
     package = str(Path(__file__).resolve().parents[2])  # this quantverdict, wherever the worker's path points
     env = {**os.environ, **freed_memory.WORKER_ENVIRONMENT,
@@ -133,7 +137,7 @@ def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: l
             done = now
 
         def here(number: int, outputs: Outputs) -> None:
-            keep(layers[number], Errors.of(reference, outputs))
+            keep(layers[number], Errors.of(reference, outputs, views))
             advance(1)
             written()
 
@@ -207,10 +211,10 @@ def main(folder: Path, index: int, count: int, budget: int, output_bytes: int, p
     parent (an interrupted run), and goes first where memory runs out."""
     die_with_parent(parent)
     first_to_go()
-    graphs, layers, batches, reference = pickle.loads((folder / "work.pkl").read_bytes())
+    graphs, layers, batches, (reference, views) = pickle.loads((folder / "work.pkl").read_bytes())
 
     def done(number: int, outputs: Outputs) -> None:
-        atomic_write_bytes(folder / f"{number}.out", pickle.dumps(Errors.of(reference, outputs),
+        atomic_write_bytes(folder / f"{number}.out", pickle.dumps(Errors.of(reference, outputs, views),
                                                                   protocol=pickle.HIGHEST_PROTOCOL))
 
     evaluate(graphs, layers, range(index, len(layers), count), batches, budget, done, output_bytes,

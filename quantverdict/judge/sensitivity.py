@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import Errors, per_sample, pooled_snr, signal_energy
+from quantverdict.judge.layer_errors import Errors, per_sample, pooled_snr, views_of
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.output_kinds import measured_output
@@ -106,8 +106,9 @@ class LayersAlone:
 def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onnx.NodeProto],
                  data: Data) -> LayersAlone:
     """``layers`` of ``recipe`` quantized alone, evaluated on ``data`` (:meth:`Workbench.layers_alone_errors`)."""
-    output = measured_output(store, model)
-    signal = np.sum(per_sample(store.fp32_outputs(model, data)[output]) ** 2, 1)
+    output, reference = measured_output(store, model), store.fp32_outputs(model, data)
+    viewed = views_of(store.spec(model).detections, reference).get(output)  # as the layers' errors are taken
+    signal = np.sum(per_sample(reference[output] if viewed is None else viewed(reference[output])) ** 2, 1)
     return LayersAlone(layers, output, signal, store.layers_alone_errors(model, recipe, [node.name for node in layers],
                                                                          data))
 
@@ -133,7 +134,7 @@ def layer_sensitivity(store: Workbench, model: str, recipe: QDQ,
     cached as its errors against FP32's outputs, so a rerun reads (the graphs, a copy of the model each, are not
     kept)."""
     alone = layers_alone(store, model, recipe, weighted_layers(store, model, recipe), data)
-    signal = signal_energy(store.fp32_outputs(model, data)[alone.output])  # once, not for each layer's cosine and SNR
+    signal = float(np.sum(alone.signal))  # once, not for each layer's cosine and SNR
     rows = [LayerSensitivity(node.name, node.op_type, errors.cosine(alone.output, signal),
                              errors.snr_db(alone.output, signal)) for node, errors in zip(alone.layers, alone.errors)]
     return sorted(rows, key=lambda row: row.snr_db)

@@ -26,7 +26,7 @@ from quantverdict.capabilities import Capabilities, detect, package_version
 from quantverdict.export.loader import AtOpset, Fp32Graph, Normalised, readable
 from quantverdict.hashing import content_hash, file_sha256, source_fingerprint
 from quantverdict.judge.decided import undecided
-from quantverdict.judge.layer_errors import Errors
+from quantverdict.judge.layer_errors import Errors, views_of
 from quantverdict.judge.layers_alone import CODE as LAYERS_ALONE_CODE, each_alone
 from quantverdict.judge.output_kinds import output_kinds
 from quantverdict.judge.semantics import CODE as SEMANTICS_CODE, Semantics, evaluator as semantics_evaluator
@@ -216,10 +216,11 @@ class ArtifactStore:
         alone = [recipe.with_options(only=(layer,)) if kept_in is None else recipe.with_options(
             only=(), fallback_layers=(layer,), fallback_format=(kept_in,)) for layer in layers]
         reference = self.fp32_outputs(model, data)
+        views = views_of(self.spec(model).detections, reference)  # a detector head: the anchors FP32 keeps
         if not derivable(recipe):
-            return [Errors.of(reference, self.recipe_semantics(model, each, data)) for each in alone]
+            return [Errors.of(reference, self.recipe_semantics(model, each, data), views) for each in alone]
         cpu = self.onnxruntime_cpu_parts(*SEMANTICS_CODE, *LAYERS_ALONE_CODE)
-        against = content_hash(reference)  # the evaluation set's reference may be torch's: its version is not a part
+        against = content_hash(reference, repr(self.spec(model).detections))  # torch's reference: its version no part
         parts = {layer: [self.precision_graph(model, each).key(), self.data_key(model, data), against, *cpu]
                  for layer, each in zip(layers, alone)}
         described = {layer: {"model": model, "recipe": each.params(), "data": data}
@@ -230,20 +231,19 @@ class ArtifactStore:
             each_alone(self.precision_graph(model, made_from).layer_graphs(kept_in), missing, self.batches(model, data),
                        f"layers alone {model}", reference, lambda layer, errors: self.cache.arrays(
                            "layer-errors", parts[layer], lambda: (errors.arrays(), ""), described[layer]),
-                       sum(values.nbytes for values in reference.values()))
+                       sum(values.nbytes for values in reference.values()), views)
 
         def read(layer: str, each: QDQ) -> Errors:  # made above: the whole graph only where pruned meanwhile
             return Errors.from_arrays(self.cache.arrays("layer-errors", parts[layer], lambda: (Errors.of(
-                reference, self.recipe_semantics(model, each, data)).arrays(), ""), described[layer])[0])
+                reference, self.recipe_semantics(model, each, data), views).arrays(), ""), described[layer])[0])
 
         return [read(layer, each) for layer, each in zip(layers, alone)]
 
     def fp32_outputs(self, model: str, data: Data = "evaluation") -> dict[str, np.ndarray]:
         """What a recipe is judged against on ``data``: the reference outputs on the evaluation set, the FP32
         graph's own on the calibration set."""
-        if data == "evaluation":
-            return self.reference(model)
-        return self.graph_semantics(model, self.fp32_onnx(model), data)
+        evaluation = data == "evaluation"
+        return self.reference(model) if evaluation else self.graph_semantics(model, self.fp32_onnx(model), data)
 
     def coverage(self, model: str, recipe: Recipe) -> dict[str, Any]:
         """Which of ``recipe``'s graph's weighted layers run quantized, and why each float one is float
