@@ -4,12 +4,12 @@ raw head and a verdict that judged its detections could disagree)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from quantverdict.judge.compare import Comparison, compare
-from quantverdict.judge.detections import OnKept
+from quantverdict.judge.layer_errors import View, views_of
 from quantverdict.judge.map_decisions import DEFAULT_THRESHOLD
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 from quantverdict.models.spec import ModelSpec
@@ -44,11 +44,10 @@ class ByKind:
                         if kind == "probabilities"}, spec.detections, spec.sequences,
                        frozenset(name for name, kind in kinds.items() if kind == "labels"))
 
-    def scored(self, name: str, reference: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        """What a recipe search scores of output ``name``, given FP32's ``reference`` on its held-out samples: a
-        detector head as the verdict's raw metrics read it, the anchors FP32 keeps (their ``snr_db`` is then the
-        verdict's; the whole head counted box offsets of background anchors no threshold keeps, and on YOLOX's preferred
-        a recipe whose detections were the worse), any other output as it is. The view of a candidate's first samples
-        (or of the reference) is ``scored(name, reference)(values)``."""
-        layout = self.spec.detections.get(name)
-        return (lambda values: values) if layout is None else OnKept.of(reference, layout)
+    def scored(self, name: str, reference: np.ndarray) -> View:
+        """What a recipe search scores of output ``name``, given FP32's ``reference`` on its held-out samples: what
+        the case's errors of it are taken on (:func:`~quantverdict.judge.layer_errors.views_of`: a detector head's
+        anchors FP32 keeps, so that a score is the verdict's ``snr_db``; the whole head counted box offsets of anchors
+        no threshold keeps, and on ddddocr's YOLOX head preferred the recipe whose detections were the worse), any
+        other output as it is: ``scored(name, reference)(values)``, of a candidate's first samples or the reference."""
+        return views_of(self.spec.detections, {name: reference}).get(name, lambda values: values)
