@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from quantverdict.judge.compare import Comparison, compare
-from quantverdict.judge.layer_errors import View, views_of
+from quantverdict.judge.layer_errors import View, views_of, whole
 from quantverdict.judge.map_decisions import DEFAULT_THRESHOLD
 from quantverdict.judge.tolerances import Tolerance, ToleranceTable
 from quantverdict.models.spec import ModelSpec
@@ -50,4 +50,4 @@ class ByKind:
         anchors FP32 keeps, so that a score is the verdict's ``snr_db``; the whole head counted box offsets of anchors
         no threshold keeps, and on ddddocr's YOLOX head preferred the recipe whose detections were the worse), any
         other output as it is: ``scored(name, reference)(values)``, of a candidate's first samples or the reference."""
-        return views_of(self.spec.detections, {name: reference}).get(name, lambda values: values)
+        return views_of(self.spec.detections, {name: reference}).get(name, whole)

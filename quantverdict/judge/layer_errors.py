@@ -34,7 +34,7 @@ class Errors:
         as its view reads it where ``views`` has one (a detector head's anchors FP32 keeps: what the verdict reads)."""
         sums, views = {}, views or {}
         for name in reference:
-            view = views.get(name, _whole)
+            view = views.get(name, whole)
             r = per_sample(view(reference[name]))
             c = per_sample(view(outputs[name])).reshape(r.shape)
             sums[name] = {"noise": error_energy(r, c), "dot": np.sum(r * c, 1), "energy": np.sum(c * c, 1)}
@@ -75,7 +75,8 @@ def views_of(detections: Mapping[str, DetectionFormat], reference: Mapping[str, 
     return {name: OnKept.of(reference[name], layout) for name, layout in detections.items() if name in reference}
 
 
-def _whole(values: np.ndarray) -> np.ndarray:
+def whole(values: np.ndarray) -> np.ndarray:
+    """An output's view where :func:`views_of` names none: all of it."""
     return values
 
 

@@ -74,7 +74,7 @@ def each_alone(graphs: LayerGraphs, layers: Sequence[str], batches: list[Batch],
     count = worker_count(size, len(layers))
     with tqdm(total=len(layers), desc=label, unit="layer", leave=False, disable=None) as bar, \
             work_folder("layers") as folder:
-        _in_workers(folder, graphs, list(layers), batches, (reference, views or {}), count, group_bytes(count, size),
+        _in_workers(folder, graphs, list(layers), batches, reference, views or {}, count, group_bytes(count, size),
                     output_bytes, bar.update, keep)
         for number, layer in enumerate(layers):
             if number % count:
@@ -110,15 +110,14 @@ def evaluate(graphs: LayerGraphs, layers: list[str], numbers: Iterable[int], bat
         group.evaluate(reference, batches, done, whole)
 
 
-def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch],
-                against: tuple[Outputs, Mapping[str, View]], count: int, budget: int, output_bytes: int,
+def _in_workers(folder: Path, graphs: LayerGraphs, layers: list[str], batches: list[Batch], reference: Outputs,
+                views: Mapping[str, View], count: int, budget: int, output_bytes: int,
                 advance: Callable[[int], object], keep: Callable[[str, Errors], object]) -> None:
     """Every ``count``-th layer from the first evaluated here and handed to ``keep``, while ``count - 1`` workers
     write each other one's :class:`Errors` to ``folder`` as ``<number>.out``; this process's share stops where a
-    worker failed. ``against``: FP32's outputs, and the views of them the errors are taken on."""
-    reference, views = against
+    worker failed; the errors are taken on what ``views`` read of FP32's ``reference``."""
     if count > 1:
-        (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches, against),
+        (folder / "work.pkl").write_bytes(pickle.dumps((graphs, layers, batches, reference, views),
                                                        protocol=pickle.HIGHEST_PROTOCOL))
     package = str(Path(__file__).resolve().parents[2])  # this quantverdict, wherever the worker's path points
     env = {**os.environ, **freed_memory.WORKER_ENVIRONMENT,
@@ -211,7 +210,7 @@ def main(folder: Path, index: int, count: int, budget: int, output_bytes: int, p
     parent (an interrupted run), and goes first where memory runs out."""
     die_with_parent(parent)
     first_to_go()
-    graphs, layers, batches, (reference, views) = pickle.loads((folder / "work.pkl").read_bytes())
+    graphs, layers, batches, reference, views = pickle.loads((folder / "work.pkl").read_bytes())
 
     def done(number: int, outputs: Outputs) -> None:
         atomic_write_bytes(folder / f"{number}.out", pickle.dumps(Errors.of(reference, outputs, views),

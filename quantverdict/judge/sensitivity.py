@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from quantverdict.judge.layer_errors import Errors, per_sample, pooled_snr, views_of
+from quantverdict.judge.layer_errors import Errors, per_sample, pooled_snr, views_of, whole
 from quantverdict.judge.workbench import Workbench
 from quantverdict.judge.compare import Comparison, compare
 from quantverdict.judge.output_kinds import measured_output
@@ -107,8 +107,8 @@ def layers_alone(store: Workbench, model: str, recipe: QDQ, layers: Sequence[onn
                  data: Data) -> LayersAlone:
     """``layers`` of ``recipe`` quantized alone, evaluated on ``data`` (:meth:`Workbench.layers_alone_errors`)."""
     output, reference = measured_output(store, model), store.fp32_outputs(model, data)
-    viewed = views_of(store.spec(model).detections, reference).get(output)  # as the layers' errors are taken
-    signal = np.sum(per_sample(reference[output] if viewed is None else viewed(reference[output])) ** 2, 1)
+    viewed = views_of(store.spec(model).detections, reference).get(output, whole)  # as the layers' errors are taken
+    signal = np.sum(per_sample(viewed(reference[output])) ** 2, 1)
     return LayersAlone(layers, output, signal, store.layers_alone_errors(model, recipe, [node.name for node in layers],
                                                                          data))
 
