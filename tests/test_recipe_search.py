@@ -736,9 +736,9 @@ def test_a_nightly_check_that_finds_every_judgement_cached_loads_no_torch(repo, 
 
 def test_a_search_that_loads_torch_holds_its_pools_small_and_gives_them_back(repo, tmp_path):
     """A model declared by its ONNX file: nothing loads torch before the search, which begins to load it in a thread
-    of its own as its first calibration pass starts (its GPTQ will ask for it) inside the limits it set (one thread here, where this machine
-    has more: it shows), so torch's own are held there too, and after the search its threads are torch's default. A
-    process of its own: this one has torch loaded."""
+    of its own as its first calibration pass starts (its GPTQ will ask for it) inside the limits it set (one thread
+    here, where this machine has more: it shows), so torch's own are held there too, and after the search its threads
+    are torch's default. A process of its own: this one has torch loaded."""
     import subprocess
     import sys
 
