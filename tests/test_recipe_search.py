@@ -727,7 +727,8 @@ def test_a_nightly_check_that_finds_every_judgement_cached_loads_no_torch(repo, 
                "riders = plan(Path('dw.onnx').read_bytes(), 5)\n"
                "started = loading()\n"
                "[thread.join() for thread in started]\n"
-               "print(json.dumps([before, len(started), 'torch' in sys.modules, [type(r).__name__ for r in riders]]))\n")
+               "names = [type(rider).__name__ for rider in riders]\n"
+               "print(json.dumps([before, len(started), 'torch' in sys.modules, names]))\n")
     done = subprocess.run([sys.executable, "-c", planned], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     before, started, loaded, riders = json.loads(done.stdout.splitlines()[-1])
